@@ -1,0 +1,56 @@
+# lra-harness. `make setup` once (idempotent), then `make lra task=listops attn=softmax`.
+SHELL := /bin/bash
+PY := .venv/bin/python
+STAMP := .venv/.installed
+task ?= listops
+attn ?= softmax
+hardware ?= v100_16gb
+grid ?= quick
+ARGS ?=
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup lra test test-all data tables sweep bench approx fit clean help
+
+help:
+	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-all | data task=<t>"
+	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | bench | approx"
+
+# CPU torch is pinned (torch==2.13.0 in pyproject); pip takes the local CPU wheel where one is
+# offered (find-links) and the CUDA build from PyPI on a GPU machine.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --compile -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lra: $(STAMP)
+	$(PY) -m lra.train task=$(task) attn=$(attn) $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+data: $(STAMP)
+	$(PY) -m lra.data task=$(task) $(ARGS)
+
+fit: $(STAMP)
+	$(PY) -m lra.fit task=$(task) attn=$(attn) hardware=$(hardware) $(ARGS)
+
+tables: $(STAMP)
+	$(PY) -m lra.collect $(ARGS)
+
+sweep: $(STAMP)
+	$(PY) -m lra.sweep grid=$(grid) $(ARGS)
+
+bench: $(STAMP)
+	$(PY) -m lra.bench $(ARGS)
+
+approx: $(STAMP)
+	$(PY) -m lra.approx $(ARGS)
+
+clean:
+	rm -rf runs/ outputs/ multirun/ .pytest_cache

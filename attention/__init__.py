@@ -1,0 +1,34 @@
+"""Attention backends for the LRA harness (depends on torch only).
+
+>>> import attention
+>>> attention.available()[:3]
+['bigbird', 'informer', 'informer_mask']
+>>> attn = attention.build("softmax", num_heads=2, head_dim=32, max_len=2048, dropout=0.0)
+>>> out = attn(q, k, v, mask)   # (batch, heads, n, head_dim); mask bool (batch, n), True = real
+
+Every module in this package that does not start with "_" is imported on first use and registers
+its backends with :func:`attention.registry.register`; a new method family is a new file.
+"""
+
+from attention.registry import (
+    AttentionBackend,
+    Capabilities,
+    InvalidOption,
+    NoOptions,
+    available,
+    build,
+    capabilities,
+    check_choice,
+    check_range,
+    describe,
+    full_mask,
+    make_options,
+    option_defaults,
+    register,
+)
+
+__all__ = [
+    "AttentionBackend", "Capabilities", "InvalidOption", "NoOptions", "available", "build",
+    "capabilities", "check_choice", "check_range", "describe", "full_mask", "make_options",
+    "option_defaults", "register",
+]

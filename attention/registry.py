@@ -1,0 +1,204 @@
+"""Backend registry: the one place that maps a name to an attention module.
+
+Contract (DESIGN.md):
+  available() -> sorted list of names
+  build(name, *, num_heads, head_dim, max_len, **options) -> nn.Module
+  module(q, k, v, mask=None) -> out, all (batch, heads, n, head_dim); mask bool (batch, n), True = real.
+
+A backend is a subclass of :class:`AttentionBackend` with
+  * ``Options``: a frozen dataclass of its options, each field with a default; validation of ranges
+    goes in ``Options.__post_init__`` and raises :class:`InvalidOption` naming the option and range;
+  * ``capabilities``: a :class:`Capabilities` saying what it supports.
+It is registered with :func:`register` (several names may share a class with different option
+defaults, e.g. the Skeinformer ablations). Every module in this package is imported by
+:func:`_load_all`, so a new backend is a new file: nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+class InvalidOption(ValueError):
+    """An attention option that does not exist or lies outside its range."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend supports; reported by :func:`describe` and checked by the tests."""
+
+    padding_mask: bool = True  # output at real tokens independent of padded content, padding anywhere
+    causal: bool = False  # offers a causal mode
+    block_multiple: int | None = None  # n must be a multiple of this (None: any n; padding done inside)
+    exact: bool = False  # equals its target (softmax or its own kernel) up to float error
+    randomized: bool = False  # draws from torch's RNG (seeded by torch.manual_seed)
+    complexity: str = "O(n^2)"  # leading time complexity in n
+    target: str = "softmax"  # what the method approximates or computes ("softmax", "gaussian", ...)
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """For backends without options."""
+
+
+class AttentionBackend(nn.Module):
+    """Base class. Subclasses implement ``forward(q, k, v, mask=None)``."""
+
+    Options: type = NoOptions
+    capabilities: Capabilities = Capabilities()
+
+    def __init__(self, num_heads: int, head_dim: int, max_len: int, options: Any):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.max_len = max_len
+        self.options = options
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, head_dim={self.head_dim}, max_len={self.max_len}, {self.options}"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    cls: type
+    defaults: dict = field(default_factory=dict)
+    doc: str = ""
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_LOADED = False
+
+
+def register(name: str, *, defaults: dict | None = None, doc: str = "") -> Callable[[type], type]:
+    """Class decorator: ``@register("skeinformer")``; stack several for variants with other defaults."""
+
+    def deco(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
+            raise TypeError(f"{cls!r} must subclass attention.AttentionBackend")
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"attention backend {name!r} registered twice")
+        fields = {f.name for f in dataclasses.fields(cls.Options)}
+        unknown = set(defaults or {}) - fields
+        if unknown:
+            raise ValueError(f"defaults {sorted(unknown)} of {name!r} are not options of {cls.__name__}")
+        _REGISTRY[name] = _Entry(name, cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().split("\n")[0])
+        return cls
+
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    import attention
+
+    for mod in sorted(pkgutil.iter_modules(attention.__path__), key=lambda m: m.name):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"attention.{mod.name}")
+    _LOADED = True
+
+
+def available() -> list[str]:
+    """Every registered backend name, sorted."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def _entry(name: str) -> _Entry:
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(available())}")
+    return _REGISTRY[name]
+
+
+def option_defaults(name: str) -> dict:
+    """The options of ``name`` with their default values (variant defaults applied)."""
+    e = _entry(name)
+    out = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+           for f in dataclasses.fields(e.cls.Options)}
+    out.update(e.defaults)
+    return out
+
+
+def make_options(name: str, **options) -> Any:
+    """Validate ``options`` for backend ``name`` and return its ``Options`` instance."""
+    e = _entry(name)
+    fields = {f.name for f in dataclasses.fields(e.cls.Options)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        valid = ", ".join(sorted(fields)) or "(none)"
+        raise InvalidOption(f"unknown option(s) {unknown} for attention {name!r}; valid options: {valid}")
+    merged = {**e.defaults, **options}
+    try:
+        return e.cls.Options(**merged)
+    except InvalidOption as err:
+        raise InvalidOption(f"attention {name!r}: {err}") from None
+
+
+def build(name: str, *, num_heads: int, head_dim: int, max_len: int, **options) -> nn.Module:
+    """Instantiate backend ``name``. Unknown names list the available ones; bad options name themselves."""
+    for key, val in (("num_heads", num_heads), ("head_dim", head_dim), ("max_len", max_len)):
+        if not isinstance(val, int) or val < 1:
+            raise InvalidOption(f"{key} must be a positive int, got {val!r}")
+    opts = make_options(name, **options)
+    e = _entry(name)
+    return e.cls(num_heads=num_heads, head_dim=head_dim, max_len=max_len, options=opts)
+
+
+def describe(name: str) -> dict:
+    """Capabilities, option defaults and one-line doc of a backend (for tables and the tests)."""
+    e = _entry(name)
+    return {
+        "name": name,
+        "class": e.cls.__name__,
+        "module": e.cls.__module__,
+        "doc": e.doc,
+        "options": option_defaults(name),
+        **dataclasses.asdict(e.cls.capabilities),
+    }
+
+
+def capabilities(name: str) -> Capabilities:
+    return _entry(name).cls.capabilities
+
+
+# ---------------------------------------------------------------- option validation helpers
+def check_range(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False) -> None:
+    """Raise :class:`InvalidOption` unless ``lo <= value <= hi`` (open ends as requested)."""
+    if integer and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InvalidOption(f"option {name!r} must be an integer, got {value!r}")
+    if not integer and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise InvalidOption(f"option {name!r} must be a number, got {value!r}")
+    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
+        hi is not None and (value >= hi if hi_open else value > hi))
+    if bad:
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise InvalidOption(f"option {name!r}={value!r} out of range {lb}{lo if lo is not None else '-inf'}, "
+                            f"{hi if hi is not None else 'inf'}{rb}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise InvalidOption(f"option {name!r}={value!r} invalid; choose one of {list(choices)}")
+
+
+# ---------------------------------------------------------------- shared tensor helpers
+def full_mask(q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The bool (batch, n) mask, all True when ``mask`` is None; validates shape and dtype."""
+    b, _, n, _ = q.shape
+    if mask is None:
+        return torch.ones(b, n, dtype=torch.bool, device=q.device)
+    if mask.shape != (b, n):
+        raise ValueError(f"mask must have shape (batch, n)=({b}, {n}), got {tuple(mask.shape)}")
+    return mask if mask.dtype == torch.bool else mask.bool()
