@@ -41,6 +41,7 @@ class Capabilities:
     randomized: bool = False  # draws from torch's RNG (seeded by torch.manual_seed)
     complexity: str = "O(n^2)"  # leading time complexity in n
     target: str = "softmax"  # what the method approximates or computes ("softmax", "gaussian", ...)
+    shared_qk: bool = False  # ties K to Q (Reformer): k receives no gradient
     notes: str = ""
 
 
