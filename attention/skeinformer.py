@@ -1,0 +1,216 @@
+"""Skeinformer (Chen, Zeng et al., "Sketching as a Tool for Understanding and Accelerating
+Self-attention for Long Sequences", NAACL 2022; arXiv 2112.05359): Algorithm 1 and its ablations.
+
+Notation of the paper: Q, K, V are n×p (p = head dim), d is the sub-sample size ("number of
+features", option ``num_features``, 256 in the paper), A = exp(QKᵀ/√p), D = diag(A1), B = D⁻¹A.
+For every (sample, head):
+
+1. **pilot sampling**: d query rows J drawn uniformly among the real tokens; B_J = softmax(Q_J Kᵀ/√p)
+   over the real keys (exact rows of B).
+2. **column importance sampling** (eq. 5): p̂_i ∝ ‖(B_J)^(i)‖₂ · ‖V_(i)‖₂ over real keys i (padded
+   keys get probability 0, §4.4); d columns J' drawn WITHOUT replacement with these probabilities.
+3. **adaptive row normalisation** (eq. 6): in each row the m − d unselected entries of A are filled
+   with g_i = (∏_{j∈J'} a_ij)^{1/d}, the geometric mean of the selected ones, so
+   d̂_i = Σ_{J'} a_ij + (m − d) g_i and R = diag(d̂)⁻¹ (A^{J'} V_{J'} + g vᵀ), v = Σ_{unselected real} V_(j).
+4. **pilot sampling reutilisation**: the rows J of R are replaced by their exact output B_J V.
+
+Here m is the number of real tokens of the sample (per-sample counts; padding may sit anywhere) and
+d = min(num_features, m) per sample. Complexity O(n·d·p) time and O(n·d) memory (the paper takes
+d = O(log n), hence its O(n log n)); the ``row_norm="exact"`` ablation is O(n²).
+
+Budget ≥ n: column sampling without replacement then selects every real key, so the fill term
+(m − d)g vanishes and d̂ is the exact row sum D: the output equals softmax attention up to float
+rounding, for every variant below (and with the default pilot sampling without replacement every
+real row is also a pilot row, i.e. exact twice over).
+
+Registered names (one class, other option defaults; the paper's Table 1 ablation rows):
+  * ``skeinformer``: Algorithm 1.
+  * ``skeinformer_uniform`` ("w/ uniform sampling"): J' uniform over real keys. As in the public
+    code the pilot is then not computed at all (``pilot_reuse=False``): no probabilities need it,
+    and this is what the paper's timing/memory rows for this ablation measure.
+  * ``skeinformer_no_rownorm`` ("w/o row normalization", ``row_norm="exact"``): the plain sketch of
+    §4.1, D⁻¹ A S Sᵀ V with the exact D (O(n²), like the paper's memory-hungry row). S is the
+    without-replacement sample J' with Horvitz-Thompson weights 1/π_j, π_j the inclusion probability
+    conditioned on the (d+1)-th largest Gumbel key κ (π_j = 1 − exp(−p̂_j e^{−κ}), priority-sampling
+    style), so the estimate of AV is unbiased and exact when d ≥ m.
+  * ``skeinformer_simple_rownorm`` ("w/ simple row normalization", ``row_norm="simple"``): softmax
+    over the selected columns only, softmax(Q K_{J'}ᵀ/√p) V_{J'} (Informer's normalisation).
+  * ``skeinformer_no_pilot`` ("w/o pilot sampling reutilization", ``pilot_reuse=False``).
+
+Deviations from the paper / its public code, and why:
+  * pilot rows are drawn WITHOUT replacement by default (Algorithm 1 says with replacement;
+    ``pilot_sampling="with_replacement"`` restores it). Distinct pilots give d exact rows instead of
+    ≈ m(1 − e^{−d/m}), make budget ≥ m exact row by row, and avoid double-counted gradients of
+    duplicated pilot rows (with replacement, only the first copy of a row is reused).
+  * sampling is per sample and per head among real positions via Gumbel-top-k (same law as
+    ``torch.multinomial(replacement=False)``), so padding may sit anywhere and each sample keeps its
+    own d = min(num_features, m); the public code assumes right padding and shrinks d for the whole
+    batch to the shortest sequence (with a host sync).
+  * scores are stabilised by subtracting the row max of the selected scores (the public code
+    exponentiates raw scores); this cancels exactly in eq. 6.
+  * w/o row normalisation uses the importance-weighted sketch of §4.1 (unbiased) rather than the
+    public code's unweighted Σ_{J'} a_ij v_j / D_i, which shrinks outputs by about d/m.
+  * randomness is redrawn on every call (the sampling probabilities depend on the data, so a fixed
+    draw is not meaningful); ``torch.manual_seed`` before a call fixes it.
+The V-mean baseline (1/m 11ᵀV) lives in ``attention/vmean.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attention.registry import AttentionBackend, Capabilities, check_choice, check_range, full_mask, register
+from attention.softmax import key_mask
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SkeinformerOptions:
+    num_features: int = 256  # d: pilot rows and sampled columns per (sample, head)
+    column_sampling: str = "importance"  # "importance" (eq. 5) | "uniform"
+    row_norm: str = "adaptive"  # "adaptive" (eq. 6) | "simple" (softmax over J') | "exact" (D⁻¹ASSᵀV)
+    pilot_reuse: bool = True  # replace the pilot rows by their exact output B_J V
+    pilot_sampling: str = "without_replacement"  # | "with_replacement" (Algorithm 1 as printed)
+
+    def __post_init__(self):
+        check_range("num_features", self.num_features, 1, None, integer=True)
+        check_choice("column_sampling", self.column_sampling, ("importance", "uniform"))
+        check_choice("row_norm", self.row_norm, ("adaptive", "simple", "exact"))
+        check_choice("pilot_reuse", self.pilot_reuse, (True, False))
+        check_choice("pilot_sampling", self.pilot_sampling, ("without_replacement", "with_replacement"))
+
+
+# ---------------------------------------------------------------- sampling (module level so tests can inject)
+def gumbel_topk(log_w: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw ``d`` indices along the last dim without replacement, P ∝ exp(log_w) (Gumbel-top-k).
+
+    Entries with ``log_w = -inf`` (padding) come last, so they are picked only when fewer than ``d``
+    entries are finite. Returns ``(idx, kappa)``: idx (..., d) and the (d+1)-th largest perturbed key
+    (..., 1), ``-inf`` when there is none; kappa drives the inclusion probabilities of ``row_norm="exact"``.
+    """
+    u = torch.rand(log_w.shape, dtype=log_w.dtype, device=log_w.device)
+    keys = log_w - torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+    n = log_w.shape[-1]
+    if n > d:
+        vals, idx = keys.topk(d + 1, dim=-1)
+        return idx[..., :d], vals[..., d:]
+    idx = keys.topk(d, dim=-1).indices
+    return idx, torch.full_like(keys[..., :1], NEG_INF)
+
+
+def sample_pilot_rows(real: torch.Tensor, d: int, replacement: bool) -> torch.Tensor:
+    """Uniform pilot rows J among real tokens: real (b, h, n) bool -> (b, h, d) indices."""
+    b, h, n = real.shape
+    if replacement:
+        w = real.reshape(b * h, n).to(torch.float32)
+        return torch.multinomial(w, d, replacement=True).view(b, h, d)
+    log_w = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_fill(~real, NEG_INF)
+    return gumbel_topk(log_w, d)[0]
+
+
+def column_log_weights(b_pilot: torch.Tensor, pilot_valid: torch.Tensor, v: torch.Tensor,
+                       real: torch.Tensor) -> torch.Tensor:
+    """log of eq. (5)'s p̂_i ∝ ‖(B_J)^(i)‖ ‖V_(i)‖ (unnormalised), -inf on padded keys.
+
+    b_pilot (b, h, d, n) pilot rows of B; pilot_valid (b, h, d) which pilots are real rows;
+    v (b, h, n, p); real (b, h, n).
+    """
+    col = (b_pilot.square() * pilot_valid[..., None]).sum(-2).sqrt()
+    w = col * v.norm(dim=-1)
+    w = w.masked_fill(~real, 0.0)
+    w = w / w.amax(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    # real keys with a zero weight stay selectable (ahead of padding) but last
+    return w.clamp_min(1e-30).log().masked_fill(~real, NEG_INF)
+
+
+def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x (b, h, n, p), idx (b, h, d) -> (b, h, d, p)."""
+    return x.gather(2, idx[..., None].expand(*idx.shape, x.shape[-1]))
+
+
+@register("skeinformer", doc="Skeinformer (Algorithm 1): column importance sampling + adaptive row norm + pilot reuse")
+@register("skeinformer_uniform", defaults={"column_sampling": "uniform", "pilot_reuse": False},
+          doc="Skeinformer ablation: uniform column sampling (no pilot)")
+@register("skeinformer_no_rownorm", defaults={"row_norm": "exact"},
+          doc="Skeinformer ablation: no row normalisation (sketch D⁻¹ASSᵀV with the exact D, O(n²))")
+@register("skeinformer_simple_rownorm", defaults={"row_norm": "simple"},
+          doc="Skeinformer ablation: simple row normalisation (softmax over the sampled columns)")
+@register("skeinformer_no_pilot", defaults={"pilot_reuse": False},
+          doc="Skeinformer ablation: no pilot sampling reutilisation")
+class SkeinformerAttention(AttentionBackend):
+    """Skeinformer sketching attention (Algorithm 1) and its ablations."""
+
+    Options = SkeinformerOptions
+    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n d)",
+                                notes="exact when num_features >= real tokens; row_norm='exact' is O(n^2)")
+
+    def forward(self, q, k, v, mask=None):
+        o = self.options
+        b, h, n, p = q.shape
+        real = key_mask(full_mask(q, mask))  # (b, n); an all-padding sample uses every position
+        m = real.sum(-1)  # real tokens per sample
+        realh = real[:, None, :].expand(b, h, n)
+        keyreal = real[:, None, None, :]  # broadcasts over (b, h, rows, n)
+        v = v.masked_fill(~real[:, None, :, None], 0.0)
+        d = min(o.num_features, n)
+        scale = p ** -0.5
+
+        # 1. pilot sampling: exact rows B_J of the attention matrix
+        use_pilot = o.pilot_reuse or o.column_sampling == "importance"
+        if use_pilot:
+            with torch.no_grad():
+                pilot = sample_pilot_rows(realh, d, o.pilot_sampling == "with_replacement")
+                pilot_valid = realh.gather(2, pilot)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and o.pilot_reuse):  # else only probabilities
+                scores_j = (_gather_rows(q, pilot) @ k.transpose(-1, -2)) * scale
+                b_pilot = scores_j.masked_fill(~keyreal, NEG_INF).softmax(-1)  # (b, h, d, n)
+
+        # 2. column sampling J' (no gradient through the discrete draw)
+        with torch.no_grad():
+            if o.column_sampling == "importance":
+                log_w = column_log_weights(b_pilot.detach(), pilot_valid, v.detach(), realh)
+            else:
+                log_w = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).masked_fill(~realh, NEG_INF)
+            cols, kappa = gumbel_topk(log_w, d)
+            col_valid = realh.gather(2, cols)  # False only where the sample has fewer than d real keys
+        k_s, v_s = _gather_rows(k, cols), _gather_rows(v, cols)
+        s = ((q @ k_s.transpose(-1, -2)) * scale).masked_fill(~col_valid[:, :, None, :], NEG_INF)  # (b,h,n,d)
+
+        # 3. row normalisation
+        if o.row_norm == "adaptive":  # eq. (6)
+            c = s.amax(-1, keepdim=True).detach()
+            e = torch.exp(s - c)  # a_ij / e^{c_i} on J', 0 on invalid columns
+            d_real = col_valid.sum(-1).to(q.dtype)[:, :, None, None]  # selected real columns
+            log_g = s.masked_fill(~col_valid[:, :, None, :], 0.0).sum(-1, keepdim=True) / d_real
+            g = torch.exp(log_g - c)  # geometric mean of the selected a_ij, over e^{c_i}
+            n_rest = m.to(q.dtype)[:, None, None, None] - d_real  # unselected real columns, m - d
+            selected = torch.zeros(b, h, n, dtype=torch.bool, device=q.device).scatter(2, cols, col_valid)
+            v_rest = v.masked_fill(~(realh & ~selected)[..., None], 0.0).sum(-2, keepdim=True)  # (b,h,1,p)
+            out = (e @ v_s + g * v_rest) / (e.sum(-1, keepdim=True) + n_rest * g)
+        elif o.row_norm == "simple":
+            out = s.softmax(-1) @ v_s
+        else:  # "exact": D⁻¹ A S Sᵀ V with Horvitz-Thompson weights of the without-replacement sample
+            full = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~keyreal, NEG_INF)
+            lse = torch.logsumexp(full, dim=-1, keepdim=True)  # log D_i, exact
+            with torch.no_grad():
+                incl = -torch.expm1(-torch.exp(log_w.gather(2, cols) - kappa))  # P(key_j > kappa)
+                incl = torch.where(col_valid & (kappa > NEG_INF), incl, torch.ones_like(incl)).clamp_min(1e-6)
+            out = (torch.exp(s - lse) / incl[:, :, None, :]) @ v_s
+
+        # 4. pilot sampling reutilisation: pilot rows get their exact output B_J V
+        if o.pilot_reuse:
+            if o.pilot_sampling == "with_replacement":  # reuse each distinct row once
+                pilot, order = pilot.sort(-1)
+                b_pilot = b_pilot.gather(2, order[..., None].expand_as(b_pilot))
+            first = realh.gather(2, pilot)
+            first[..., 1:] &= pilot[..., 1:] != pilot[..., :-1]
+            w = first.to(q.dtype)
+            exact = (b_pilot @ v) * w[..., None]
+            idx = pilot[..., None].expand(b, h, d, p)
+            exact_full = torch.zeros_like(out).scatter_add(2, idx, exact)
+            is_pilot = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(2, pilot, w) > 0
+            out = torch.where(is_pilot[..., None], exact_full, out)
+        return out
