@@ -1,0 +1,61 @@
+"""Linear Transformer (Katharopoulos et al., ICML 2020, "Transformers are RNNs"):
+
+    out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j) + ε),     φ(x) = elu(x) + 1,
+
+i.e. attention with the kernel sim(q, k) = φ(q)·φ(k) computed right-to-left, so the n×n matrix is
+never formed. O(n·d²) time, O(n·d + d²) memory.
+
+Padding: φ(k) of padded keys is set to 0, so they leave both the sum and the normaliser (the
+official fast-transformers code does the same). ε (``eps``, 1e-6 as in fast-transformers) only
+guards the division; φ > 0 makes the normaliser positive whenever a real key exists, and a sample
+without real keys returns 0.
+
+Deviation from the LRA papers' code (LRA_FACTS §6, seed_code C.2): that code computes
+φ(Q)(φ(K)ᵀV)/√n with **no** normaliser, which is not the Katharopoulos model; this backend is the
+paper's. As in the paper there is no 1/√d temperature (φ is not scale-invariant, so adding one would
+change the model). Computed in at least float32 with autocast off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attention.registry import AttentionBackend, Capabilities, check_range, full_mask, register
+
+
+@dataclass(frozen=True)
+class LinearOptions:
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        check_range("eps", self.eps, 0.0, 1.0)
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    return F.elu(x) + 1
+
+
+@register("linear")
+class LinearAttention(AttentionBackend):
+    """Linear Transformer: elu+1 feature map with its normaliser."""
+
+    Options = LinearOptions
+    capabilities = Capabilities(padding_mask=True, exact=True, complexity="O(n)", target="elu+1 kernel",
+                                notes="O(n·d²); exact for its own kernel φ(q)·φ(k), φ = elu+1")
+
+    def forward(self, q, k, v, mask=None):
+        with torch.autocast(q.device.type, enabled=False):  # Σφ(k) overflows fp16 ranges on long inputs
+            return self._forward(q, k, v, mask)
+
+    def _forward(self, q, k, v, mask):
+        real = full_mask(q, mask)[:, None, :, None]
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        phi_q = elu_feature_map(q.to(dtype))
+        phi_k = elu_feature_map(k.to(dtype)).masked_fill(~real, 0.0)
+        kv = phi_k.transpose(-1, -2) @ v.to(dtype).masked_fill(~real, 0.0)  # (b,h,d,d)
+        normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (b,h,n,1)
+        normaliser = (normaliser + self.options.eps).clamp_min(torch.finfo(dtype).tiny)
+        return ((phi_q @ kv) / normaliser).to(q.dtype)
