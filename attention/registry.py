@@ -42,6 +42,7 @@ class Capabilities:
     complexity: str = "O(n^2)"  # leading time complexity in n
     target: str = "softmax"  # what the method approximates or computes ("softmax", "gaussian", ...)
     shared_qk: bool = False  # ties K to Q (Reformer): k receives no gradient
+    uses_qk: bool = True  # False for backends that never look at q, k (none, vmean)
     notes: str = ""
 
 
