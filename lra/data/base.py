@@ -1,0 +1,55 @@
+"""Shared data types, the data root and the error users see for missing or malformed data."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lra import REPO_ROOT
+
+
+class DataError(RuntimeError):
+    """Missing, partial or malformed data. The message says where we looked and what to do."""
+
+
+def data_root(configured: str | os.PathLike | None = None) -> Path:
+    """`LRA_DATA` if set, else the configured path, else ``<repo>/data``."""
+    env = os.environ.get("LRA_DATA")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path(configured).expanduser().resolve() if configured else REPO_ROOT / "data"
+
+
+@dataclass
+class Split:
+    """Tokenised examples of one split.
+
+    tokens:  int array (N, L), or (N, 2, L) for two-document tasks, padded with 0 to L.
+    lengths: int array (N,) or (N, 2): number of real tokens; real tokens form the prefix.
+             Image-like tasks have lengths == L (pixel value 0 is a real token, never padding).
+    labels:  int64 array (N,).
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    labels: np.ndarray
+
+    def __post_init__(self):
+        n = len(self.labels)
+        if len(self.tokens) != n or len(self.lengths) != n:
+            raise ValueError(f"split arrays disagree: tokens {len(self.tokens)}, lengths {len(self.lengths)}, labels {n}")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[-1]
+
+    def majority_rate(self) -> float:
+        """Share of the most frequent label (the accuracy of always guessing it)."""
+        counts = np.bincount(np.asarray(self.labels))
+        return float(counts.max() / counts.sum()) if counts.sum() else float("nan")

@@ -1,0 +1,283 @@
+"""ListOps: generator of the official distribution, evaluator, reader of the official TSV, tokenizer.
+
+Official distribution (LRA_FACTS §3, google-research/long-range-arena ``listops.py``): trees drawn
+from depth 1; below ``max_depth`` a node is a leaf (uniform digit) with probability 0.75, else an
+operator (uniform over MIN, MAX, MED, SM) with ``randint(2, max_args)`` children; at ``max_depth``
+always a leaf. A tree is kept if ``min_length < length < max_length`` where length counts each
+operator as 2 (its token and the closing bracket) plus its children; duplicates are dropped.
+Trees are written left-nested with parentheses: ``[MAX 2 9]`` -> ``( ( ( [MAX 2 ) 9 ) ] )``.
+
+Files: ``<root>/listops-1000/basic_{train,val,test}.tsv`` with header ``Source\\tTarget``.
+Unlike the official script this generator is seeded and deterministic: raw draws come in fixed
+chunks, chunk ``i`` seeded from ``(seed, i)``, consumed in order, so the output does not depend on
+the number of worker processes.
+
+Tokenizer: ``]`` becomes ``X``, parentheses are dropped, the rest split on spaces. Closing
+brackets are kept (the old code that dropped them made the task ambiguous, LRA issue 14).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import multiprocessing as mp
+import os
+import random
+import shutil
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lra.data.base import DataError, Split
+
+log = logging.getLogger(__name__)
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+# Fixed id order; 0 is padding.
+VOCAB = ("<pad>",) + OPERATORS + tuple(str(d) for d in range(10)) + ("X",)
+TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
+VOCAB_SIZE = len(VOCAB)  # 16 = 15 symbols + pad
+SPLITS = ("train", "val", "test")
+CHUNK_DRAWS = 4000  # raw trees per generator chunk
+
+
+@dataclass(frozen=True)
+class GeneratorParams:
+    seed: int = 0
+    n_train: int = 96_000
+    n_val: int = 2_000
+    n_test: int = 2_000
+    min_length: int = 500
+    max_length: int = 2000
+    max_depth: int = 10
+    max_args: int = 10
+
+    def __post_init__(self):
+        for k in ("n_train", "n_val", "n_test"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"listops generator: {k} must be >= 1, got {getattr(self, k)}")
+        if not (0 <= self.min_length < self.max_length - 1):
+            raise ValueError(f"listops generator: need 0 <= min_length < max_length - 1, got "
+                             f"{self.min_length}, {self.max_length}")
+        if self.max_depth < 2 or self.max_args < 2:
+            raise ValueError("listops generator: max_depth and max_args must be >= 2")
+
+
+# ------------------------------------------------------------------------------ trees
+def sample_tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
+    """A leaf is an int; an operator node is ``(op, [children])``. Returns (tree, length)."""
+    if depth < max_depth and rng.random() <= 0.25:
+        n = rng.randint(2, max_args)
+        children, length = [], 2
+        for _ in range(n):
+            c, cl = sample_tree(rng, depth + 1, max_depth, max_args)
+            children.append(c)
+            length += cl
+        return (OPERATORS[rng.randrange(4)], children), length
+    return rng.randrange(10), 1
+
+
+def evaluate(tree) -> int:
+    """Value of a tree: MIN, MAX, MED = int(median) (even count: mean of the middle two, truncated), SM = sum mod 10."""
+    if isinstance(tree, int):
+        return tree
+    op, children = tree
+    vals = [evaluate(c) for c in children]
+    if op == "[MIN":
+        return min(vals)
+    if op == "[MAX":
+        return max(vals)
+    if op == "[MED":
+        return int(statistics.median(vals))
+    if op == "[SM":
+        return sum(vals) % 10
+    raise ValueError(f"unknown ListOps operator {op!r}")
+
+
+def to_string(tree) -> str:
+    """The official left-nested, parenthesised string form."""
+    if isinstance(tree, int):
+        return str(tree)
+    op, children = tree
+    s = op
+    for c in children:
+        s = f"( {s} {to_string(c)} )"
+    return f"( {s} ] )"
+
+
+def parse(source: str):
+    """Inverse of the tokenizer's view: parse a source string (with or without parentheses) to a tree."""
+    toks = source.replace("(", " ").replace(")", " ").split()
+    pos = 0
+
+    def node():
+        nonlocal pos
+        t = toks[pos]
+        pos += 1
+        if t in OPERATORS:
+            children = []
+            while toks[pos] != "]":
+                children.append(node())
+            pos += 1
+            return (t, children)
+        if t.isdigit() and len(t) == 1:
+            return int(t)
+        raise ValueError(f"unexpected token {t!r}")
+
+    tree = node()
+    if pos != len(toks):
+        raise ValueError("trailing tokens after the expression")
+    return tree
+
+
+def _chunk(args) -> list[tuple[str, int]]:
+    """Accepted (source, label) pairs from one chunk of raw draws."""
+    params, index = args
+    rng = random.Random(f"listops-{params.seed}-{index}")
+    out = []
+    for _ in range(CHUNK_DRAWS):
+        tree, length = sample_tree(rng, 1, params.max_depth, params.max_args)
+        if params.min_length < length < params.max_length:
+            out.append((to_string(tree), evaluate(tree)))
+    return out
+
+
+def generate(params: GeneratorParams, workers: int | None = None, progress: bool = True) -> dict[str, list]:
+    """Draw until ``n_train + n_val + n_test`` distinct trees are accepted; split in draw order."""
+    total = params.n_train + params.n_val + params.n_test
+    workers = workers or os.cpu_count() or 1
+    seen, rows = set(), []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, desc="generating ListOps", unit="tree")
+    ctx = mp.get_context("fork") if workers > 1 else None
+    pool = ctx.Pool(workers) if ctx else None
+    try:
+        index = 0
+        while len(rows) < total:
+            batch = [(params, index + i) for i in range(workers * 4)]
+            index += len(batch)
+            results = pool.map(_chunk, batch) if pool else map(_chunk, batch)
+            for chunk in results:
+                for src, label in chunk:
+                    if src not in seen and len(rows) < total:
+                        seen.add(src)
+                        rows.append((src, label))
+                        if bar:
+                            bar.update(1)
+    finally:
+        if pool:
+            pool.terminate()
+        if bar:
+            bar.close()
+    a, b = params.n_train, params.n_train + params.n_val
+    return {"train": rows[:a], "val": rows[a:b], "test": rows[b:]}
+
+
+def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = None, progress: bool = True) -> Path:
+    """Generate and write ``basic_{train,val,test}.tsv`` into ``folder`` atomically (all or nothing)."""
+    folder = Path(folder)
+    splits = generate(params, workers, progress)
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name, rows in splits.items():
+            with open(tmp / f"basic_{name}.tsv", "w", newline="") as f:
+                w = csv.writer(f, delimiter="\t", lineterminator="\n")
+                w.writerow(["Source", "Target"])
+                w.writerows(rows)
+        (tmp / "GENERATED.json").write_text(json.dumps(
+            {"generator": "lra.data.listops", "params": asdict(params)}, indent=1))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+# ------------------------------------------------------------------------------ reading
+def tokenize(source: str) -> list[int]:
+    toks = source.replace("]", "X").replace("(", "").replace(")", "").split()
+    try:
+        return [TOKEN_ID[t] for t in toks]
+    except KeyError as e:
+        raise ValueError(f"unknown ListOps symbol {e.args[0]!r}") from None
+
+
+def detokenize(ids) -> str:
+    return " ".join(VOCAB[i] for i in ids if i != 0)
+
+
+def read_tsv(path: Path) -> list[tuple[str, int]]:
+    """Rows of an official ListOps TSV. Errors name the file and line."""
+    path = Path(path)
+    rows = []
+    with open(path, newline="") as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+        if header != ["Source", "Target"]:
+            raise DataError(f"{path}:1: expected header 'Source<TAB>Target', got {header!r}")
+        for lineno, line in enumerate(f, start=2):
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2:
+                raise DataError(f"{path}:{lineno}: expected 2 tab-separated fields, got {len(parts)}")
+            src, target = parts
+            if not (target.isdigit() and 0 <= int(target) <= 9):
+                raise DataError(f"{path}:{lineno}: label must be a digit 0-9, got {target!r}")
+            rows.append((src, int(target)))
+    if not rows:
+        raise DataError(f"{path}: no examples (file is empty or only has a header)")
+    return rows
+
+
+def _tokenize_rows(rows) -> list:
+    out = []
+    for src, _ in rows:
+        try:
+            out.append(tokenize(src))
+        except ValueError:
+            out.append(None)
+    return out
+
+
+def tokenize_split(rows, path: Path, max_length: int, seq_len: int, workers: int = 1) -> Split:
+    """Token matrix (N, seq_len) uint8 padded with 0, first ``max_length`` tokens of each row kept."""
+    n = len(rows)
+    if workers > 1 and n > 2000:
+        with mp.get_context("fork").Pool(workers) as pool:
+            done = pool.map(_tokenize_rows, [rows[i::workers] for i in range(workers)])
+        ids = [None] * n
+        for w, part in enumerate(done):
+            ids[w::workers] = part
+    else:
+        ids = _tokenize_rows(rows)
+    bad = next((i for i, x in enumerate(ids) if x is None), None)
+    if bad is not None:
+        try:
+            tokenize(rows[bad][0])
+        except ValueError as e:
+            raise DataError(f"{path}:{bad + 2}: {e}") from None
+    tokens = np.zeros((n, seq_len), dtype=np.uint8)
+    lengths = np.zeros(n, dtype=np.int32)
+    for i, seq in enumerate(ids):
+        seq = seq[:max_length]
+        tokens[i, : len(seq)] = seq
+        lengths[i] = len(seq)
+    labels = np.fromiter((lab for _, lab in rows), dtype=np.int64, count=n)
+    return Split(tokens, lengths, labels)
+
+
+def find_dir(root: Path, dirname: str) -> Path | None:
+    """The ListOps folder under ``root``: directly, or inside an unpacked release tree."""
+    for cand in (root / dirname, root / "lra_release" / dirname, root / "lra_release" / "lra_release" / dirname):
+        if all((cand / f"basic_{s}.tsv").exists() for s in SPLITS):
+            return cand
+    return None

@@ -1,0 +1,70 @@
+"""The run record ``result.json`` (DESIGN.md): written atomically, never half-written."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from lra import REPO_ROOT
+
+SCHEMA_VERSION = 1
+REQUIRED = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s",
+            "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch", "hardware",
+            "config", "git_commit")
+
+
+def git_commit() -> str | None:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _clean(x):
+    """JSON-safe: NaN/inf become None (strict JSON), tensors and numpy scalars become Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 0) == 0:
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json_atomic(path: Path, obj) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_clean(obj), f, indent=2, sort_keys=True, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_record(run_dir: Path, record: dict) -> Path:
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise ValueError(f"run record lacks {missing}")
+    return write_json_atomic(Path(run_dir) / "result.json", {"schema_version": SCHEMA_VERSION, **record})
+
+
+def read_record(run_dir: Path) -> dict | None:
+    p = Path(run_dir) / "result.json"
+    return json.loads(p.read_text()) if p.exists() else None

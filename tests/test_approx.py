@@ -1,0 +1,99 @@
+"""The approximation study (lra.approx): metric, outputs of --quick, budget trend, bad input."""
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attention
+from lra import approx
+
+
+def test_spectral_norm_matches_torch_and_hand_example():
+    # [[3, 0], [4, 5]]: A^T A = [[25, 20], [20, 25]], eigenvalues 45 and 5, so ||A||_2 = sqrt(45) = 3 sqrt(5).
+    a = torch.tensor([[3.0, 0.0], [4.0, 5.0]])
+    assert approx.spectral_norm(a).item() == pytest.approx(3 * math.sqrt(5), rel=1e-12)
+    assert approx.spectral_norm(torch.diag(torch.tensor([1.0, -7.0, 2.0]))).item() == pytest.approx(7.0)
+    g = torch.Generator().manual_seed(0)
+    for shape in [(3, 257, 32), (2, 4, 16, 40), (5, 5)]:  # tall, wide, square; batched
+        m = torch.randn(*shape, generator=g, dtype=torch.float64)
+        assert torch.allclose(approx.spectral_norm(m), torch.linalg.matrix_norm(m, ord=2), rtol=1e-10)
+
+
+def test_relative_error_basics():
+    x = torch.randn(2, 64, 32)
+    assert torch.allclose(approx.relative_error(x, x), torch.zeros(2, dtype=torch.float64))
+    assert torch.allclose(approx.relative_error(x, torch.zeros_like(x)), torch.ones(2, dtype=torch.float64))
+    assert torch.allclose(approx.relative_error(x, 1.5 * x), torch.full((2,), 0.5, dtype=torch.float64))
+
+
+def test_gaussian_reference_matches_definition():
+    q, k, v = torch.randn(3, 2, 50, 32, dtype=torch.float64).unbind(0)
+    c = torch.exp(-torch.cdist(q, k) ** 2 / (2 * math.sqrt(32)))
+    assert torch.allclose(approx.gaussian_attention(q, k, v), c @ v, atol=1e-10)
+
+
+def test_quick_writes_csv_and_plot(tmp_path):
+    res = approx.main(["--quick", "--out", str(tmp_path)])
+    with open(tmp_path / "approx.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == approx.COLUMNS
+        rows = list(reader)
+    assert rows and len(rows) == len(res["rows"])
+    assert {"method", "source", "n", "budget", "mean", "median", "stderr"} <= set(rows[0])
+    assert {r["n"] for r in rows} == {"256"}
+    assert {int(r["budget"]) for r in rows} == {8, 16, 32}
+    for r in rows:
+        assert int(r["trials"]) > 0 and int(r["failures"]) == 0, r
+        for key in ("mean", "median", "stderr"):
+            assert np.isfinite(float(r[key])), r
+        if r["reference"].startswith("softmax"):
+            assert 0.0 <= float(r["median"]) <= 2.5, r
+    assert (tmp_path / "approx.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("approx_trials.csv", "summary.md", "meta.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temp files left behind"
+
+
+def _sampling_method() -> str:
+    have = attention.available()
+    for name in ("skeinformer", "informer", "nystrom"):
+        if name in have:
+            methods, skipped = approx.resolve_methods([name])
+            if methods:
+                return name
+    return "amm_oracle"  # the built-in column-sampling sketch B S S^T V
+
+
+def test_error_decreases_with_budget():
+    name = _sampling_method()
+    methods, _ = approx.resolve_methods([name])
+    text, _ = approx.load_text(min_chars=20_000)
+    sources, skipped = approx.make_sources(["pretrained"], text)
+    if not sources:  # MiniLM package missing: the random LRA model still gives real attention
+        sources, _ = approx.make_sources(["random"], text)
+    rows, _, _ = approx.run_study(methods, sources, lengths=[512], budgets=[8, 128], trials=24, seed=0)
+    err = {r["budget"]: r["mean"] for r in rows if r["reference"] == "softmax"}
+    assert err[128] < err[8], (name, err)
+
+
+def test_unknown_method_lists_available():
+    with pytest.raises(ValueError) as info:
+        approx.resolve_methods(["no_such_attention"])
+    msg = str(info.value)
+    assert "no_such_attention" in msg and "available" in msg and "softmax" in msg and "amm_oracle" in msg
+    with pytest.raises(ValueError, match="available"):
+        approx.main(["--quick", "--methods", "no_such_attention", "--out", "/nonexistent/never"])
+
+
+def test_every_registered_backend_is_studied_or_skipped_with_reason():
+    methods, skipped = approx.resolve_methods(None)
+    names = {m.name for m in methods}
+    assert names | set(skipped) == set(attention.available())
+    assert all(reason for reason in skipped.values())
+    for m in methods:  # a budget option that exists and builds at a small budget
+        if m.budget_option is not None:
+            assert m.budget_option in attention.option_defaults(m.name)
+            m.build(16, 256, 2)

@@ -1,0 +1,147 @@
+"""lra.bench: the quick run's outputs, the CPU memory measurement, the fused-SDPA FLOP formula, errors."""
+
+import csv
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attention
+from lra import bench
+
+CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def _other_backend() -> str | None:
+    """A third registered backend that runs at n=256/512 (prefer cheap ones), or None."""
+    others = [n for n in attention.available() if n not in ("softmax", "none")]
+    fits = [n for n in others if not attention.capabilities(n).block_multiple
+            or 256 % attention.capabilities(n).block_multiple == 0]
+    for pick in ("vmean", "linear", "performer", "linformer"):
+        if pick in fits:
+            return pick
+    return fits[0] if fits else None
+
+
+def _cfg(**kw) -> bench.Config:
+    base = dict(batch=1, heads=2, head_dim=32, repeats=1, min_repeats=1, warmup=0, threads=1)
+    base.update(kw)
+    return bench.Config(**base)
+
+
+def test_quick_run_writes_csv_markdown_and_plot(tmp_path):
+    names = ["softmax", "none"] + ([_other_backend()] if _other_backend() else [])
+    results = bench.main(["--quick", "--out", str(tmp_path), "--backends", *names, "--threads", "1",
+                          "--repeats", "2"])
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["bench.csv", "bench.md", "bench.png"]  # no temp files
+
+    with open(tmp_path / "bench.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == bench.CSV_COLUMNS
+        rows = list(reader)
+    assert {(r["backend"], int(r["n"])) for r in rows} == {(b, n) for b in names for n in bench.QUICK_LENGTHS}
+    for r in rows:
+        assert r["device"] == "cpu" and r["torch_version"] == torch.__version__ and r["threads"] == "1"
+    base = [r for r in rows if r["backend"] == "softmax"]
+    assert all(r["status"] == "ok" for r in base)
+    assert all(float(r["time_ms"]) > 0 and int(r["peak_mem_bytes"]) > 0 and int(r["flops"]) > 0 for r in base)
+    assert all(CPU_FUSED_SDPA in r["sdpa_ops"] for r in base)  # the fused kernel really ran
+    none = [r for r in rows if r["backend"] == "none"]
+    assert all(r["status"] == "ok" and int(r["flops"]) == 0 for r in none)
+
+    for key in ("time_ms", "peak_mem_bytes"):
+        assert bench.ratios(results, key)["softmax"] == {n: 1.0 for n in bench.QUICK_LENGTHS}
+    md = (tmp_path / "bench.md").read_text()
+    for heading in ("## Time ratio to fused softmax", "## Peak-memory ratio to fused softmax",
+                    "## Sanity: memory growth with n", "crossover"):
+        assert heading in md
+    assert md.count("| softmax | 1 | 1 |") == 2  # time and memory: the baseline against itself
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _peak(label: str, n: int, **options) -> int:
+    row = {"softmax": bench.Row("softmax", "softmax", {"impl": "fused"}),
+           "softmax_materialized": bench.Row("softmax_materialized", "softmax", {"impl": "materialized"})}.get(
+        label, bench.Row(label, label))
+    return bench.measure_point(row, n, _cfg())["peak_mem_bytes"]
+
+
+def test_cpu_peak_memory_is_quadratic_for_materialized_and_linear_for_none():
+    b, h = 1, 2
+    mat = {n: _peak("softmax_materialized", n) for n in (512, 1024)}
+    ratio = mat[1024] / mat[512]
+    assert 3.5 < ratio < 4.1, f"materialised softmax should grow ~4x per doubling, got {ratio:.2f}"
+    # the n×n probabilities (saved for backward) and two n×n gradients are alive at the peak
+    scores = b * h * 1024 * 1024 * 4
+    assert 2.0 * scores < mat[1024] < 5.0 * scores, mat[1024] / scores
+
+    none = {n: _peak("none", n) for n in (512, 1024)}
+    assert 1.95 < none[1024] / none[512] < 2.05
+    fused = {n: _peak("softmax", n) for n in (512, 1024)}
+    assert 1.9 < fused[1024] / fused[512] < 2.2  # fused SDPA: O(n) memory
+    assert fused[1024] < scores  # never holds an n×n matrix
+
+
+def test_live_tensor_bytes_counts_storages_once_and_frees():
+    x = torch.zeros(1000)  # 4000 bytes, allocated before: known, not counted
+    with bench.LiveTensorBytes([x]) as live:
+        a = torch.ones(2000)  # +8000
+        v = a[:10]  # view: same storage, no new bytes
+        y = x.view(10, 100)  # view of a known storage
+        del a, v
+        b = torch.ones(1000)  # a's storage freed first: current 4000
+        c = b + 1  # 8000
+    assert live.peak == 8000
+    assert live.current == 8000
+    del b, c, y
+
+
+def test_registered_cpu_sdpa_flop_formula_gives_4_n2_d_per_head():
+    b, h, n, d = 2, 2, 256, 32
+    q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
+    with bench.OpNames() as ops, bench.flop_counter() as fc:
+        out = F.scaled_dot_product_attention(q, k, v)
+    assert CPU_FUSED_SDPA in ops.sdpa
+    fwd = fc.get_total_flops()
+    assert fwd == pytest.approx(4 * n * n * d * b * h, rel=0.02)
+    with bench.flop_counter() as fc:
+        out.backward(torch.randn_like(out))
+    assert fc.get_total_flops() == pytest.approx(2.5 * fwd, rel=0.02)
+
+    # the same attention through the math path (plain bmm, priced by torch) agrees on the forward
+    with torch.no_grad(), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), \
+            bench.flop_counter() as fc_math:
+        F.scaled_dot_product_attention(q, k, v)
+    assert fc_math.get_total_flops() == pytest.approx(fwd, rel=0.02)
+
+
+def test_unknown_backend_lists_available_names(capsys):
+    with pytest.raises(ValueError, match="available: .*softmax.*"):
+        bench.select_rows(["softmax", "no_such_attention"])
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--backends", "no_such_attention", "--quick"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no_such_attention" in err and "softmax_materialized" in err and "none" in err
+
+
+def test_budgets_skip_the_remaining_lengths_and_say_why():
+    row = bench.Row("softmax_materialized", "softmax", {"impl": "materialized"})
+    res = bench.run(_cfg(lengths=(64, 128, 256), time_budget_s=1e-9), [row], log=lambda s: None)
+    assert [r["status"] for r in res] == ["ok", "skipped", "skipped"]
+    assert "per-point budget" in res[1]["reason"]
+
+    first = bench.run(_cfg(lengths=(64,)), [row], log=lambda s: None)[0]["peak_mem_bytes"]
+    res = bench.run(_cfg(lengths=(64, 128), mem_budget_bytes=2 * first), [row], log=lambda s: None)
+    assert [r["status"] for r in res] == ["ok", "skipped"]
+    assert "predicted peak" in res[1]["reason"] and "memory budget" in res[1]["reason"]
+
+
+def test_crossover_and_slope():
+    text, est = bench.crossover({512: 2.0, 1024: 1.2, 2048: 0.8, 4096: 0.5})
+    assert "faster from 2048" in text and 1024 < est < 2048
+    assert bench.crossover({512: 2.0, 1024: 0.9, 2048: 1.1})[0] == "not faster up to 2048"
+    assert bench.crossover({512: 0.5, 1024: 0.4})[0].startswith("faster at all n")
+    assert bench.loglog_slope({n: 3.0 * n * n for n in (512, 1024, 2048)}) == pytest.approx(2.0)
+    assert math.isnan(bench.loglog_slope({512: 1.0}))

@@ -1,0 +1,90 @@
+"""End to end: ``python -m lra.train`` on tiny generated ListOps writes a valid run record."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lra.config import compose
+from lra.record import REQUIRED, write_json_atomic
+
+TINY = ["experiment=quick", "protocol.listops.data.n_train=256", "protocol.listops.data.n_val=64",
+        "protocol.listops.data.n_test=64", "train.max_steps=12", "train.eval_every=5", "num_threads=1"]
+
+
+def run_train(tmp_path, *overrides, check=True):
+    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
+           "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "lra.train", *overrides], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"lra.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_end_to_end_writes_valid_record(tmp_path):
+    run_train(tmp_path, *TINY)
+    rec_path = next((tmp_path / "runs").rglob("result.json"))
+    rec = json.loads(rec_path.read_text())
+    assert rec_path.parent.relative_to(tmp_path / "runs").parts[:4] == ("quick", "listops", "softmax", "seed0")
+    for key in REQUIRED + ("majority_acc",):
+        assert key in rec, key
+    assert rec["status"] == "completed" and rec["steps"] == 12
+    assert 0.0 <= rec["test_acc"] <= 1.0 and 0.0 < rec["majority_acc"] < 1.0
+    assert rec["best_val_acc"] is not None and rec["train_time_s"] > 0
+    assert rec["time_per_1k_steps_s"] == pytest.approx(rec["train_time_s"] / 12 * 1000)
+    assert rec["effective_batch"] == rec["micro_batch"] * rec["accum_steps"] == 32
+    assert rec["config"]["task"]["seq_len"] == 128 and rec["config"]["attn"]["name"] == "softmax"
+    assert rec["split_sizes"] == {"train": 256, "val": 64, "test": 64}
+    assert (rec_path.parent / "metrics.csv").exists() and (rec_path.parent / "checkpoints" / "best.ckpt").exists()
+    assert not list(rec_path.parent.glob(".*.tmp"))
+
+    # the same command again finds the completed run and does not retrain
+    again = run_train(tmp_path, *TINY)
+    assert "already holds a finished run" in again.stdout + again.stderr
+    assert json.loads(rec_path.read_text()) == rec
+
+
+def test_unknown_attention_lists_available(tmp_path):
+    proc = run_train(tmp_path, *TINY, "attn=not_a_backend", check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "not_a_backend" in out and "softmax" in out and "none" in out
+
+
+def test_unknown_task_lists_available(tmp_path):
+    proc = run_train(tmp_path, "task=not_a_task", check=False)
+    assert proc.returncode != 0 and "listops" in proc.stdout + proc.stderr
+
+
+def test_missing_data_without_generation_fails_with_instructions(tmp_path):
+    proc = run_train(tmp_path, *TINY, "task.generate=false", check=False)
+    assert proc.returncode == 2
+    out = proc.stdout + proc.stderr
+    assert "make data task=listops" in out and str(tmp_path / "data") in out
+    rec = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
+    assert rec["status"] == "failed" and "not found" in rec["reason"]
+
+
+def test_config_composes_paper_protocol_by_default():
+    cfg = compose(["task=listops", "attn=softmax"])
+    assert cfg.preset == "skeinformer_paper"
+    assert (cfg.train.batch_size, cfg.train.lr, cfg.train.warmup, cfg.train.max_steps) == (256, 1e-4, 1000, 20000)
+    assert cfg.train.patience == 10 and cfg.task.seq_len == 2048 and cfg.task.generator.n_train == 96000
+    quick = compose(["experiment=quick"])
+    assert quick.task.seq_len == 128 and quick.task.dirname == "listops-quick" and quick.train.patience is None
+
+
+def test_softmax_nodrop_config():
+    cfg = compose(["attn=softmax_nodrop"])
+    assert cfg.attn.name == "softmax" and cfg.attn.options.dropout == 0.0 and cfg.attn.label == "softmax_nodrop"
+
+
+def test_atomic_json_never_half_written(tmp_path):
+    target = tmp_path / "result.json"
+    write_json_atomic(target, {"a": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(target, {"a": object()})
+    assert json.loads(target.read_text()) == {"a": 1} and len(list(tmp_path.iterdir())) == 1
