@@ -18,7 +18,8 @@ Per (backend, n) point:
      fewer repeats, at least 3, when one call is slow).
 A backend stops after the first n whose fastest call exceeds ``--time-budget-s`` or whose peak
 exceeds the memory budget, and a point predicted (log-log extrapolation) to exceed the memory
-budget or 4× the time budget is not run; the CSV records why. Outputs (atomic writes) in ``--out``: ``bench.csv``, ``bench.md``, ``bench.png``.
+budget or 4× the time budget is not run; the CSV records why. Outputs (atomic writes) in
+``--out``: ``bench.csv``, ``bench.md``, ``bench.png``.
 """
 
 from __future__ import annotations
@@ -96,11 +97,17 @@ def select_rows(names: list[str] | None) -> list[Row]:
     return [by_label[n] for n in wanted]
 
 
-def build_module(row: Row, cfg: "Config", n: int) -> torch.nn.Module:
+def effective_options(row: Row, cfg: "Config") -> dict:
+    """The row's options, ``dropout=0`` where the backend has that option, then ``--set`` overrides."""
     opts = dict(row.options)
     if "dropout" in attention.option_defaults(row.base):
         opts.setdefault("dropout", 0.0)  # fused CPU SDPA has no dropout; we time the attention itself
     opts.update(cfg.overrides.get(row.label, {}))
+    return opts
+
+
+def build_module(row: Row, cfg: "Config", n: int) -> torch.nn.Module:
+    opts = effective_options(row, cfg)
     m = attention.build(row.base, num_heads=cfg.heads, head_dim=cfg.head_dim, max_len=n, **opts)
     return m.to(device=cfg.device, dtype=cfg.dtype).train()
 
@@ -414,7 +421,7 @@ def run(cfg: Config, rows: list[Row], log: Callable[[str], None] = print,
     for r_i, row in enumerate(rows, 1):
         caps = attention.capabilities(row.base)
         quadratic = "n^2" in caps.complexity.replace("²", "^2") and row.label != BASELINE
-        opts = {**row.options, **cfg.overrides.get(row.label, {})}
+        opts = effective_options(row, cfg)
         budget = cfg.budget_s(row)
         stop: str | None = None
         t_hist: list[tuple[int, float]] = []
@@ -643,7 +650,8 @@ def render_markdown(results: list[dict], meta: dict) -> str:
         "approach 2 from below). Expected memory class: quadratic for materialising methods (registry "
         "complexity O(n^2)), linear for the fused softmax (O(n²) time, O(n) memory) and everything else.",
         "",
-        "| backend | complexity | n₀→n₁ | mem growth | linear | quadratic | mem slope | time slope | memory class | as expected |",
+        "| backend | complexity | n₀→n₁ | mem growth | linear | quadratic | mem slope | time slope "
+        "| memory class | as expected |",
         "|---|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for g in growth(results):
