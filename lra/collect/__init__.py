@@ -1,0 +1,183 @@
+"""Results collector: run records → the papers' tables, plots and reports (``make tables``).
+
+    python -m lra.collect [--runs DIR] [--out DIR] [--format csv,tex,md] [--compare PAPER[,PAPER]|all]
+                          [--preset NAME] [--drop-empty] [--no-plots]
+
+Reads every ``result.json`` under the runs root (default ``$LRA_RUNS`` or ``runs/``), groups the
+finished runs by preset × task × attention, and writes under ``--out`` (default ``<runs>/tables``):
+
+    index.md                 what was read, per preset, failed runs and every problem found
+    runs.csv                 one normalised row per record (``usable``: finished; ``kept``: not a duplicate)
+    failed.{csv,md}          runs that did not finish, with their reason (never in a mean)
+    issues.{csv,md}          old-schema records, duplicates, folders without a record, NaN metrics ...
+    <preset>/summary.csv     mean/std/n of every metric per task × attention
+    <preset>/<table>.{csv,tex,md}, <preset>/tables.md
+                             Skeinformer Tables 1-4, Skyformer Tables 1-2, YOSO Table 3
+    <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}
+
+Presets (``quick``, ``skeinformer_paper`` ...) are never mixed in one table. ``--compare skeinformer``
+adds the paper's number and our delta to every cell of that paper's tables (numbers in
+``lra/paper_results.csv`` with their source). Every file is written atomically and holds nothing
+time-dependent: the same runs give byte-identical files. Layout and reading rules: docs/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from lra import REPO_ROOT
+from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
+from lra.collect.render import frame_csv, frame_markdown, to_csv, to_latex, to_markdown, write_text
+from lra.collect.tables import PAPERS, TABLES, build, summary
+
+FORMATS = ("csv", "tex", "md")
+
+
+@dataclass
+class Result:
+    out: Path
+    runs: pd.DataFrame
+    issues: list
+    files: list = field(default_factory=list)
+    tables: dict = field(default_factory=dict)   # (preset, table key) -> Built
+
+
+def default_runs_root() -> Path:
+    return Path(os.environ.get("LRA_RUNS") or REPO_ROOT / "runs")
+
+
+def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(), presets=None,
+            drop_empty: bool = False, plots: bool = True) -> Result:
+    """Read the records under ``runs_root`` and write every table, report and figure into ``out``."""
+    runs_root = Path(runs_root)
+    out = Path(out) if out is not None else runs_root / "tables"
+    runs, issues = load_runs(runs_root, exclude=(out,))
+    res = Result(out, runs, issues)
+    all_presets = sorted(set(runs["preset"]))
+    chosen = [p for p in all_presets if presets is None or p in presets]
+    summ = summary(runs)
+
+    def emit(rel: str, text: str):
+        res.files.append(write_text(out / rel, text))
+
+    for preset in chosen:
+        md_all = [f"# Tables for preset `{preset}`", ""]
+        for spec in TABLES:
+            built = build(spec, runs, preset, compare=spec.paper in compare, drop_empty=drop_empty)
+            res.tables[(preset, spec.key)] = built
+            if "csv" in formats:
+                emit(f"{preset}/{spec.key}.csv", to_csv(built))
+            if "tex" in formats:
+                emit(f"{preset}/{spec.key}.tex", to_latex(built))
+            md = to_markdown(built)
+            md_all.append(md)
+            if "md" in formats:
+                emit(f"{preset}/{spec.key}.md", md)
+        if "md" in formats:
+            emit(f"{preset}/tables.md", "\n".join(md_all))
+        emit(f"{preset}/summary.csv", frame_csv(summ[summ["preset"] == preset].reset_index(drop=True)))
+        if plots:
+            from lra.plots import plot_preset
+
+            files, notes = plot_preset(runs, summ, runs_root, preset, out / preset)
+            res.files += files
+            issues += [Issue(p, "plot", n) for p, n in notes]
+    issues.sort(key=lambda i: (i.path, i.kind, i.detail))
+
+    failed = failed_frame(runs)
+    iss = issues_frame(issues)
+    emit("runs.csv", frame_csv(runs))
+    emit("failed.csv", frame_csv(failed))
+    emit("issues.csv", frame_csv(iss))
+    failed_md = frame_markdown(failed, "## Failed runs (never in a mean)", "No failed runs.")
+    issues_md = frame_markdown(iss, "## Problems found in the records", "No problems found.")
+    emit("failed.md", failed_md)
+    emit("issues.md", issues_md)
+    emit("index.md", _index(runs, issues, chosen, summ, failed_md, issues_md, compare))
+    res.files = sorted(set(res.files))
+    return res
+
+
+def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
+    ok = runs["usable"] & runs["kept"]
+    kinds = pd.Series([i.kind for i in issues], dtype=str).value_counts().sort_index()
+    lines = ["# LRA results", "",
+             f"{len(runs)} run records read: {int(ok.sum())} finished and counted, "
+             f"{int((~runs['usable']).sum())} not finished, {int((runs['usable'] & ~runs['kept']).sum())} "
+             f"superseded duplicates. Problems: " + (", ".join(f"{k} {v}" for k, v in kinds.items()) or "none") + ".",
+             ""]
+    if compare:
+        lines += ["Compared with: " + ", ".join(PAPERS[c] for c in compare) + ".", ""]
+    for preset in presets:
+        s = summ[summ["preset"] == preset]
+        lines += [f"## Preset `{preset}`", "",
+                  f"Tables: [{preset}/tables.md]({preset}/tables.md); per task × attention: "
+                  f"[{preset}/summary.csv]({preset}/summary.csv).", ""]
+        if len(s):
+            view = s[["task", "row", "seeds", "test_acc_mean", "test_acc_std", "test_acc_n"]].copy()
+            view["test_acc_mean"] = 100 * view["test_acc_mean"]
+            view["test_acc_std"] = 100 * view["test_acc_std"]
+            view.columns = ["task", "attention", "seeds", "test acc (%)", "std", "n"]
+            lines.append(frame_markdown(view))
+    lines += [failed_md, issues_md]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m lra.collect", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=Path, default=None, help="runs root (default $LRA_RUNS or runs/)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default <runs>/tables)")
+    p.add_argument("--format", default="csv,tex,md", help="comma list of csv, tex, md (default all)")
+    p.add_argument("--compare", default="", help=f"paper(s) to compare with: {', '.join(PAPERS)} or all")
+    p.add_argument("--preset", action="append", default=None, help="only this preset (repeatable)")
+    p.add_argument("--drop-empty", action="store_true", help="leave out paper rows without any run")
+    p.add_argument("--no-plots", action="store_true", help="tables and reports only")
+    args = p.parse_args(argv)
+    args.formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
+    bad = [f for f in args.formats if f not in FORMATS]
+    if bad or not args.formats:
+        p.error(f"--format: unknown {bad or '(empty)'}; choose from {', '.join(FORMATS)}")
+    comp = [c.strip().lower() for c in args.compare.split(",") if c.strip()]
+    comp = list(PAPERS) if comp == ["all"] else comp
+    bad = [c for c in comp if c not in PAPERS]
+    if bad:
+        p.error(f"--compare: unknown paper {bad}; choose from {', '.join(PAPERS)} or all")
+    args.compare_papers = tuple(comp)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    root = args.runs or default_runs_root()
+    if not root.is_dir():
+        print(f"lra.collect: no runs folder at {root}. Train first (make lra task=listops attn=softmax "
+              f"ARGS='experiment=quick') or pass --runs DIR.", file=sys.stderr)
+        return 1
+    t0 = time.perf_counter()
+    res = collect(root, args.out, args.formats, args.compare_papers, args.preset, args.drop_empty,
+                  plots=not args.no_plots)
+    runs = res.runs
+    ok = runs["usable"] & runs["kept"]
+    print(f"read {len(runs)} run records under {root}: {int(ok.sum())} finished and counted, "
+          f"{int((~runs['usable']).sum())} not finished")
+    for kind, n in sorted(pd.Series([i.kind for i in res.issues], dtype=str).value_counts().items()):
+        print(f"  {n} x {kind}")
+    if res.issues:
+        print(f"  details: {res.out / 'issues.md'}")
+    for preset in sorted({p for p, _ in res.tables}):
+        g = runs[ok & (runs["preset"] == preset)]
+        print(f"preset {preset}: {len(g)} runs, tasks {', '.join(sorted(set(g['task']))) or '-'}, "
+              f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / preset}")
+    if len(runs) == 0:
+        print(f"no result.json under {root}: nothing to tabulate", file=sys.stderr)
+    print(f"wrote {len(res.files)} files into {res.out} ({time.perf_counter() - t0:.1f} s); start at "
+          f"{res.out / 'index.md'}")
+    return 0

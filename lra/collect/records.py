@@ -1,0 +1,266 @@
+"""Find and read every run record (``result.json``) under a runs root into one pandas table.
+
+Bad input is reported, never fatal and never averaged silently:
+
+* a record that is not valid JSON, or not an object: listed as ``unreadable``;
+* a record from an older schema (no ``schema_version``, or fields missing): fields that the resolved
+  ``config`` or the run folder's path can tell (task, attention, seed, preset, effective batch, time per
+  1k steps) are filled from there, the rest stay missing; listed as ``old_schema`` with what was done;
+* a run folder (``.hydra/``, ``metrics.csv``, ``train.log`` ...) without ``result.json``: ``no_record``
+  (still running, killed, or crashed before it could write one);
+* two records for the same preset, task, attention, variant and seed: the newest finished one is kept
+  (finished beats failed, then the newer ``result.json`` modification time, then the path), the
+  others are listed as ``duplicate`` with the path of the one kept;
+* a metric that is NaN, infinite, null, not a number, or (for accuracies) outside [0, 1] in a
+  finished run: set to missing and listed as ``nan_metric``; means count only finite values, and
+  every table cell shows how many seeds it averages.
+
+Runs whose status is not ``completed`` or ``stopped_early`` never enter a mean; they are listed with
+their reason in the failed-runs table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+SCHEMA_VERSION = 1  # the newest run-record schema this reader knows (lra/record.py)
+OK_STATUSES = ("completed", "stopped_early")
+RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints")
+SKIP_DIRS = (".hydra", "checkpoints", "wandb", "__pycache__")
+NUMERIC = ("seed", "test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
+           "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch", "test_loss")
+ACCURACIES = ("test_acc", "best_val_acc", "majority_acc")
+# Metrics a finished run must have; a missing one is reported (peak memory only off the CPU).
+EXPECTED = ("test_acc", "best_val_acc", "steps", "train_time_s", "time_per_1k_steps_s", "micro_batch",
+            "accum_steps", "peak_mem_bytes")
+TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit")
+COLUMNS = ("path", "preset", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
+           "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit")
+_SEED_DIR = re.compile(r"^seed(-?\d+)$")
+
+
+@dataclass(frozen=True)
+class Issue:
+    path: str   # run folder relative to the runs root
+    kind: str   # unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable
+    detail: str
+
+
+def discover(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[list[Path], list[Path]]:
+    """(record files, run folders without a record) under ``root``, both sorted."""
+    root = Path(root)
+    excluded = {Path(e).resolve() for e in exclude}
+    records, orphans = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here.resolve() in excluded:
+            dirnames[:] = []
+            continue
+        if "result.json" in filenames:
+            records.append(here / "result.json")
+        elif any(m in filenames or m in dirnames for m in RUN_MARKERS):
+            orphans.append(here)
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+    return sorted(records), sorted(orphans)
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return Path(path).relative_to(root).as_posix() or "."
+    except ValueError:
+        return Path(path).as_posix()
+
+
+def _from_path(rel: str) -> dict:
+    """preset/task/attn/seed<N>[/variant...] (the layout lra.train writes), or {} for another layout."""
+    parts = rel.split("/")
+    for i in range(3, len(parts)):
+        m = _SEED_DIR.match(parts[i])
+        if m:
+            return dict(preset=parts[i - 3], task=parts[i - 2], attn=parts[i - 1], seed=int(m.group(1)),
+                        variant="/".join(parts[i + 1:]))
+    return {}
+
+
+def _get(d, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _number(x) -> tuple[float, str | None]:
+    """(value, problem): NaN with a reason when x is not a finite number."""
+    if x is None:
+        return math.nan, "null"
+    if isinstance(x, bool):
+        return math.nan, f"boolean {x!r}"
+    if isinstance(x, (int, float)):
+        v = float(x)
+    else:
+        try:
+            v = float(str(x).strip())
+        except ValueError:
+            return math.nan, f"not a number ({str(x)[:30]!r})"
+    if not math.isfinite(v):
+        return math.nan, repr(v)
+    return v, None
+
+
+def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
+    """One record in the current schema's field names and units (accuracies as fractions)."""
+    issues: list[Issue] = []
+    rec = dict(raw)
+    version = rec.get("schema_version")
+    version = int(version) if isinstance(version, (int, float)) and not isinstance(version, bool) else 0
+    cfg = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+    from_path = _from_path(rel)
+    filled, missing = [], []
+    derive = {
+        "task": lambda: _get(cfg, "task", "name") or from_path.get("task"),
+        "attn": lambda: _get(cfg, "attn", "label") or _get(cfg, "attn", "name") or from_path.get("attn"),
+        "seed": lambda: _get(cfg, "seed") if _get(cfg, "seed") is not None else from_path.get("seed"),
+        "preset": lambda: _get(cfg, "preset") or from_path.get("preset"),
+        "effective_batch": lambda: (rec["micro_batch"] * rec["accum_steps"]
+                                    if isinstance(rec.get("micro_batch"), (int, float))
+                                    and isinstance(rec.get("accum_steps"), (int, float))
+                                    else _get(cfg, "train", "batch_size")),
+        "time_per_1k_steps_s": lambda: (rec["train_time_s"] / rec["steps"] * 1000
+                                        if isinstance(rec.get("train_time_s"), (int, float))
+                                        and isinstance(rec.get("steps"), (int, float)) and rec["steps"] else None),
+    }
+    for key, fn in derive.items():
+        if key not in rec:
+            value = fn()
+            if value is not None:
+                rec[key] = value
+                filled.append(key)
+    required = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s",
+                "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch",
+                "hardware", "config", "git_commit", "preset")
+    missing = [k for k in required if k not in rec]
+    if "status" not in rec:
+        acc, _ = _number(rec.get("test_acc"))
+        rec["status"] = "completed" if math.isfinite(acc) else "unknown"
+        filled.append(f"status={rec['status']!r} (from test_acc)")
+    if version < SCHEMA_VERSION or missing or filled:
+        parts = [f"schema_version {version if 'schema_version' in raw else 'absent'}"]
+        if filled:
+            parts.append("derived " + ", ".join(filled))
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        issues.append(Issue(rel, "old_schema", "; ".join(parts)))
+    elif version > SCHEMA_VERSION:
+        issues.append(Issue(rel, "newer_schema", f"schema_version {version} > {SCHEMA_VERSION}: read the fields "
+                                                 f"this collector knows"))
+
+    out = {"path": rel, "schema_version": version, "variant": from_path.get("variant", "")}
+    for key in TEXT:
+        v = rec.get(key)
+        out[key] = None if v is None else str(v)
+    status = (out["status"] or "unknown").strip()
+    out["status"] = status
+    usable = status in OK_STATUSES
+    bad = []
+    for key in NUMERIC:
+        v, problem = _number(rec.get(key))
+        if problem is None and key in ACCURACIES and not 0.0 <= v <= 1.0:
+            v, problem = math.nan, f"{v!r} outside [0, 1]"
+        out[key] = v
+        if usable and problem is not None and key in rec and key in EXPECTED:
+            if key == "peak_mem_bytes" and problem == "null" and str(rec.get("device", "")).startswith("cpu"):
+                continue  # the contract: no measured peak memory on a CPU
+            bad.append(f"{key} {problem}")
+        elif usable and problem is not None and key in ("seed",):
+            bad.append(f"{key} {problem}")
+    if bad:
+        issues.append(Issue(rel, "nan_metric", "finished run with " + ", ".join(bad)
+                            + ": left out of those means (cells show the seeds they average)"))
+    if not out["task"] or not out["attn"]:
+        usable = False
+        why = "cannot tell the task or the attention (no field, config or run-folder layout says)"
+        out["reason"] = out["reason"] or why
+        issues.append(Issue(rel, "unusable", why))
+    elif usable and not math.isfinite(out["seed"]):
+        usable = False
+        why = "finished run without a seed: cannot be told apart from other seeds"
+        out["reason"] = out["reason"] or why
+        issues.append(Issue(rel, "unusable", why))
+    out["preset"] = out["preset"] or "unknown"
+    out["usable"] = usable
+    return out, issues
+
+
+def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame, list[Issue]]:
+    """Every record under ``root`` (one row each, ``kept`` False for superseded duplicates) and the issues."""
+    root = Path(root)
+    records, orphans = discover(root, exclude)
+    rows, issues, mtimes = [], [], []
+    for f in records:
+        rel = _rel(f.parent, root)
+        try:
+            raw = json.loads(f.read_text())
+            if not isinstance(raw, dict):
+                raise ValueError(f"top level is {type(raw).__name__}, not an object")
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}"))
+            continue
+        row, found = normalise(raw, rel)
+        issues += found
+        rows.append(row)
+        try:
+            mtimes.append(f.stat().st_mtime_ns)
+        except OSError:
+            mtimes.append(0)
+    for d in orphans:
+        issues.append(Issue(_rel(d, root), "no_record", "run folder without result.json (still running, killed, "
+                                                         "or crashed before writing it)"))
+    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "kept"])
+    df["kept"] = True
+    if len(df):
+        df["_mtime"] = mtimes
+        issues += _resolve_duplicates(df)
+        df = df.drop(columns="_mtime")
+    df = df[list(COLUMNS)].sort_values("path", kind="stable").reset_index(drop=True)
+    issues.sort(key=lambda i: (i.path, i.kind, i.detail))
+    return df, issues
+
+
+def _resolve_duplicates(df: pd.DataFrame) -> list[Issue]:
+    """Mark all but one record per (preset, task, attn, variant, seed) as not kept; report them."""
+    issues = []
+    key = ["preset", "task", "attn", "variant", "seed"]
+    valid = df["task"].notna() & df["attn"].notna() & df["seed"].notna()
+    for _, g in df[valid].groupby(key, sort=True, dropna=False):
+        if len(g) < 2:
+            continue
+        order = g.assign(_u=~g["usable"], _m=-g["_mtime"]).sort_values(["_u", "_m", "path"], kind="stable")
+        keep = order.index[0]
+        for i in order.index[1:]:
+            df.loc[i, "kept"] = False
+            issues.append(Issue(df.loc[i, "path"], "duplicate",
+                                f"same preset/task/attn/seed as {df.loc[keep, 'path']}, which is kept "
+                                f"(finished before failed, then newest result.json)"))
+    return issues
+
+
+def issues_frame(issues: list[Issue]) -> pd.DataFrame:
+    return pd.DataFrame([(i.path, i.kind, i.detail) for i in issues], columns=["path", "kind", "detail"])
+
+
+def failed_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs that did not finish (status other than completed/stopped_early), with why."""
+    bad = runs[~runs["usable"]].copy()
+    bad["reason"] = bad["reason"].fillna("(no reason recorded)")
+    bad["note"] = ""
+    bad.loc[~bad["kept"], "note"] = "superseded by a duplicate"
+    cols = ["preset", "task", "attn", "seed", "status", "reason", "note", "path"]
+    return bad[cols].sort_values(["preset", "task", "attn", "seed", "path"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,274 @@
+"""The papers' tables: their rows, columns and units, our per-cell statistics, and the papers' numbers.
+
+Each ``TableSpec`` lays a table out as its paper does (row order and names, column order and names);
+``build`` fills it from the usable runs of one preset: every cell is mean ± sample std (ddof 1) over
+the seeds of that task × attention, with the number of seeds that had a finite value. Backends the
+paper did not run (and runs made with extra overrides, shown as ``name [override]``) are appended
+after the paper's rows; tasks the paper did not use are appended after its columns. The Average
+column is the mean of our per-task means over the paper's tasks, shown only when every one of them
+has a value.
+
+The papers' published numbers live in ``lra/paper_results.csv`` (one row per cell, with its source).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+PAPER_CSV = Path(__file__).resolve().parents[1] / "paper_results.csv"
+
+
+@dataclass(frozen=True)
+class Metric:
+    field: str          # run-record field
+    scale: float        # table unit = field * scale
+    decimals: int
+    higher_better: bool
+    setting: bool = False  # a setting (batch, accumulation), shown as its value(s), not mean ± std
+    label: str = ""
+
+
+METRICS = {
+    "acc": Metric("test_acc", 100.0, 2, True, label="test accuracy (%)"),
+    "steps_k": Metric("steps", 1e-3, 2, False, label="training steps (k)"),
+    "min_per_1k": Metric("time_per_1k_steps_s", 1 / 60, 2, False, label="training minutes per 1k steps"),
+    "train_min": Metric("train_time_s", 1 / 60, 2, False, label="total training time (min)"),
+    "hours": Metric("train_time_s", 1 / 3600, 2, False, label="training time (h)"),
+    "mem_gb": Metric("peak_mem_bytes", 1 / 2 ** 30, 2, False, label="peak memory (GB = 2^30 bytes)"),
+    "accum": Metric("accum_steps", 1.0, 0, False, setting=True, label="gradient accumulation steps"),
+    "batch": Metric("micro_batch", 1.0, 0, True, setting=True, label="actual (micro-)batch"),
+}
+
+SKEIN_ROWS = (("softmax", "Standard"), ("softmax_nodrop", "Standard w/o dropout"), ("vmean", "V-mean"),
+              ("bigbird", "BigBird"), ("performer", "Performer"), ("nystrom", "Nyströmformer"),
+              ("reformer", "Reformer"), ("linformer", "Linformer"),
+              ("linformer_jlt", "Linformer w/ unreduced JLT"), ("informer", "Informer"),
+              ("informer_mask", "Informer w/ padding mask"), ("skeinformer", "Skeinformer"),
+              ("skeinformer_uniform", "Skeinformer w/ uniform sampling"),
+              ("skeinformer_no_rownorm", "Skeinformer w/o row normalization"),
+              ("skeinformer_simple_rownorm", "Skeinformer w/ simple row normalization"),
+              ("skeinformer_no_pilot", "Skeinformer w/o pilot sampling reutilization"))
+SKY_ROWS = (("softmax", "Self-Attention"), ("kernelized", "Kernelized Attention"), ("nystrom", "Nyströmformer"),
+            ("linformer", "Linformer"), ("informer", "Informer"), ("performer", "Performer"),
+            ("reformer", "Reformer"), ("bigbird", "BigBird"), ("skyformer", "Skyformer"))
+YOSO_ROWS = (("none", "none"), ("softmax", "softmax"), ("yoso_e", "YOSO-E"), ("nystrom", "Nyströmformer"),
+             ("longformer", "Longformer"), ("linformer", "Linformer"), ("reformer", "Reformer"),
+             ("performer", "Performer"), ("yoso", "YOSO-32"), ("yoso_conv", "YOSO-C-16"))
+SKEIN_TASKS = (("text", "Text"), ("listops", "ListOps"), ("retrieval", "Retrieval"), ("pathfinder", "Pathfinder"),
+               ("image", "Image"))
+SKY_ABBR = (("text", "TC"), ("listops", "LO"), ("retrieval", "RE"), ("pathfinder", "PF"), ("image", "IC"))
+YOSO_TASKS = (("listops", "listops"), ("text", "text"), ("retrieval", "retrieval"), ("image", "image"),
+              ("pathfinder", "pathfinder"))
+PAPERS = {"skeinformer": "Skeinformer (Chen, Zeng et al., AAAI 2022)",
+          "skyformer": "Skyformer (Chen, Zeng et al., NeurIPS 2021)",
+          "yoso": "YOSO (Zeng et al., ICML 2021)"}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    key: str                     # file stem and label
+    paper: str                   # key of PAPERS
+    table: str                   # "table1" ... as in paper_results.csv
+    caption: str
+    rows: tuple                  # ((attn label, paper's row name), ...)
+    tasks: tuple                 # ((task, header), ...)
+    metrics: tuple               # ((metric key, header), ...)
+    group_by: str = "task"       # with several metrics: "task" (task over metrics) or "metric"
+    average: str | None = None   # header of the average column, if the paper has one
+
+    @property
+    def title(self) -> str:
+        return f"{PAPERS[self.paper].split(' (')[0]} Table {self.table[5:]}"
+
+
+TABLES = (
+    TableSpec("skeinformer_table1", "skeinformer", "table1",
+              "Classification accuracy (%) on the test sets of LRA", SKEIN_ROWS, SKEIN_TASKS,
+              (("acc", ""),), average="Average"),
+    TableSpec("skeinformer_table2", "skeinformer", "table2",
+              "Training steps (k), training time (minutes) per thousand steps, and batch accumulation steps",
+              SKEIN_ROWS, SKEIN_TASKS, (("steps_k", "step"), ("min_per_1k", "time"), ("accum", "accu"))),
+    TableSpec("skeinformer_table3", "skeinformer", "table3", "Training steps (k) and total training time (minutes)",
+              SKEIN_ROWS, SKEIN_TASKS, (("steps_k", "steps"), ("train_min", "time"))),
+    TableSpec("skeinformer_table4", "skeinformer", "table4",
+              "Actual batch size (bz) and gradient accumulation steps (accu)", SKEIN_ROWS, SKEIN_TASKS,
+              (("batch", "bz"), ("accum", "accu"))),
+    TableSpec("skyformer_table1", "skyformer", "table1", "Classification accuracy (%) on LRA", SKY_ROWS,
+              SKEIN_TASKS, (("acc", ""),), average="AVG."),
+    TableSpec("skyformer_table2", "skyformer", "table2",
+              "Training time (hours) and peak memory usage (GB)", SKY_ROWS, SKY_ABBR,
+              (("hours", "Time (h)"), ("mem_gb", "Memory (GB)")), group_by="metric"),
+    TableSpec("yoso_table3", "yoso", "table3", "Test accuracy (%) on LRA, including no attention (none)",
+              YOSO_ROWS, YOSO_TASKS, (("acc", ""),), average="Avg"),
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    task: str          # task name, or "average"
+    metric: str        # key of METRICS
+    path: tuple        # header path, outer to inner, e.g. ("Text", "step") or ("ListOps",)
+
+
+@dataclass
+class Cell:
+    mean: float = math.nan
+    std: float = math.nan
+    n: int = 0
+    values: tuple = ()            # distinct values of a setting metric
+    paper: float = math.nan
+    paper_text: str | None = None
+    average: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not math.isfinite(self.mean)
+
+    @property
+    def delta(self) -> float:
+        return self.mean - self.paper if math.isfinite(self.mean) and math.isfinite(self.paper) else math.nan
+
+
+@dataclass
+class Row:
+    key: str          # attention label (with " [variant]" for runs with extra overrides)
+    name: str         # as printed: the paper's row name, or the key for rows the paper lacks
+    in_paper: bool
+    cells: list = field(default_factory=list)
+    seeds: int = 0
+
+
+@dataclass
+class Built:
+    spec: TableSpec
+    preset: str
+    columns: list
+    rows: list
+    compare: bool
+    n_runs: int
+
+
+def row_key(attn: str, variant: str) -> str:
+    return f"{attn} [{variant}]" if variant else attn
+
+
+@lru_cache(maxsize=1)
+def paper_results() -> pd.DataFrame:
+    """The papers' published numbers (lra/paper_results.csv), value kept as printed in ``text``."""
+    df = pd.read_csv(PAPER_CSV, dtype=str, keep_default_na=False)
+    df["text"] = df["value"]
+    df["value"] = pd.to_numeric(df["value"].str.replace(",", "", regex=False))
+    return df
+
+
+def paper_lookup(spec: TableSpec) -> dict:
+    df = paper_results()
+    df = df[(df["paper"] == spec.paper) & (df["table"] == spec.table)]
+    return {(r.attn, r.task, r.metric): (float(r.value), r.text) for r in df.itertuples()}
+
+
+def columns(spec: TableSpec, extra_tasks: list[str]) -> list[Column]:
+    tasks = list(spec.tasks) + [(t, t) for t in extra_tasks]
+    cols = []
+    if len(spec.metrics) == 1:
+        m = spec.metrics[0][0]
+        cols = [Column(t, m, (h,)) for t, h in tasks]
+    elif spec.group_by == "task":
+        cols = [Column(t, m, (h, mh)) for t, h in tasks for m, mh in spec.metrics]
+    else:
+        cols = [Column(t, m, (mh, h)) for m, mh in spec.metrics for t, h in tasks]
+    if spec.average:
+        cols.append(Column("average", spec.metrics[0][0], (spec.average,) + (("",) if len(spec.metrics) > 1 else ())))
+    return cols
+
+
+def cell_stats(runs: pd.DataFrame) -> dict:
+    """{(task, row key): {field: (mean, std, n, distinct values)}} over usable, kept runs."""
+    fields = sorted({m.field for m in METRICS.values()})
+    out = {}
+    ok = runs[runs["usable"] & runs["kept"]]
+    for (task, attn, variant), g in ok.groupby(["task", "attn", "variant"], sort=True):
+        stats = {"_seeds": int(g["seed"].nunique())}
+        for f in fields:
+            v = g[f].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            n = int(v.size)
+            mean = float(v.mean()) if n else math.nan
+            std = float(v.std(ddof=1)) if n > 1 else math.nan
+            stats[f] = (mean, std, n, tuple(sorted(set(v.tolist()))))
+        out[(task, row_key(attn, variant))] = stats
+    return out
+
+
+def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = False,
+          drop_empty: bool = False) -> Built:
+    """Fill ``spec`` from the runs of ``preset`` (``runs`` holds every record; filtering happens here)."""
+    runs = runs[runs["preset"] == preset]
+    stats = cell_stats(runs)
+    paper_tasks = [t for t, _ in spec.tasks]
+    extra_tasks = sorted({t for t, _ in stats} - set(paper_tasks))
+    cols = columns(spec, extra_tasks)
+    paper = paper_lookup(spec) if compare else {}
+    ours = sorted({k for _, k in stats})
+    paper_keys = [a for a, _ in spec.rows]
+    rows = [Row(a, name, True) for a, name in spec.rows]
+    rows += [Row(k, k, False) for k in ours if k not in paper_keys]
+    for row in rows:
+        per_task = {}
+        for col in cols:
+            if col.task == "average":
+                continue
+            metric = METRICS[col.metric]
+            st = stats.get((col.task, row.key), {}).get(metric.field)
+            cell = Cell()
+            if st is not None and st[2]:
+                mean, std, n, values = st
+                cell = Cell(mean * metric.scale, std * metric.scale, n, tuple(v * metric.scale for v in values))
+            if row.in_paper and (row.key, col.task, col.metric) in paper:
+                cell.paper, cell.paper_text = paper[(row.key, col.task, col.metric)]
+            row.cells.append(cell)
+            per_task[(col.task, col.metric)] = cell
+        row.seeds = max((s.get("_seeds", 0) for (t, k), s in stats.items() if k == row.key), default=0)
+        if spec.average:
+            m = spec.metrics[0][0]
+            means = [per_task[(t, m)].mean for t in paper_tasks]
+            cell = Cell(average=True)
+            if all(math.isfinite(x) for x in means):
+                cell.mean = float(np.mean(means))
+                cell.n = min(per_task[(t, m)].n for t in paper_tasks)
+            if row.in_paper and (row.key, "average", m) in paper:
+                cell.paper, cell.paper_text = paper[(row.key, "average", m)]
+            row.cells.append(cell)
+    if drop_empty:
+        rows = [r for r in rows if any(not c.empty for c in r.cells)]
+    n_runs = int((runs["usable"] & runs["kept"]).sum())
+    return Built(spec, preset, cols, rows, compare, n_runs)
+
+
+def summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per preset × task × attention (× variant): seeds, and mean/std/n of every metric."""
+    ok = runs[runs["usable"] & runs["kept"]]
+    fields = ["test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
+              "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch"]
+    rows = []
+    for (preset, task, attn, variant), g in ok.groupby(["preset", "task", "attn", "variant"], sort=True):
+        r = {"preset": preset, "task": task, "attn": attn, "variant": variant, "row": row_key(attn, variant),
+             "seeds": ",".join(str(int(s)) for s in sorted(g["seed"].unique())), "n_runs": len(g),
+             "hardware": ",".join(sorted({str(h) for h in g["hardware"].dropna()})),
+             "device": ",".join(sorted({str(h) for h in g["device"].dropna()}))}
+        for f in fields:
+            v = g[f].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            r[f"{f}_mean"] = float(v.mean()) if v.size else math.nan
+            r[f"{f}_std"] = float(v.std(ddof=1)) if v.size > 1 else math.nan
+            r[f"{f}_n"] = int(v.size)
+        rows.append(r)
+    cols = ["preset", "task", "attn", "variant", "row", "seeds", "n_runs", "hardware", "device"]
+    cols += [f"{f}_{s}" for f in fields for s in ("mean", "std", "n")]
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,419 @@
+"""lra.collect on synthetic run records: statistics, bad input, paper layout, formats, determinism."""
+
+import csv
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lra.collect import collect, main
+from lra.collect.records import load_runs
+from lra.collect.render import to_latex, to_markdown, write_atomic, write_text
+from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results
+
+SPEC = {s.key: s for s in TABLES}
+
+
+def make_record(root: Path, attn="softmax", seed=0, task="listops", preset="quick", sub="", metrics=True,
+                raw: str | None = None, drop=(), **fields) -> Path:
+    """Write a run folder like lra.train does (result.json, optional metrics.csv); returns the folder."""
+    run = Path(root) / preset / task / attn / f"seed{seed}"
+    if sub:
+        run = run / sub
+    run.mkdir(parents=True, exist_ok=True)
+    rec = {"schema_version": 1, "task": task, "attn": attn, "attn_backend": attn, "seed": seed, "preset": preset,
+           "status": "completed", "reason": None, "test_acc": 0.4, "best_val_acc": 0.41, "majority_acc": 0.17,
+           "steps": 600, "train_time_s": 120.0, "eval_time_s": 5.0, "time_per_1k_steps_s": 200.0,
+           "peak_mem_bytes": 2 ** 30, "micro_batch": 32, "accum_steps": 1, "effective_batch": 32,
+           "hardware": "v100_16gb", "device": "Tesla V100", "git_commit": "abc",
+           "config": {"task": {"name": task}, "attn": {"name": attn, "label": attn}, "seed": seed, "preset": preset,
+                      "train": {"batch_size": 32}}}
+    rec.update(fields)
+    for k in drop:
+        rec.pop(k, None)
+    (run / "result.json").write_text(raw if raw is not None else json.dumps(rec))
+    if metrics:
+        lines = ["epoch,step,train/acc,train/loss,val/acc,val/count,val/loss"]
+        for i, step in enumerate((149, 299, 449, 599)):
+            lines.append(f"0,{step},0.3,2.0,,,")
+            lines.append(f"0,{step},,,{0.2 + 0.05 * i + 0.01 * seed},1000.0,{2.2 - 0.1 * i}")
+        (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def cell(built, attn, task="listops"):
+    row = next(r for r in built.rows if r.key == attn)
+    j = next(i for i, c in enumerate(built.columns) if c.task == task)
+    return row.cells[j]
+
+
+def issues_of(issues, kind):
+    return [i for i in issues if i.kind == kind]
+
+
+def test_mean_std_and_seed_count(tmp_path):
+    for seed, acc in enumerate((0.30, 0.40, 0.50)):
+        make_record(tmp_path, "softmax", seed, test_acc=acc)
+    make_record(tmp_path, "none", 0, test_acc=0.2)
+    runs, issues = load_runs(tmp_path)
+    assert not issues
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    c = cell(t1, "softmax")
+    assert c.mean == pytest.approx(40.0) and c.std == pytest.approx(10.0) and c.n == 3
+    one = cell(t1, "none")
+    assert one.n == 1 and math.isnan(one.std)
+    md = to_markdown(t1)
+    assert "| Standard | -- | **40.00 ± 10.00 (3)** | -- |" in md  # best of the column: bold
+    assert "| none | -- | 20.00 (1) |" in md  # one seed: no std, count shown
+    # units of the other tables: steps in k, minutes per 1k steps, hours, GB, batch and accumulation
+    t2 = build(SPEC["skeinformer_table2"], runs, "quick")
+    row = next(r for r in t2.rows if r.key == "softmax")
+    got = {(col.task, col.metric): c for col, c in zip(t2.columns, row.cells)}
+    assert got[("listops", "steps_k")].mean == pytest.approx(0.6)
+    assert got[("listops", "min_per_1k")].mean == pytest.approx(200 / 60)
+    assert got[("listops", "accum")].values == (1.0,)
+    sky2 = build(SPEC["skyformer_table2"], runs, "quick")
+    got = {(col.task, col.metric): c for col, c in zip(sky2.columns, sky2.rows[0].cells)}
+    assert got[("listops", "hours")].mean == pytest.approx(120 / 3600) and got[("listops", "mem_gb")].mean == 1.0
+
+
+def test_failed_runs_excluded_from_means_and_listed_with_reason(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.3)
+    make_record(tmp_path, "softmax", 1, test_acc=0.5)
+    make_record(tmp_path, "softmax", 2, test_acc=0.99, status="failed", reason="OutOfMemoryError: CUDA out of memory")
+    make_record(tmp_path, "softmax", 3, test_acc=None, status="interrupted", reason="KeyboardInterrupt", metrics=False)
+    res = collect(tmp_path, tmp_path / "out", plots=False)
+    c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
+    assert c.mean == pytest.approx(40.0) and c.n == 2
+    failed = pd.read_csv(tmp_path / "out" / "failed.csv")
+    assert list(failed["seed"]) == [2, 3] and list(failed["status"]) == ["failed", "interrupted"]
+    assert "CUDA out of memory" in failed["reason"].iloc[0]
+    assert "OutOfMemoryError" in (tmp_path / "out" / "failed.md").read_text()
+    assert "1 not finished" not in (tmp_path / "out" / "index.md").read_text()  # 2 of them
+    assert "2 not finished" in (tmp_path / "out" / "index.md").read_text()
+
+
+def test_older_schema_is_read_and_reported(tmp_path):
+    # no schema_version, no task/attn/seed/preset fields (config and path tell), no time per 1k steps
+    make_record(tmp_path, "softmax", 0, test_acc=0.3,
+                drop=("schema_version", "task", "attn", "preset", "time_per_1k_steps_s", "peak_mem_bytes"))
+    # no status either: finished if it has a test accuracy
+    make_record(tmp_path, "softmax", 1, test_acc=0.5, drop=("schema_version", "status"))
+    # nothing tells the task: reported, not counted
+    odd = tmp_path / "elsewhere"
+    odd.mkdir()
+    (odd / "result.json").write_text(json.dumps({"test_acc": 0.9, "seed": 0}))
+    runs, issues = load_runs(tmp_path)
+    old = {i.path: i.detail for i in issues_of(issues, "old_schema")}
+    assert set(old) == {"quick/listops/softmax/seed0", "quick/listops/softmax/seed1", "elsewhere"}
+    assert "derived task, attn, preset, time_per_1k_steps_s" in old["quick/listops/softmax/seed0"]
+    assert "missing peak_mem_bytes" in old["quick/listops/softmax/seed0"]
+    assert "status='completed' (from test_acc)" in old["quick/listops/softmax/seed1"]
+    r0 = runs[runs["path"] == "quick/listops/softmax/seed0"].iloc[0]
+    assert r0["time_per_1k_steps_s"] == pytest.approx(200.0) and r0["usable"]
+    assert [i.path for i in issues_of(issues, "unusable")] == ["elsewhere"]
+    c = cell(build(SPEC["skeinformer_table1"], runs, "quick"), "softmax")
+    assert c.mean == pytest.approx(40.0) and c.n == 2
+
+
+def test_duplicates_keep_newest_finished_and_are_reported(tmp_path):
+    old = make_record(tmp_path, "softmax", 0, test_acc=0.1)
+    new = make_record(tmp_path / "copy", "softmax", 0, test_acc=0.3)
+    failed_newest = make_record(tmp_path / "retry", "softmax", 0, test_acc=None, status="failed", reason="boom")
+    for path, t in ((old, 1_000_000), (new, 2_000_000), (failed_newest, 3_000_000)):
+        os.utime(path / "result.json", (t, t))
+    runs, issues = load_runs(tmp_path)
+    kept = runs[runs["kept"]]
+    assert list(kept["path"]) == ["copy/quick/listops/softmax/seed0"]
+    dup = {i.path: i.detail for i in issues_of(issues, "duplicate")}
+    assert set(dup) == {"quick/listops/softmax/seed0", "retry/quick/listops/softmax/seed0"}
+    assert all("copy/quick/listops/softmax/seed0, which is kept" in d for d in dup.values())
+    c = cell(build(SPEC["skeinformer_table1"], runs, "quick"), "softmax")
+    assert c.mean == pytest.approx(30.0) and c.n == 1
+
+
+def test_folder_without_record_and_unreadable_record_are_reported(tmp_path):
+    make_record(tmp_path, "softmax", 0)
+    running = tmp_path / "quick" / "listops" / "softmax" / "seed1"
+    (running / ".hydra").mkdir(parents=True)
+    (running / "train.log").write_text("...")
+    make_record(tmp_path, "softmax", 2, raw='{"task": "listops", "test_acc": 0.')  # half-written by a crash
+    res = collect(tmp_path, tmp_path / "out", plots=False)
+    kinds = {(i.path, i.kind) for i in res.issues}
+    assert ("quick/listops/softmax/seed1", "no_record") in kinds
+    assert ("quick/listops/softmax/seed2", "unreadable") in kinds
+    assert cell(res.tables[("quick", "skeinformer_table1")], "softmax").n == 1
+    text = (tmp_path / "out" / "issues.md").read_text()
+    assert "run folder without result.json" in text and "JSONDecodeError" in text
+
+
+def test_nan_metrics_are_not_averaged_silently(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.3)
+    make_record(tmp_path, "softmax", 1, test_acc=0.5)
+    make_record(tmp_path, "softmax", 2, test_acc=None)                     # null (the writer's NaN)
+    run = make_record(tmp_path, "softmax", 3)
+    (run / "result.json").write_text((run / "result.json").read_text().replace('"test_acc": 0.4', '"test_acc": NaN'))
+    make_record(tmp_path, "softmax", 4, test_acc="n/a", train_time_s=float("inf"))
+    make_record(tmp_path, "softmax", 5, test_acc=38.5)                      # a percentage: not a fraction
+    runs, issues = load_runs(tmp_path)
+    nan = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
+    assert set(nan) == {f"quick/listops/softmax/seed{s}" for s in (2, 3, 4, 5)}
+    assert "test_acc null" in nan["quick/listops/softmax/seed2"] and "test_acc nan" in nan["quick/listops/softmax/seed3"]
+    assert "not a number" in nan["quick/listops/softmax/seed4"] and "train_time_s inf" in nan["quick/listops/softmax/seed4"]
+    assert "outside [0, 1]" in nan["quick/listops/softmax/seed5"]
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    c = cell(t1, "softmax")
+    assert c.mean == pytest.approx(40.0) and c.n == 2          # only the two finite accuracies
+    assert "40.00 ± 14.14 (2)" in to_markdown(t1)
+    t3 = build(SPEC["skeinformer_table3"], runs, "quick")
+    j = next(i for i, col in enumerate(t3.columns) if col.task == "listops" and col.metric == "train_min")
+    assert t3.rows[0].cells[j].n == 5                           # the infinite time left out, the rest kept
+    assert t3.rows[0].seeds == 6
+
+
+def test_cpu_runs_without_peak_memory_are_not_flagged(tmp_path):
+    make_record(tmp_path, "softmax", 0, peak_mem_bytes=None, device="cpu")
+    make_record(tmp_path, "softmax", 1, peak_mem_bytes=None, device="Tesla V100")
+    _, issues = load_runs(tmp_path)
+    assert [i.path for i in issues_of(issues, "nan_metric")] == ["quick/listops/softmax/seed1"]
+
+
+def test_paper_order_of_rows_and_columns(tmp_path):
+    for attn in ("skeinformer", "polysketch", "softmax", "none"):
+        make_record(tmp_path, attn, 0)
+    make_record(tmp_path, "softmax", 0, task="text")
+    make_record(tmp_path, "softmax", 0, task="pathfinder128")           # a task the paper lacks
+    make_record(tmp_path, "softmax", 0, sub="train.lr=0.01", test_acc=0.9)  # an extra override: its own row
+    runs, _ = load_runs(tmp_path)
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    names = [r.name for r in t1.rows]
+    assert names[:16] == [n for _, n in SKEIN_ROWS]
+    assert names[16:] == ["none", "polysketch", "softmax [train.lr=0.01]"]
+    assert [c.path[0] for c in t1.columns] == ["Text", "ListOps", "Retrieval", "Pathfinder", "Image",
+                                               "pathfinder128", "Average"]
+    assert cell(t1, "softmax").mean == pytest.approx(40.0)      # the override run is not mixed in
+    yoso = build(SPEC["yoso_table3"], runs, "quick")
+    assert [r.name for r in yoso.rows][:3] == ["none", "softmax", "YOSO-E"]
+    assert [c.path[0] for c in yoso.columns][:6] == ["listops", "text", "retrieval", "image", "pathfinder",
+                                                     "pathfinder128"]
+    sky2 = build(SPEC["skyformer_table2"], runs, "quick")
+    assert [c.path for c in sky2.columns][:6] == [("Time (h)", t) for t in ("TC", "LO", "RE", "PF", "IC")] + [
+        ("Time (h)", "pathfinder128")]
+    assert [r.name for r in sky2.rows][:2] == ["Self-Attention", "Kernelized Attention"]
+    # Average only over the paper's five tasks, and only when all five have a value
+    assert t1.rows[0].cells[-1].empty
+    for task in ("retrieval", "pathfinder", "image"):
+        make_record(tmp_path, "softmax", 0, task=task, test_acc=0.6)
+    runs, _ = load_runs(tmp_path)
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    assert t1.rows[0].cells[-1].mean == pytest.approx((40 + 40 + 60 * 3) / 5)
+
+
+def test_drop_empty_and_presets_not_mixed(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.3)
+    make_record(tmp_path, "softmax", 0, preset="skeinformer_paper", test_acc=0.5)
+    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, drop_empty=True)
+    quick = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
+    paper = (tmp_path / "out" / "skeinformer_paper" / "skeinformer_table1.md").read_text()
+    assert "30.00 (1)" in quick and "50.00" not in quick and "50.00 (1)" in paper
+    assert [r.name for r in res.tables[("quick", "skeinformer_table1")].rows] == ["Standard"]
+    assert not list((tmp_path / "out" / "quick").glob("*.csv"))[1:]  # only summary.csv with --format md
+
+
+def test_latex_booktabs_bold_best_per_column(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.30, time_per_1k_steps_s=600.0, micro_batch=16, accum_steps=2)
+    make_record(tmp_path, "skeinformer", 0, test_acc=0.35, time_per_1k_steps_s=120.0)
+    make_record(tmp_path, "none", 0, test_acc=0.20, time_per_1k_steps_s=120.0)  # tie on time: both bold
+    make_record(tmp_path, "softmax", 0, task="text", test_acc=0.6)
+    runs, _ = load_runs(tmp_path)
+    tex = to_latex(build(SPEC["skeinformer_table1"], runs, "quick"))
+    for cmd in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{lrrrrrr}"):
+        assert cmd in tex
+    lines = {l.split(" & ")[0]: l for l in tex.splitlines() if " & " in l}
+    assert r"\textbf{35.00 (1)}" in lines["Skeinformer"] and r"\textbf{60.00 (1)}" in lines["Standard"]
+    assert "textbf" not in lines["none"] and lines["V-mean"].count("--") == 6
+    assert tex.count(r"\midrule") == 2  # header rule, then the rule before rows the paper lacks
+    t2 = to_latex(build(SPEC["skeinformer_table2"], runs, "quick"))
+    lines = {l.split(" & ")[0]: l.split(" & ") for l in t2.splitlines() if " & " in l}
+    # ListOps columns are 4..6 (step, time, accu): lowest time and accumulation win
+    assert lines["Skeinformer"][5] == r"\textbf{2.00 (1)}" and lines["none"][5] == r"\textbf{2.00 (1)}"
+    assert lines["Standard"][5] == "10.00 (1)" and lines["Standard"][6] == "2"
+    assert lines["Skeinformer"][6] == r"\textbf{1}"
+    assert r"\multicolumn{3}{c}{ListOps}" in t2 and r"\cmidrule(lr){5-7}" in t2
+    t4 = to_latex(build(SPEC["skeinformer_table4"], runs, "quick"))
+    lines = {l.split(" & ")[0]: l.split(" & ") for l in t4.splitlines() if " & " in l}
+    assert lines["Skeinformer"][3] == r"\textbf{32}" and lines["Standard"][3] == "16"  # larger batch wins
+    md = to_markdown(build(SPEC["skeinformer_table1"], runs, "quick"))
+    assert "**35.00 (1)**" in md
+
+
+def test_compare_adds_paper_value_and_delta(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.40)
+    make_record(tmp_path, "softmax", 1, test_acc=0.42)
+    make_record(tmp_path, "polysketch", 0, test_acc=0.30)
+    make_record(tmp_path, "softmax", 0, task="text", micro_batch=16, accum_steps=8)
+    res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False)
+    t1 = res.tables[("quick", "skeinformer_table1")]
+    c = cell(t1, "softmax")
+    assert c.paper == 38.15 and c.delta == pytest.approx(41.0 - 38.15)
+    md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
+    assert "| Model | Text ours | Text paper | Text Δ | ListOps ours |" in md
+    std_row = next(l for l in md.splitlines() if l.startswith("| Standard |"))
+    assert "| **41.00 ± 1.41 (2)** | 38.15 | +2.85 |" in std_row
+    assert "| 57.50 | -- |" in std_row  # paper average, no average of ours (tasks missing)
+    poly = next(l for l in md.splitlines() if l.startswith("| polysketch |"))
+    assert "| 30.00 (1) | -- | -- |" in poly
+    with open(tmp_path / "out" / "quick" / "skeinformer_table1.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r["attn"] == "softmax")
+    assert row["listops:acc:paper"] == "38.15" and float(row["listops:acc:delta"]) == pytest.approx(2.85)
+    t4 = (tmp_path / "out" / "quick" / "skeinformer_table4.md").read_text()
+    std_row = next(l for l in t4.splitlines() if l.startswith("| Standard |"))
+    assert std_row.startswith("| Standard | **16** | 16 | +0 | **8** | 8 | +0 | **32** | 64 | -32 |")
+    # tables of other papers are not compared unless asked
+    assert "paper" not in (tmp_path / "out" / "quick" / "yoso_table3.md").read_text().splitlines()[2]
+    tex = (tmp_path / "out" / "quick" / "skeinformer_table1.tex").read_text()
+    assert r"$\Delta$" in tex and r"\multicolumn{3}{c}{ListOps}" in tex
+
+
+def test_output_is_byte_identical_on_rerun(tmp_path):
+    for attn in ("softmax", "none"):
+        for seed in (0, 1):
+            make_record(tmp_path / "runs", attn, seed, test_acc=0.3 + 0.01 * seed, time_per_1k_steps_s=100.0 + seed)
+    make_record(tmp_path / "runs", "softmax", 2, status="failed", reason="x", test_acc=None)
+    make_record(tmp_path / "runs" / "dup", "none", 0)
+
+    def snapshot(d):
+        return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(Path(d).rglob("*")) if p.is_file()}
+
+    a = collect(tmp_path / "runs", tmp_path / "a", compare=("skeinformer",))
+    collect(tmp_path / "runs", tmp_path / "b", compare=("skeinformer",))
+    sa, sb = snapshot(tmp_path / "a"), snapshot(tmp_path / "b")
+    assert sa == sb
+    assert {"quick/curves_listops.png", "quick/curves_listops.pdf", "quick/efficiency_listops.png",
+            "quick/efficiency_listops.pdf", "index.md", "runs.csv"} <= set(sa)
+    # the default output folder sits inside the runs root and is not read back as runs
+    collect(tmp_path / "runs", plots=False)
+    first = snapshot(tmp_path / "runs" / "tables")
+    res = collect(tmp_path / "runs", plots=False)
+    assert snapshot(tmp_path / "runs" / "tables") == first and len(res.runs) == len(a.runs) == 6
+    assert not [p for p in (tmp_path / "runs").rglob("*.tmp")]
+
+
+def test_writes_are_atomic(tmp_path):
+    target = tmp_path / "t.md"
+    write_text(target, "old\n")
+
+    def crash(tmp):
+        tmp.write_text("half a ta")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomic(target, crash)
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["t.md"]
+
+
+def test_a_failing_renderer_leaves_previous_tables_intact(tmp_path, monkeypatch):
+    make_record(tmp_path / "runs", "softmax", 0)
+    collect(tmp_path / "runs", tmp_path / "out", plots=False)
+    before = (tmp_path / "out" / "quick" / "skeinformer_table1.tex").read_bytes()
+    import lra.collect as lc
+
+    monkeypatch.setattr(lc, "to_latex", lambda built: (_ for _ in ()).throw(RuntimeError("render bug")))
+    make_record(tmp_path / "runs", "softmax", 1, test_acc=0.9)
+    with pytest.raises(RuntimeError):
+        collect(tmp_path / "runs", tmp_path / "out", plots=False)
+    assert (tmp_path / "out" / "quick" / "skeinformer_table1.tex").read_bytes() == before
+    assert not list((tmp_path / "out").rglob("*.tmp"))
+
+
+def test_cli(tmp_path, capsys):
+    make_record(tmp_path / "runs", "softmax", 0)
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--format", "md,csv",
+                 "--compare", "yoso", "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "1 finished and counted" in out and "preset quick" in out
+    files = {p.name for p in (tmp_path / "o" / "quick").iterdir()}
+    assert "yoso_table3.md" in files and "yoso_table3.csv" in files and not any(f.endswith(".tex") for f in files)
+    assert not any(f.endswith(".png") for f in files)
+    assert "Δ" in (tmp_path / "o" / "quick" / "yoso_table3.md").read_text()
+    assert main(["--runs", str(tmp_path / "nowhere")]) == 1
+    assert "no runs folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--runs", str(tmp_path / "runs"), "--compare", "longformer"])
+    assert "choose from skeinformer, skyformer, yoso" in capsys.readouterr().err
+
+
+def test_module_entry_point(tmp_path):
+    make_record(tmp_path / "runs", "none", 0)
+    env = {**os.environ, "LRA_RUNS": str(tmp_path / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "lra.collect", "--no-plots", "--format", "md"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "runs" / "tables" / "quick" / "yoso_table3.md").is_file()
+
+
+# ----------------------------------------------------------------------------- the papers' numbers
+def test_paper_results_are_consistent_and_sourced():
+    df = paper_results()
+    assert set(df["paper"]) == {"skeinformer", "skyformer", "yoso"} and df["source"].str.len().min() > 20
+    assert not df.duplicated(["paper", "table", "attn", "task", "metric"]).any()
+    counts = df.groupby(["paper", "table"]).size().to_dict()
+    assert counts == {("skeinformer", "table1"): 16 * 6, ("skeinformer", "table2"): 16 * 15,
+                      ("skeinformer", "table3"): 16 * 10, ("skeinformer", "table4"): 16 * 10,
+                      ("skyformer", "table1"): 9 * 6, ("skyformer", "table2"): 9 * 10, ("yoso", "table3"): 10 * 6}
+    sk = df[df["paper"] == "skeinformer"].pivot_table(index=["attn", "task"], columns=["table", "metric"],
+                                                      values="value", aggfunc="first")
+    batch = {"text": 128, "listops": 256, "retrieval": 64, "pathfinder": 512, "image": 256}
+    for (attn, task), r in sk.iterrows():
+        if task == "average":
+            continue
+        # Table 4: actual batch x accumulation = the protocol's batch; Table 2 repeats Table 4's accumulation
+        assert r[("table4", "batch")] * r[("table4", "accum")] == batch[task], (attn, task)
+        assert r[("table2", "accum")] == r[("table4", "accum")], (attn, task)
+        # Table 3 total minutes / steps (k) = Table 2's minutes per 1k steps (printed rounded)
+        assert abs(r[("table3", "train_min")] / r[("table3", "steps_k")] - r[("table2", "min_per_1k")]) < 1.0
+        assert math.floor(r[("table3", "steps_k")] + 0.5) == r[("table2", "steps_k")], (attn, task)
+    for (paper, table), g in df[df["metric"] == "acc"].groupby(["paper", "table"]):
+        p = g.pivot(index="attn", columns="task", values="value")
+        assert ((p.drop(columns="average").mean(axis=1) - p["average"]).abs() < 0.01).all(), (paper, table)
+    # every attention named in the papers is a config we can run
+    conf = {p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "attn").glob("*.yaml")}
+    assert set(df["attn"]) <= conf
+
+
+def test_paper_results_match_lra_facts():
+    facts = Path("/work/shared/docs/LRA_FACTS.md")
+    if not facts.is_file():
+        pytest.skip("LRA_FACTS.md not available here")
+    text = facts.read_text().split("## 5.")[1].split("Beyond attention")[0]
+    df = paper_results()
+
+    def row(paper, table, name):
+        g = df[(df["paper"] == paper) & (df["table"] == table) & (df["row"] == name)]
+        return g.set_index("task")["text"].to_dict()
+
+    checks = [("skeinformer", "table1", "Standard", "Standard", ["text", "listops", "retrieval", "pathfinder", "image", "average"]),
+              ("skeinformer", "table1", "Skeinformer", "Skeinformer", ["text", "listops", "retrieval", "pathfinder", "image", "average"]),
+              ("skyformer", "table1", "Skyformer", "Skyformer", ["text", "listops", "retrieval", "pathfinder", "image", "average"]),
+              ("yoso", "table3", "none", "none", ["listops", "text", "retrieval", "image", "pathfinder", "average"]),
+              ("yoso", "table3", "YOSO-C-16", "YOSO-C-16", ["listops", "text", "retrieval", "image", "pathfinder", "average"])]
+    for paper, table, name, fact_name, order in checks:
+        seq = " ".join(row(paper, table, name)[t] for t in order)
+        assert f"{fact_name} {seq}" in text, (paper, name, seq)
+    sky2 = df[(df["paper"] == "skyformer") & (df["table"] == "table2") & (df["row"] == "Self-Attention")]
+    hours = " ".join(sky2[sky2["metric"] == "hours"].set_index("task").loc[
+        ["text", "listops", "retrieval", "pathfinder", "image"], "text"])
+    assert f"Self-attention {hours} /" in text
+
+
+def test_paper_results_are_package_data():
+    root = Path(__file__).resolve().parents[1]
+    assert PAPER_CSV == root / "lra" / "paper_results.csv" and PAPER_CSV.is_file()
+    text = (root / "pyproject.toml").read_text()
+    assert re.search(r'\[tool\.setuptools\.package-data\]\s*lra = \[[^\]]*"\*\.csv"', text)
