@@ -1,0 +1,744 @@
+"""Sweeps: ``python -m lra.sweep grid=<name> [overrides]`` (``make sweep grid=<name> ARGS='...'``).
+
+A sweep is a file ``conf/sweep/<name>.yaml``: fixed ``overrides``, a ``grid`` of axes (cartesian
+product) and the ``launcher`` and ``parallel`` to use; or, with a ``search`` block, an Optuna search
+through Hydra's sweeper plugin. Command-line overrides join every job; one with several values
+(``seed=0,1,2``) replaces that axis or adds one. ``parallel=N``, ``dry_run=true`` and
+``hydra/launcher=...``, ``hydra.launcher.*`` steer the sweep itself.
+
+Every job is an ordinary run: ``python -m lra.train <its overrides>``, in the run folder Hydra names
+(``runs/<preset>/<task>/<attn>/seed<seed>[/<other overrides>]``), so the collector reads sweeps and
+single runs alike. A grid is:
+
+1. expanded and composed job by job with Hydra (the run folder of each; two jobs that would share a
+   folder stop the sweep before anything runs);
+2. written to ``<runs root>/<preset>/sweeps/<name>/manifest.json`` with each job's status read from
+   its run folder: ``completed``/``stopped_early`` (skipped), ``running`` (a live job elsewhere holds
+   it: skipped), ``failed``, ``interrupted`` (checkpoints but no finished record: launched, and
+   lra.train resumes it), ``pending``;
+3. launched as one Hydra multirun of the unfinished jobs through the chosen launcher (Hydra's
+   ``basic``, ``local`` = submitit_local, ``slurm`` = submitit_slurm; conf/hydra/launcher/), in
+   batches of ``parallel`` on one machine, as one job array on SLURM;
+4. summarised (and the manifest updated) when the launcher returns.
+
+Run the same command again and it finishes where it stopped. Why not ``python -m lra.train -m``
+with the basic sweeper: that can only launch cartesian products, not "the jobs still to do", and
+Lightning's DDP re-executes ``sys.argv`` for every extra device, which must be a single run. So the
+multirun is driven from here with Hydra's own launchers and config loader, and each job runs
+lra.train in a child process (:func:`run_job`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as _dt
+import itertools
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from lra import CONF_DIR, REPO_ROOT
+from lra.config import register_resolvers
+from lra.record import read_record, write_json_atomic
+
+log = logging.getLogger("lra.sweep")
+register_resolvers()
+
+GRID_DIR = CONF_DIR / "sweep"
+FINISHED = ("completed", "stopped_early", "stuck")  # = lra.train.FINISHED: lra.train returns at once
+MARKER = ".sweep_job.json"        # written by run_job in the run folder: who runs it, attempts
+SWEEP_OPTIONS = ("grid", "parallel", "dry_run", "n_trials")   # consumed here, never passed to a run
+MANIFEST_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- the grid file
+@dataclass
+class Grid:
+    name: str
+    overrides: dict[str, str]            # key -> "key=value", fixed for every job
+    axes: dict[str, list[str]]           # key -> ["key=v1", "key=v2", ...]
+    launcher: str | None = None          # conf/hydra/launcher entry (None: Hydra's basic launcher)
+    parallel: int = 1
+    search: dict | None = None           # {sweeper, n_trials, params: {key: "interval(..)"}}
+    doc: str = ""
+
+    def jobs(self) -> list[list[str]]:
+        fixed = [v for k, v in self.overrides.items() if k not in self.axes]
+        return [fixed + list(point) for point in itertools.product(*self.axes.values())]
+
+
+def available_grids() -> list[str]:
+    return sorted(p.stem for p in GRID_DIR.glob("*.yaml"))
+
+
+def _scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "null" if v is None else str(v)
+
+
+def load_grid(name: str) -> Grid:
+    path = GRID_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise SystemExit(f"lra.sweep: no grid {name!r} (conf/sweep/{name}.yaml); available: "
+                         f"{', '.join(available_grids())}")
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    unknown = set(raw) - {"overrides", "grid", "launcher", "parallel", "search"}
+    if unknown:
+        raise SystemExit(f"lra.sweep: {path} has unknown keys {sorted(unknown)}")
+    fixed: dict[str, str] = {}
+    for line in raw.get("overrides") or []:
+        fixed[_key_of(line)] = str(line)
+    axes = {str(k): [f"{k}={_scalar(v)}" for v in (vals if isinstance(vals, list) else [vals])]
+            for k, vals in (raw.get("grid") or {}).items()}
+    doc = "\n".join(l[2:] for l in path.read_text().splitlines() if l.startswith("# "))
+    return Grid(name=name, overrides=fixed, axes=axes, launcher=raw.get("launcher"),
+                parallel=int(raw.get("parallel") or 1), search=raw.get("search"), doc=doc)
+
+
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _key_of(line: str) -> str:
+    return _parser().parse_override(line).get_key_element()
+
+
+def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
+    """Fold command-line overrides into the grid. Returns (sweep options, hydra overrides)."""
+    opts = {"parallel": None, "dry_run": False, "n_trials": None}
+    hydra_ovs: list[str] = []
+    parser = _parser()
+    for arg in args:
+        key = arg.split("=", 1)[0]
+        if key in SWEEP_OPTIONS:
+            value = arg.split("=", 1)[1] if "=" in arg else ""
+            if key == "parallel":
+                opts["parallel"] = int(value)
+            elif key == "dry_run":
+                opts["dry_run"] = value.lower() in ("1", "true", "yes", "")
+            elif key == "n_trials":
+                opts["n_trials"] = int(value)
+            continue
+        ov = parser.parse_override(arg)
+        k = ov.get_key_element()
+        if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
+            hydra_ovs.append(arg)
+        elif ov.is_sweep_override():
+            if not ov.is_discrete_sweep():
+                if grid.search is not None:   # a search-space entry: the Optuna sweeper reads it
+                    grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
+                    continue
+                raise SystemExit(f"lra.sweep: {arg!r}: a grid takes lists of values (a,b,c or range()); "
+                                 "intervals belong to a search")
+            grid.axes[k] = [f"{k}={v}" for v in ov.sweep_string_iterator()]
+            grid.overrides.pop(k, None)
+        else:
+            if k in grid.axes:
+                del grid.axes[k]
+            grid.overrides.pop(k, None)
+            grid.overrides[k] = arg
+    return opts, hydra_ovs
+
+
+# ----------------------------------------------------------------------------- Hydra plumbing
+class Composer:
+    """Hydra's own config loader, as ``python -m lra.train -m`` would build it (job name "sweep")."""
+
+    def __init__(self):
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+        self._ctx = initialize_config_dir(config_dir=str(CONF_DIR), job_name="sweep", version_base="1.3")
+
+    def __enter__(self):
+        from hydra.core.global_hydra import GlobalHydra
+
+        self._ctx.__enter__()
+        self.hydra = GlobalHydra.instance().hydra
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+    def primary(self, overrides: list[str], logging: bool = False) -> DictConfig:
+        """The multirun's own config (sweep dir, launcher, sweeper; its hydra overrides reach every job)."""
+        from hydra.types import RunMode
+
+        return self.hydra.compose_config("config", list(overrides), run_mode=RunMode.MULTIRUN,
+                                         with_log_configuration=logging)
+
+    def job(self, primary: DictConfig, overrides: list[str]) -> tuple[DictConfig, Path]:
+        """The job's config and run folder, exactly as the launcher will compose them."""
+        from hydra.core.hydra_config import HydraConfig
+
+        cfg = self.hydra.config_loader.load_sweep_config(primary, list(overrides))
+        HydraConfig.instance().set_config(cfg)
+        return cfg, Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+
+    def context(self, cfg: DictConfig):
+        from hydra.core.utils import setup_globals
+        from hydra.types import HydraContext
+        from hydra._internal.callbacks import Callbacks
+
+        setup_globals()
+        return HydraContext(config_loader=self.hydra.config_loader, callbacks=Callbacks(cfg))
+
+
+def _quote(s: str) -> str:
+    """A Hydra override value that stays one string whatever it holds (paths hold '=' and ',')."""
+    return "'" + str(s).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def launcher_kind(cfg: DictConfig) -> str:
+    target = str(cfg.hydra.launcher.get("_target_", ""))
+    return "slurm" if target.endswith("SlurmLauncher") else "local" if target.endswith("LocalLauncher") else "basic"
+
+
+def _gpu_count() -> int:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([d for d in vis.split(",") if d.strip()])
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+# ----------------------------------------------------------------------------- one job (runs in the job)
+def run_job(cfg: DictConfig) -> float | None:
+    """Hydra task function of a sweep job: ``python -m lra.train <the job's overrides>`` in the job's
+    run folder, in a child process (so Lightning's DDP launcher sees a single run and a crash never
+    takes the sweep down). Leaves ``.sweep_job.json`` (host, pid, attempts) in the folder and returns
+    the run's best validation accuracy, the objective of searches."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    overrides = list(hc.overrides.task)
+    rank0 = os.environ.get("SLURM_PROCID", "0") == "0"
+    marker = run_dir / MARKER
+    info = _read_json(marker) or {}
+    name = str(hc.job.override_dirname)
+    if info.get("override_dirname") not in (None, name):
+        # conf/config.yaml cuts long folder names: another configuration already lives here
+        raise RuntimeError(f"run folder collision: {run_dir} holds a run of [{info['override_dirname']}], "
+                           f"this job is [{name}]; shorten the overrides or give them another key")
+    if rank0:
+        info.update(attempts=int(info.get("attempts", 0)) + 1, host=socket.gethostname(), pid=os.getpid(),
+                    slurm_job=_slurm_job_id(), started=_now(), t_start=time.time(), finished=None, t_end=None,
+                    returncode=None,
+                    overrides=overrides, override_dirname=name)
+        write_json_atomic(marker, info)
+    env = dict(os.environ)
+    _assign_gpus(env, int(hc.job.get("num") or 0), cfg)
+    cmd = [sys.executable, "-m", "lra.train", *overrides, f"hydra.run.dir={_quote(run_dir)}"]
+    log.info("%s", " ".join(shlex.quote(c) for c in cmd))
+    proc = subprocess.Popen(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
+    try:
+        rc = proc.wait()
+    except BaseException:  # KeyboardInterrupt, SIGTERM from a scheduler: let lra.train write its record
+        with contextlib.suppress(Exception):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        if proc.poll() is None:
+            proc.kill()
+        raise
+    finally:
+        if rank0:
+            info.update(finished=_now(), t_end=time.time(), returncode=proc.poll())
+            write_json_atomic(marker, info)
+    rec = read_record(run_dir) or {}
+    if rc != 0 or rec.get("status") not in FINISHED:
+        raise RuntimeError(f"lra.train exited {rc}, status {rec.get('status')!r}: {rec.get('reason')} "
+                           f"(log: {run_dir / 'train.log'})")
+    return rec.get("best_val_acc")
+
+
+def _assign_gpus(env: dict, job_num: int, cfg: DictConfig) -> None:
+    """Parallel local jobs on a multi-GPU box: job k of a batch gets its own slice of the visible GPUs."""
+    parallel = int(env.get("LRA_SWEEP_PARALLEL") or 1)
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    per_job = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) and cfg.trainer.devices > 0 else 1
+    if parallel > 1 and env.get("SUBMITIT_EXECUTOR") == "local" and len(visible) >= parallel * per_job:
+        slot = job_num % parallel
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[slot * per_job:(slot + 1) * per_job])
+
+
+def _slurm_job_id() -> str | None:
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(info: dict | None) -> bool:
+    """Is the job that wrote this marker still running (same host: its pid; SLURM: squeue)?"""
+    if not info or info.get("finished"):
+        return False
+    if info.get("slurm_job"):
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", str(info["slurm_job"])], capture_output=True, text=True,
+                                 timeout=30)
+            return out.returncode == 0 and bool(out.stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            return False
+    if info.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return True
+
+
+def run_status(run_dir: Path) -> tuple[str, dict]:
+    """(status, record or {}) of a run folder."""
+    try:
+        rec = read_record(run_dir) or {}
+    except ValueError:
+        rec = {"status": "unreadable"}
+    if rec.get("status") in FINISHED:
+        return rec["status"], rec
+    if _alive(_read_json(run_dir / MARKER)):
+        return "running", rec
+    if rec.get("status") and rec["status"] != "running":   # "running" with nobody on it: killed
+        return rec["status"], rec
+    if (run_dir / MARKER).exists() or (run_dir / "checkpoints").exists():
+        return "interrupted", rec
+    return "pending", rec
+
+
+# ----------------------------------------------------------------------------- manifest
+@dataclass
+class Job:
+    overrides: list[str]
+    run_dir: Path | None = None
+    task: str | None = None
+    attn: str | None = None
+    seed: int | None = None
+    preset: str | None = None
+    error: str | None = None
+    status: str = "pending"
+    record: dict = field(default_factory=dict)
+    data: tuple | None = None            # (task config, data root): what lra.data prepares for it
+
+    def refresh(self) -> None:
+        if self.run_dir is not None:
+            self.status, self.record = run_status(self.run_dir)
+
+    def row(self, root: Path) -> dict:
+        r = self.record
+        marker = _read_json(self.run_dir / MARKER) if self.run_dir else None
+        return {"run_dir": _rel(self.run_dir, root) if self.run_dir else None, "overrides": self.overrides,
+                "task": self.task, "attn": self.attn, "seed": self.seed, "status": self.status,
+                "error": self.error, "reason": r.get("reason"), "test_acc": r.get("test_acc"),
+                "best_val_acc": r.get("best_val_acc"), "steps": r.get("steps"),
+                "train_time_s": r.get("train_time_s"), "attempts": (marker or {}).get("attempts", 0)}
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def counts(jobs: list[Job]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j in jobs:
+        key = "invalid" if j.error else j.status
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path) -> None:
+    old = _read_json(path) or {}
+    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created", _now()), "updated": _now(),
+            "runs_root": str(root), **head, "invocations": old.get("invocations", []),
+            "counts": counts(jobs), "jobs": [j.row(root) for j in jobs]}
+    if head.get("invocation"):
+        body["invocations"] = body["invocations"] + [head["invocation"]]
+        del body["invocation"]
+    write_json_atomic(path, body)
+
+
+@contextlib.contextmanager
+def sweep_lock(folder: Path):
+    """One driver per sweep on a host: a second `make sweep` of the same grid waits for nobody, it stops."""
+    lock = folder / ".lock"
+    info = _read_json(lock)
+    if info and info.get("host") == socket.gethostname() and info.get("pid") != os.getpid() and _alive(info):
+        raise SystemExit(f"lra.sweep: {folder.name} is already being run by pid {info['pid']} on this host "
+                         f"(since {info.get('started')}); wait for it, or remove {lock} if that is wrong")
+    if info and info.get("host") != socket.gethostname():
+        log.warning("%s was last driven from %s; make sure that driver is gone", folder, info.get("host"))
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(lock, {"host": socket.gethostname(), "pid": os.getpid(), "started": _now()})
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+
+
+# ----------------------------------------------------------------------------- grid sweeps
+def _wandb_group(name: str, jobs_ovs: list[list[str]]) -> list[str]:
+    """W&B groups the runs of a sweep: conf/logger/wandb.yaml reads WANDB_RUN_GROUP, set in every job."""
+    if any(o == "logger=wandb" for ovs in jobs_ovs for o in ovs) and "WANDB_RUN_GROUP" not in os.environ:
+        return [f"++hydra.job.env_set.WANDB_RUN_GROUP={name}"]
+    return []
+
+
+def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConfig, list[Job]]:
+    job_lists = grid.jobs()
+    if not job_lists:
+        raise SystemExit(f"lra.sweep: grid {grid.name} has no jobs")
+    common = [o for o in job_lists[0] if all(o in j for j in job_lists)]
+    extra = _wandb_group(grid.name, job_lists)
+    primary = composer.primary(hydra_ovs + extra + common)
+    jobs = []
+    for ovs in job_lists:
+        job = Job(overrides=ovs)
+        try:
+            cfg, job.run_dir = composer.job(primary, ovs)
+            job.task, job.attn, job.seed, job.preset = cfg.task.name, cfg.attn.label, int(cfg.seed), cfg.preset
+            job.data = (OmegaConf.to_container(cfg.task, resolve=True), str(cfg.data_root))
+        except Exception as e:  # noqa: BLE001 - an unknown task/attn: reported, the rest still runs
+            job.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        jobs.append(job)
+    seen: dict[Path, Job] = {}
+    for j in jobs:
+        if j.run_dir is None:
+            continue
+        if j.run_dir in seen:
+            raise SystemExit(f"lra.sweep: two jobs would share {j.run_dir}:\n  {' '.join(seen[j.run_dir].overrides)}\n"
+                             f"  {' '.join(j.overrides)}\n(an override that does not name the folder? see "
+                             "hydra.job.config.override_dirname.exclude_keys in conf/config.yaml)")
+        seen[j.run_dir] = j
+    return primary, jobs
+
+
+def sweep_folder(root: Path, grid: Grid, jobs: list[Job]) -> Path:
+    presets = {j.preset for j in jobs if j.preset}
+    return root / (presets.pop() if len(presets) == 1 else "") / "sweeps" / grid.name
+
+
+def plain_hydra_command(grid: Grid, hydra_ovs: list[str]) -> str:
+    fixed = [v for k, v in grid.overrides.items() if k not in grid.axes]
+    axes = [f"{k}={','.join(v.split('=', 1)[1] for v in vals)}" for k, vals in grid.axes.items()]
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "lra.train", "-m", *fixed, *axes, *hydra_ovs])
+
+
+def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
+    t0 = time.time()
+    if grid.launcher and not any(o.startswith("hydra/launcher=") for o in hydra_ovs):
+        hydra_ovs = [f"hydra/launcher={grid.launcher}"] + hydra_ovs
+    parallel = opts["parallel"] or grid.parallel
+    with Composer() as composer:
+        primary, jobs = plan(grid, hydra_ovs, composer)
+        root = Path(str(primary.runs_root))
+        folder = sweep_folder(root, grid, jobs)
+        for j in jobs:
+            j.refresh()
+        force = any(o in ("force=true", "force=True") for o in jobs[0].overrides) if jobs else False
+        todo = [j for j in jobs if not j.error and j.status != "running" and (force or j.status not in FINISHED)]
+        kind = launcher_kind(primary)
+        if opts["dry_run"]:
+            _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs)
+            return 0
+        with sweep_lock(folder):
+            head = {"grid": grid.name, "kind": "grid", "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),
+                    "launcher": kind, "parallel": parallel, "plain_hydra_command": plain_hydra_command(grid, hydra_ovs)}
+            manifest = folder / "manifest.json"
+            write_manifest(manifest, head, jobs, root)
+            skipped = len(jobs) - len(todo)
+            print(f"lra.sweep {grid.name}: {len(jobs)} jobs, {len(todo)} to run, {skipped} skipped "
+                  f"({_fmt_counts(counts(jobs))}); launcher {kind}, {parallel} at a time; manifest {manifest}",
+                  flush=True)
+            if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
+                prepare_data(todo)
+            if todo:
+                launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs, root)
+            for j in jobs:
+                j.refresh()
+            wall = time.time() - t0
+            inv = {"started": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
+                   "wall_s": round(wall, 1), "launched": len(todo), "skipped": skipped}
+            write_manifest(manifest, {**head, "invocation": inv}, jobs, root)
+    _print_summary(grid, jobs, todo, root, manifest, wall)
+    if any(o == "logger=wandb" for o in (jobs[0].overrides if jobs else [])):
+        from lra.wandb_extras import log_sweep_table
+
+        with contextlib.suppress(Exception):
+            log_sweep_table(_read_json(manifest), folder)
+    return 0 if all(j.status in FINISHED for j in jobs) else 1
+
+
+def prepare_data(todo: list[Job]) -> None:
+    """Generate / tokenise each task's data once, here, before parallel jobs would all do it at once."""
+    seen = set()
+    for j in todo:
+        key = json.dumps(j.data, sort_keys=True, default=str)
+        if j.data is None or key in seen:
+            continue
+        seen.add(key)
+        from lra.data import data_root, load_task
+
+        t = time.time()
+        try:
+            load_task(j.data[0], data_root(j.data[1]))
+            log.info("data for %s ready (%.0f s)", j.task, time.time() - t)
+        except Exception as e:  # noqa: BLE001 - the job reports it with the data module's own message
+            log.warning("could not prepare data for %s here: %s", j.task, str(e).splitlines()[0])
+
+
+def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job], kind: str, parallel: int,
+           folder: Path, hydra_ovs: list[str], manifest: Path, head: dict, jobs: list[Job], root: Path) -> None:
+    from hydra.core.plugins import Plugins
+
+    extra = [f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}", "hydra.output_subdir=null"]
+    if kind in ("local", "slurm"):
+        if not any(o.startswith("hydra.launcher.submitit_folder=") for o in hydra_ovs):
+            extra.append(f"hydra.launcher.submitit_folder={_quote(folder / '.submitit' / '%j')}")
+        extra += _resources(kind, primary, todo, hydra_ovs, parallel)
+    primary = composer.primary(list(primary.hydra.overrides.hydra) + extra + list(primary.hydra.overrides.task),
+                               logging=True)
+    ctx = composer.context(primary)
+    ctx.callbacks.on_multirun_start(config=primary, config_name="config")
+    launcher = Plugins.instance().instantiate_launcher(hydra_context=ctx, task_function=run_job, config=primary)
+    OmegaConf.save(primary, folder / "multirun.yaml")
+    size = len(todo) if kind == "slurm" else (parallel if kind == "local" else 1)
+    idx = 0
+    for start in range(0, len(todo), size):
+        batch = todo[start:start + size]
+        try:
+            launcher.launch([j.overrides for j in batch], initial_job_idx=idx)
+        except Exception as e:  # noqa: BLE001 - a job killed hard (OOM, node lost): the others go on
+            log.error("a job of this batch died without a result (%s: %s); its folder keeps what it wrote",
+                      type(e).__name__, e)
+        idx += len(batch)
+        for j in batch:
+            j.refresh()
+        write_manifest(manifest, head, jobs, root)
+    ctx.callbacks.on_multirun_end(config=primary, config_name="config")
+
+
+def _resources(kind: str, primary: DictConfig, todo: list[Job], hydra_ovs: list[str], parallel: int) -> list[str]:
+    given = {o.split("=", 1)[0] for o in hydra_ovs}
+    out = []
+    if kind == "local" and "hydra.launcher.gpus_per_node" not in given and primary.hydra.launcher.get("gpus_per_node") is None:
+        gpus = _gpu_count()  # submitit_local hides every GPU unless told how many the job gets
+        if gpus:
+            out.append(f"hydra.launcher.gpus_per_node={gpus}")
+    if kind == "slurm":
+        if "hydra.launcher.array_parallelism" not in given and parallel > 1:
+            out.append(f"hydra.launcher.array_parallelism={parallel}")
+        devices = {str(o.split("=", 1)[1]) for j in todo for o in j.overrides if o.startswith("trainer.devices=")}
+        if len(devices) == 1:
+            n = devices.pop()
+            if n.isdigit() and int(n) > 1:   # Lightning on SLURM: one task per device
+                for key in ("tasks_per_node", "gpus_per_node"):
+                    if f"hydra.launcher.{key}" not in given:
+                        out.append(f"hydra.launcher.{key}={n}")
+    return out
+
+
+def _fmt_counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in c.items())
+
+
+def _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs) -> None:
+    print(f"grid {grid.name}: {len(jobs)} jobs ({_fmt_counts(counts(jobs))}); would run {len(todo)} with "
+          f"launcher {kind}, {parallel} at a time")
+    for j in jobs:
+        where = _rel(j.run_dir, root) if j.run_dir else f"{' '.join(j.overrides)}: {j.error}"
+        print(f"  {'run ' if j in todo else 'skip'} {j.status if not j.error else 'invalid':12s} {where}")
+    print("plain Hydra equivalent (no manifest, finished runs return at once):\n  "
+          + plain_hydra_command(grid, hydra_ovs))
+
+
+def _print_summary(grid, jobs, todo, root, manifest, wall) -> None:
+    c = counts(jobs)
+    print(f"\nlra.sweep {grid.name}: {len(jobs)} jobs in {wall:.0f} s: {_fmt_counts(c)} "
+          f"({len(todo)} launched this time)")
+    for j in jobs:
+        if j.error:
+            print(f"  invalid  {' '.join(j.overrides)}: {j.error}")
+        elif j.status not in FINISHED:
+            print(f"  {j.status:8s} {_rel(j.run_dir, root)}: {j.record.get('reason') or ''}")
+    print(f"manifest: {manifest}\ntables:   make tables (python -m lra.collect)")
+    if any(j.status not in FINISHED for j in jobs):
+        print("run the same command again to finish the rest (finished runs are skipped, interrupted ones resume)")
+
+
+# ----------------------------------------------------------------------------- Optuna searches
+def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
+    """A persistent Optuna study (Hydra's optuna sweeper plugin) over conf/sweep/<name>.yaml's space.
+    ``search.n_trials`` is the target: a second invocation runs only the trials still missing, and a
+    trial left RUNNING by a killed driver is re-queued with the same parameters (so its run folder and
+    checkpoint are reused)."""
+    import optuna
+    from hydra.core.plugins import Plugins
+
+    t0 = time.time()
+    s = dict(grid.search or {})
+    target = int(opts["n_trials"] or s.get("n_trials", 20))
+    if grid.axes:
+        raise SystemExit("lra.sweep: a search fixes task/attn/seed in `overrides` (one study per search file)")
+    if grid.launcher and not any(o.startswith("hydra/launcher=") for o in hydra_ovs):
+        hydra_ovs = [f"hydra/launcher={grid.launcher}"] + hydra_ovs
+    parallel = opts["parallel"] or grid.parallel
+    fixed = list(grid.overrides.values())
+    space = [f"{k}={v}" for k, v in (s.get("params") or {}).items()]
+    sweeper = [f"hydra/sweeper={s.get('sweeper', 'lra_optuna')}", f"hydra.sweeper.n_jobs={parallel}"]
+    with Composer() as composer:
+        primary = composer.primary(sweeper + hydra_ovs + fixed + space)
+        root = Path(str(primary.runs_root))
+        name = f"{grid.name}-{primary.preset}-{primary.task.name}-{primary.attn.label}"
+        storage = str(primary.hydra.sweeper.storage) if primary.hydra.sweeper.storage else f"sqlite:///{root}/optuna.db"
+        folder = root / str(primary.preset) / "sweeps" / grid.name
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if opts["dry_run"]:
+            n = 0
+            db = storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else None
+            if db is None or Path(db).exists():
+                with contextlib.suppress(KeyError):
+                    n = len(optuna.load_study(study_name=name, storage=storage).trials)
+            space_all = {**dict(primary.hydra.sweeper.params or {}), **(s.get("params") or {})}
+            print(f"search {grid.name}: study {name} in {storage}; {n} trials so far, target {target}; "
+                  f"fixed {' '.join(fixed)}; space {space_all}")
+            return 0
+        root.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+        with sweep_lock(folder):
+            requeued = _requeue_stale(study)
+            done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+            remaining = target - done
+            print(f"lra.sweep {grid.name}: study {name} ({storage}): {done}/{target} trials complete"
+                  + (f", {requeued} interrupted trial(s) re-queued" if requeued else "")
+                  + (f"; running {remaining} more" if remaining > 0 else "; nothing to do"), flush=True)
+            if remaining > 0:
+                # a continued study must not replay the first invocation's draws: offset the sampler seed
+                seed = primary.hydra.sweeper.sampler.get("seed")
+                extra = ([f"hydra.sweeper.sampler.seed={int(seed) + len(study.trials)}"] if seed is not None else [])
+                extra += [f"hydra.sweeper.n_trials={remaining}", f"hydra.sweeper.study_name={_quote(name)}",
+                         f"hydra.sweeper.storage={_quote(storage)}", "hydra.output_subdir=null",
+                         f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}"]
+                extra += _wandb_group(grid.name, [fixed])
+                if launcher_kind(primary) in ("local", "slurm"):
+                    extra.append(f"hydra.launcher.submitit_folder={_quote(folder / '.submitit' / '%j')}")
+                cfg = composer.primary(sweeper + hydra_ovs + extra + fixed + space, logging=True)
+                OmegaConf.save(cfg, folder / "multirun.yaml")
+                ctx = composer.context(cfg)
+                sw = Plugins.instance().instantiate_sweeper(hydra_context=ctx, task_function=run_job, config=cfg)
+                sw.config = copy.deepcopy(cfg)   # its optimization_results.yaml goes to the sweep folder,
+                with read_write(sw.config), open_dict(sw.config):  # not runs/<preset>/ (jobs keep theirs)
+                    sw.config.hydra.sweep.dir = str(folder)
+                sw.sweep(arguments=list(cfg.hydra.overrides.task))
+            study = optuna.load_study(study_name=name, storage=storage)
+            manifest = folder / "manifest.json"
+            trials = _trial_rows(study, composer, primary, fixed, root)
+            best = None
+            with contextlib.suppress(ValueError):
+                best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
+            old = _read_json(manifest) or {}
+            write_json_atomic(manifest, {
+                "schema_version": MANIFEST_VERSION, "created": old.get("created", _now()), "updated": _now(),
+                "grid": grid.name, "kind": "search", "study": name, "storage": storage, "runs_root": str(root),
+                "n_trials_target": target, "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),
+                "invocations": old.get("invocations", []) + [{"wall_s": round(time.time() - t0, 1),
+                                                              "launched": max(remaining, 0)}],
+                "best": best, "trials": trials})
+    states = {}
+    for t in trials:
+        states[t["state"]] = states.get(t["state"], 0) + 1
+    print(f"\nlra.sweep {grid.name}: {len(trials)} trials ({_fmt_counts(states)}) in {time.time() - t0:.0f} s")
+    if best:
+        print(f"best: trial {best['number']} val acc {best['value']:.4f} with {best['params']}")
+    print(f"manifest: {manifest}")
+    complete = sum(t["state"] == "COMPLETE" for t in trials)
+    return 0 if complete >= target else 1
+
+
+def _requeue_stale(study) -> int:
+    """Trials left RUNNING by a killed driver (we hold the sweep lock, so none is live): mark them
+    FAIL and enqueue the same parameters, which re-use the interrupted run folder."""
+    import optuna
+
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_state(t._trial_id, optuna.trial.TrialState.FAIL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study.enqueue_trial(dict(t.params))
+        n += 1
+    return n
+
+
+def _trial_rows(study, composer: Composer, primary: DictConfig, fixed: list[str], root: Path) -> list[dict]:
+    """One manifest row per trial; the run folder is the one the sweeper's overrides name."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    fixed_strs = []
+    for o in parser.parse_overrides(fixed):
+        fixed_strs.append(f"{o.get_key_element()}={o.value()}")
+    rows = []
+    for t in study.trials:
+        ovs = [f"{k}={v}" for k, v in t.params.items()] + fixed_strs
+        run_dir = None
+        with contextlib.suppress(Exception):
+            run_dir = _rel(composer.job(primary, ovs)[1], root)
+        rows.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+                     "run_dir": run_dir})
+    return rows
+
+
+# ----------------------------------------------------------------------------- entry
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)   # optuna's SQLite storage is chatty
+    grid_arg = [a for a in args if a.startswith("grid=")]
+    if not grid_arg or args[0] in ("-h", "--help"):
+        print(__doc__)
+        print("grids: " + ", ".join(available_grids()))
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    grid = load_grid(grid_arg[-1].split("=", 1)[1])
+    opts, hydra_ovs = apply_cli(grid, args)
+    if grid.search is not None:
+        return run_search(grid, opts, hydra_ovs)
+    return run_grid(grid, opts, hydra_ovs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Weights & Biases extras for ``logger=wandb``: the run record and tables next to Lightning's metrics.
+
+Lightning's ``WandbLogger`` (built in lra/train.py from conf/logger/wandb.yaml) already logs the
+resolved config and every metric. This module adds what a reader of the papers' tables wants:
+
+* :class:`WandbTables`: a Lightning callback; at the end of training it logs ``val_history``, a table
+  of (step, validation accuracy, validation loss) of every evaluation;
+* :func:`log_record`: after ``result.json`` is written, puts its numbers in the run summary, logs it
+  as a ``run_record`` table and attaches the file itself as an artifact (type ``run-record``);
+* :func:`log_sweep_table`: at the end of a sweep (lra/sweep.py), one run of job type ``sweep`` in the
+  sweep's group with a ``jobs`` table (task, attention, seed, status, accuracies, steps, time).
+
+Offline unless ``WANDB_MODE=online``: runs are written under the run folder (``wandb/``) and
+``wandb sync`` uploads them later. Nothing here raises into training: a W&B problem is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import lightning as L
+
+log = logging.getLogger("lra.wandb")
+
+SUMMARY_KEYS = ("status", "test_acc", "test_loss", "best_val_acc", "majority_acc", "steps", "train_time_s",
+                "eval_time_s", "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps",
+                "effective_batch", "num_params", "hardware", "device", "git_commit", "reason")
+JOB_COLUMNS = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s", "attempts",
+               "run_dir", "reason")
+
+
+def _run(logger_or_run):
+    """The wandb Run behind a Lightning WandbLogger (or the run itself)."""
+    return getattr(logger_or_run, "experiment", logger_or_run)
+
+
+def _cell(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+class WandbTables(L.Callback):
+    """Collect every validation's accuracy and loss; log them as the ``val_history`` table at the end."""
+
+    def __init__(self):
+        self.rows: list[list] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        m = trainer.callback_metrics
+        self.rows.append([int(trainer.global_step), _float(m.get("val/acc")), _float(m.get("val/loss"))])
+
+    def on_train_end(self, trainer, pl_module):
+        if not trainer.is_global_zero or trainer.logger is None or not self.rows:
+            return
+        try:
+            import wandb
+
+            _run(trainer.logger).log({"val_history": wandb.Table(columns=["step", "val/acc", "val/loss"],
+                                                                 data=self.rows)})
+        except Exception as e:  # noqa: BLE001 - never break training for a dashboard
+            log.warning("could not log val_history to W&B: %s", e)
+
+
+def _float(x):
+    try:
+        return None if x is None else float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def log_record(logger_or_run, record: dict, run_dir: Path | str | None = None) -> None:
+    """Summary fields, a ``run_record`` table (key, value) and result.json as an artifact."""
+    try:
+        import wandb
+
+        run = _run(logger_or_run)
+        run.summary.update({f"record/{k}": record.get(k) for k in SUMMARY_KEYS if k in record})
+        rows = [[k, v if isinstance(v, str) else json.dumps(v, default=str)]
+                for k, v in sorted(record.items()) if k != "config"]   # the config is W&B's run config
+        run.log({"run_record": wandb.Table(columns=["key", "value"], data=rows)})
+        path = Path(run_dir) / "result.json" if run_dir is not None else None
+        if path is not None and path.exists():
+            art = wandb.Artifact(name=_artifact_name(record), type="run-record",
+                                 metadata={k: record.get(k) for k in ("task", "attn", "seed", "preset", "status")})
+            art.add_file(str(path))
+            run.log_artifact(art)
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not log the run record to W&B: %s", e)
+
+
+def _artifact_name(record: dict) -> str:
+    parts = [str(record.get(k, "")) for k in ("preset", "task", "attn")] + [f"seed{record.get('seed')}"]
+    return "record-" + "-".join(p for p in parts if p).replace("/", "_")
+
+
+def log_sweep_table(manifest: dict | None, folder: Path | str) -> None:
+    """One ``sweep`` run in the sweep's W&B group with the manifest's jobs as a table."""
+    if not manifest:
+        return
+    import wandb
+
+    group = os.environ.get("WANDB_RUN_GROUP") or manifest.get("grid")
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "lra-harness"), group=group, job_type="sweep",
+                     name=f"sweep-{manifest.get('grid')}", dir=str(folder),
+                     mode=os.environ.get("WANDB_MODE", "offline"), config={"grid": manifest.get("grid"),
+                                                                           "command": manifest.get("command")})
+    try:
+        rows = [[_cell(j.get(c)) for c in JOB_COLUMNS] for j in manifest.get("jobs", [])]
+        run.log({"jobs": wandb.Table(columns=list(JOB_COLUMNS), data=rows)})
+        run.summary.update({f"jobs/{k}": v for k, v in (manifest.get("counts") or {}).items()})
+    finally:
+        run.finish()

@@ -1,0 +1,36 @@
+"""Multi-device data parallel: one sweep job with trainer.devices=2, strategy=ddp on the CPU (two
+processes, gloo). The effective batch stays the preset's: micro-batch x accumulation x devices."""
+
+import json
+
+import pytest
+
+from lra.config import compose
+from test_sweep import TINY, manifest, run_sweep
+
+
+def test_ddp_two_cpu_processes_keep_the_effective_batch(tmp_path):
+    out = run_sweep(tmp_path, "grid=quick", "task=listops", "attn=softmax", "seed=0", "hydra/launcher=basic",
+                    "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp", *TINY)
+    text = out.stdout + out.stderr
+    assert "distributed_backend=gloo" in text and "Starting with 2 processes" in text
+    (job,) = manifest(tmp_path)["jobs"]
+    run_dir = tmp_path / "runs" / job["run_dir"]
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "completed" and rec["steps"] == 12
+    assert rec["config"]["trainer"]["devices"] == 2 and rec["config"]["trainer"]["strategy"] == "ddp"
+    single = int(compose(["experiment=quick", "task=listops"]).train.batch_size)
+    devices = int(rec.get("devices", 2))
+    assert devices == 2, "the record should say how many devices shared the batch"
+    assert rec["effective_batch"] == single == 32
+    assert rec["micro_batch"] * rec["accum_steps"] * devices == single, (
+        f"micro {rec['micro_batch']} x accum {rec['accum_steps']} x devices {devices} != {single}: "
+        "lra/fit.py plan() must divide the effective batch over the devices")
+    # what each process actually did: steps x accumulation micro-batches (Lightning's loop counters)
+    torch = pytest.importorskip("torch")
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if last.exists():
+        loops = torch.load(last, map_location="cpu", weights_only=False).get("loops", {})
+        progress = loops.get("fit_loop", {}).get("epoch_loop.batch_progress", {}).get("total", {})
+        if progress:
+            assert progress["completed"] == rec["steps"] * rec["accum_steps"]
