@@ -1,7 +1,7 @@
 """Figures from the run records (written by ``lra.collect`` next to the tables, PNG and PDF).
 
-* ``curves_<task>``: validation loss and accuracy against training time, one line per run, one colour
-  per attention (Skeinformer Fig. 2 / Skyformer Fig. 2). The run's ``metrics.csv`` (Lightning's
+* ``curves_<task>``: validation loss and accuracy against training time, one curve per attention: the
+  mean over its seeds, band ± std (Skeinformer Fig. 2 / Skyformer Fig. 2). The run's ``metrics.csv`` (Lightning's
   CSVLogger) logs validation by optimizer step, not by time, so the time of each evaluation is
   approximated as ``step × time_per_1k_steps_s / 1000``: the run's average training time per step,
   evaluation excluded. Warm-up and uneven steps make early points slightly off.
@@ -15,6 +15,7 @@ backend of a notebook; files are written atomically with fixed metadata, so reru
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
@@ -45,21 +46,34 @@ def colours(keys) -> dict:
 def read_curve(run_dir: Path) -> pd.DataFrame | None:
     """Validation rows of a run's metrics.csv as columns step, val/loss, val/acc; None if unusable."""
     f = Path(run_dir) / "metrics.csv"
-    if not f.is_file():
-        return None
     try:
-        df = pd.read_csv(f)
-    except (OSError, ValueError, pd.errors.ParserError):
+        with open(f, newline="") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error):
         return None
-    out = {}
-    for name, aliases in _ALIASES.items():
-        col = next((a for a in aliases if a in df.columns), None)
-        out[name] = pd.to_numeric(df[col], errors="coerce") if col else pd.Series(np.nan, index=df.index)
-    if "step" not in df.columns:
+    if not rows or "step" not in rows[0]:
         return None
-    cur = pd.DataFrame({"step": pd.to_numeric(df["step"], errors="coerce"), **out})
-    cur = cur[cur["val/acc"].notna() | cur["val/loss"].notna()].dropna(subset=["step"])
-    return cur.sort_values("step", kind="stable") if len(cur) else None
+    head = rows[0]
+    idx = {name: next((head.index(a) for a in aliases if a in head), None) for name, aliases in _ALIASES.items()}
+    if all(i is None for i in idx.values()):
+        return None
+    out = []
+    for r in rows[1:]:
+        vals = [_float(r, head.index("step"))] + [_float(r, idx[k]) for k in ("val/loss", "val/acc")]
+        if math.isfinite(vals[0]) and (math.isfinite(vals[1]) or math.isfinite(vals[2])):
+            out.append(vals)
+    if not out:
+        return None
+    return pd.DataFrame(out, columns=["step", "val/loss", "val/acc"]).sort_values("step", kind="stable")
+
+
+def _float(row: list, i: int | None) -> float:
+    if i is None or i >= len(row) or not row[i]:
+        return math.nan
+    try:
+        return float(row[i])
+    except ValueError:
+        return math.nan
 
 
 def save(fig: Figure, stem: Path) -> list[Path]:
@@ -73,10 +87,13 @@ def save(fig: Figure, stem: Path) -> list[Path]:
 
 
 def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names: dict | None = None):
-    """(figure or None, notes): validation loss/accuracy against approximate training time."""
+    """(figure or None, notes): validation loss/accuracy against approximate training time.
+
+    One curve per attention: the mean over its seeds at each evaluated step (band: ± std where at least
+    two seeds reached that step); time = step × the seeds' mean training time per step."""
     sel = runs[(runs["preset"] == preset) & (runs["task"] == task) & runs["usable"] & runs["kept"]]
     notes = []
-    lines = []
+    curves: dict[str, list] = {}
     for r in sel.sort_values(["attn", "variant", "seed", "path"], kind="stable").itertuples():
         key = f"{r.attn} [{r.variant}]" if r.variant else r.attn
         cur = read_curve(Path(root) / r.path)
@@ -86,26 +103,35 @@ def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names:
         if not math.isfinite(r.time_per_1k_steps_s):
             notes.append((r.path, "no time_per_1k_steps_s: left out of the curves"))
             continue
-        lines.append((key, cur["step"].to_numpy() * r.time_per_1k_steps_s / 1000, cur))
-    if not lines:
+        curves.setdefault(key, []).append((r.time_per_1k_steps_s, cur.assign(seed=r.seed)))
+    if not curves:
         return None, notes
     names = names or {}
-    col = colours({k for k, _, _ in lines})
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    col = colours(curves)
+    fig = Figure(figsize=(10, max(4.0, 1.2 + 0.22 * len(curves))), layout="constrained")
     axes = fig.subplots(1, 2)
-    seen = set()
-    for key, t, cur in lines:
-        label = None if key in seen else short(names.get(key, key))
-        seen.add(key)
-        axes[0].plot(t, cur["val/loss"].to_numpy(), color=col[key], marker="o", ms=3, lw=1.2, alpha=0.8, label=label)
-        axes[1].plot(t, 100 * cur["val/acc"].to_numpy(), color=col[key], marker="o", ms=3, lw=1.2, alpha=0.8)
+    for key in sorted(curves):
+        per_step = np.mean([t for t, _ in curves[key]]) / 1000
+        g = pd.concat([c for _, c in curves[key]]).groupby("step", sort=True)
+        steps = np.asarray(list(g.groups), dtype=float)
+        for ax, metric, scale in ((axes[0], "val/loss", 1.0), (axes[1], "val/acc", 100.0)):
+            mean = g[metric].mean().to_numpy() * scale
+            std = g[metric].std(ddof=1).to_numpy() * scale
+            ok = np.isfinite(mean)
+            label = f"{short(names.get(key, key))} ({len(curves[key])})" if ax is axes[0] else None
+            ax.plot(steps[ok] * per_step, mean[ok], color=col[key], marker="o", ms=3, lw=1.2, label=label)
+            band = ok & np.isfinite(std)
+            if band.any():
+                ax.fill_between(steps[band] * per_step, (mean - std)[band], (mean + std)[band], color=col[key],
+                                alpha=0.15, lw=0)
     axes[0].set_ylabel("validation loss")
     axes[1].set_ylabel("validation accuracy (%)")
     for ax in axes:
-        ax.set_xlabel("training time (s) ≈ step × time per step (evaluation excluded)")
         ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize=8)
-    fig.suptitle(f"{task}: validation against training time (preset {preset}; one line per seed)")
+    fig.supxlabel("training time (s), approximated as step × the run's training time per step (evaluation excluded)",
+                  fontsize=9)
+    fig.legend(loc="outside center right", fontsize=8, title="attention (seeds)", title_fontsize=8)
+    fig.suptitle(f"{task} ({preset}): validation against training time, mean over seeds ± std")
     return fig, notes
 
 
@@ -127,11 +153,13 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
         x = s[f"{field}_mean"].to_numpy(dtype=float) * scale
         x_sd = np.nan_to_num(s[f"{field}_std"].to_numpy(dtype=float) * scale)
         ok = np.isfinite(x)
-        for i in np.flatnonzero(ok):
-            key = s["row"].iloc[i]
-            ax.errorbar(x[i], acc[i], xerr=x_sd[i], yerr=acc_sd[i], fmt="o", color=col[key], capsize=3,
-                        label=short(names.get(key, key)))
-            ax.annotate(short(names.get(key, key), 24), (x[i], acc[i]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if ok.any():
+            keys = list(s["row"].iloc[np.flatnonzero(ok)])
+            ax.errorbar(x[ok], acc[ok], xerr=x_sd[ok], yerr=acc_sd[ok], fmt="none", ecolor="0.6", capsize=2, lw=0.8)
+            ax.scatter(x[ok], acc[ok], c=[col[k] for k in keys], zorder=3)
+            for xi, yi, key in zip(x[ok], acc[ok], keys):
+                ax.annotate(short(names.get(key, key), 24), (xi, yi), textcoords="offset points", xytext=(4, 4),
+                            fontsize=8)
         if not ok.any():
             ax.text(0.5, 0.5, "no measured value in these runs\n(CPU runs record no peak memory)"
                     if field == "peak_mem_bytes" else "no measured value in these runs",
@@ -139,7 +167,7 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{task}: accuracy against cost (preset {preset}; mean ± std over seeds)")
+    fig.suptitle(f"{task} ({preset}): test accuracy against cost, mean ± std over seeds")
     return fig
 
 
