@@ -177,6 +177,14 @@ def test_nan_metrics_are_not_averaged_silently(tmp_path):
     assert t3.rows[0].seeds == 6
 
 
+def test_a_runs_root_without_records(tmp_path):
+    (tmp_path / "runs" / "quick" / "listops" / "softmax" / "seed0" / ".hydra").mkdir(parents=True)
+    res = collect(tmp_path / "runs", tmp_path / "out")
+    assert len(res.runs) == 0 and [i.kind for i in res.issues] == ["no_record"]
+    assert "0 run records read" in (tmp_path / "out" / "index.md").read_text()
+    assert (tmp_path / "out" / "failed.md").read_text().strip().endswith("No failed runs.")
+
+
 def test_cpu_runs_without_peak_memory_are_not_flagged(tmp_path):
     make_record(tmp_path, "softmax", 0, peak_mem_bytes=None, device="cpu")
     make_record(tmp_path, "softmax", 1, peak_mem_bytes=None, device="Tesla V100")

@@ -225,6 +225,11 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
                                                          "or crashed before writing it)"))
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "kept"])
     df["kept"] = True
+    df["usable"] = df["usable"].astype(bool)  # also with no rows, so masks stay masks
+    for c in ("schema_version", *NUMERIC):
+        df[c] = df[c].astype(float)
+    for c in ("path", "variant", *TEXT):
+        df[c] = df[c].astype(object)
     if len(df):
         df["_mtime"] = mtimes
         issues += _resolve_duplicates(df)
