@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from lra.data import listops
+import numpy as np
+
+from lra.data import image, listops, pathfinder, retrieval, text
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
 
@@ -37,7 +39,25 @@ def load_task(task_cfg: dict, root: Path) -> dict[str, Split]:
     name = task_cfg["name"]
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
-    return LOADERS[name](dict(task_cfg), Path(root))
+    return limit_examples(LOADERS[name](dict(task_cfg), Path(root)), task_cfg.get("max_examples"))
+
+
+def limit_examples(splits: dict[str, Split], limits: dict | None, seed: int = 0) -> dict[str, Split]:
+    """``task.max_examples`` (e.g. ``{val: 1000, test: 2000}``): a seeded subset of those splits, in
+    their order (the quick preset evaluates on subsets; the papers' presets leave it null)."""
+    if not limits:
+        return splits
+    out = dict(splits)
+    for name, n in dict(limits).items():
+        if name not in splits:
+            raise ValueError(f"task.max_examples: unknown split {name!r} (train, val, test)")
+        s = splits[name]
+        if n is None or int(n) >= len(s):
+            continue
+        idx = np.sort(np.random.default_rng([seed, len(s)]).choice(len(s), size=int(n), replace=False))
+        out[name] = Split(np.asarray(s.tokens[idx]), np.asarray(s.lengths[idx]), np.asarray(s.labels[idx]))
+        log.info("%s: using %d of %d examples (task.max_examples)", name, int(n), len(s))
+    return out
 
 
 def _workers() -> int:
@@ -78,3 +98,27 @@ def load_listops(cfg: dict, root: Path) -> dict[str, Split]:
                 for s, p in paths.items()}
 
     return cached_splits(root, "listops", key, build)
+
+
+@register_task("text")
+def load_text(cfg: dict, root: Path) -> dict[str, Split]:
+    """IMDB reviews at byte level (lra/data/text.py)."""
+    return text.load(cfg, root)
+
+
+@register_task("retrieval")
+def load_retrieval(cfg: dict, root: Path) -> dict[str, Split]:
+    """AAN document pairs at byte level, two documents per example (lra/data/retrieval.py)."""
+    return retrieval.load(cfg, root)
+
+
+@register_task("pathfinder")
+def load_pathfinder(cfg: dict, root: Path) -> dict[str, Split]:
+    """Pathfinder images, official or generated on the fly (lra/data/pathfinder.py)."""
+    return pathfinder.load(cfg, root, workers=_workers())
+
+
+@register_task("image")
+def load_image(cfg: dict, root: Path) -> dict[str, Split]:
+    """CIFAR-10 in grayscale (lra/data/image.py)."""
+    return image.load(cfg, root)

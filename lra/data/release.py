@@ -1,0 +1,162 @@
+"""Finding data anywhere under the data root, and reading members straight out of tar archives.
+
+The official LRA archive ``lra_release.gz`` is a gzipped tar (about 8.2 GB packed, 18.6 GB unpacked)
+whose members start with ``lra_release/`` and mostly ``lra_release/lra_release/`` (``listops-1000/``,
+``tsv_data/``, ``pathfinder{32,64,128,256}/``). Users unpack it anywhere, or not at all, so the
+readers search: :func:`find_dirs` / :func:`find_files` walk the data root (breadth first, a few
+levels deep, skipping the cache and the huge leaf folders of images and reviews), and
+:func:`iter_tar` streams an archive once, handing over only the members a reader asks for, so a task
+is read from the tarball without unpacking the other 18 GB. Gzip cannot seek, so every read of an
+archive is one sequential pass; the readers tokenise into the cache, so that pass happens once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tarfile
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+from lra.data.base import DataError
+
+log = logging.getLogger(__name__)
+
+MAX_DEPTH = 7  # <root>/hub/datasets--OpenNLPLab--lra/snapshots/<rev>/data/aan/ is 6 levels down
+# Folders never worth entering: our cache, image and review leaf folders (tens of thousands of files).
+PRUNE = {"cache", "imgs", "pos", "neg", "unsup", "__pycache__", "node_modules", "checkpoints", "runs"}
+RELEASE_ARCHIVES = ("lra_release.gz", "lra_release.tar.gz", "lra_release.tgz", "lra_release.tar")
+RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
+
+
+def walk(root: Path, max_depth: int = MAX_DEPTH) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """``(folder, subfolder names, file names)`` under ``root``, breadth first and sorted, so the
+    shallowest match comes first. Follows symlinks (data is often linked in) without looping."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    queue, seen = deque([(root, 0)]), set()
+    while queue:
+        folder, depth = queue.popleft()
+        try:
+            real = os.path.realpath(folder)
+            if real in seen:
+                continue
+            seen.add(real)
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        dirs, files = [], []
+        for e in entries:
+            try:
+                (dirs if e.is_dir() else files).append(e.name)
+            except OSError:
+                continue
+        yield folder, dirs, files
+        if depth < max_depth:
+            for d in dirs:
+                if d in PRUNE or d.startswith("."):
+                    continue
+                queue.append((folder / d, depth + 1))
+
+
+def find_dirs(root: Path, accept: Callable[[Path, list[str], list[str]], bool],
+              max_depth: int = MAX_DEPTH) -> list[Path]:
+    """Folders under ``root`` (``root`` included) for which ``accept(folder, dirs, files)`` holds."""
+    return [folder for folder, dirs, files in walk(root, max_depth) if accept(folder, dirs, files)]
+
+
+def find_files(root: Path, accept: Callable[[str], bool], max_depth: int = MAX_DEPTH) -> list[Path]:
+    """Files under ``root`` whose name passes ``accept``, shallowest first."""
+    return [folder / f for folder, _, files in walk(root, max_depth) for f in files if accept(f)]
+
+
+def release_archives(root: Path) -> list[Path]:
+    """Official release tarballs (``lra_release.gz`` and spellings of it) under ``root``."""
+    return find_files(root, lambda name: name in RELEASE_ARCHIVES)
+
+
+def is_archive(path: Path) -> bool:
+    name = Path(path).name.lower()
+    return Path(path).is_file() and (name.endswith((".tar", ".tar.gz", ".tgz", ".gz")))
+
+
+def member_prefix(name: str, rel: str) -> str | None:
+    """If archive member ``name`` lies under a folder path ``rel`` (e.g. ``pathfinder32/curv_baseline``),
+    the part of ``name`` before it (``lra_release/lra_release/``, or ``""``); else None. Whole
+    path components only."""
+    parts, relparts = name.split("/"), rel.strip("/").split("/")
+    k = len(relparts)
+    for i in range(len(parts) - k):  # rel must be a folder: at least one component follows it
+        if parts[i:i + k] == relparts:
+            return "/".join(parts[:i]) + ("/" if i else "")
+    return None
+
+
+class _Progress:
+    """A file wrapper that advances a tqdm bar by the bytes read (the archive's packed size)."""
+
+    def __init__(self, f: IO[bytes], bar):
+        self.f, self.bar = f, bar
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.f.read(n)
+        if self.bar is not None:
+            self.bar.update(len(b))
+        return b
+
+    def close(self):
+        self.f.close()
+
+
+def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
+             progress: bool = True) -> Iterator[tuple[str, IO[bytes]]]:
+    """Stream ``path`` (tar, tar.gz, or the LRA ``.gz``) once, yielding ``(member name, file object)``
+    for every regular file ``wanted(name)`` accepts. A file object is valid until the next item.
+
+    A truncated or corrupt archive raises :class:`DataError` naming it.
+    """
+    path = Path(path)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=desc or f"reading {path.name}",
+                   mininterval=1.0)
+    raw = _Progress(open(path, "rb"), bar)
+    try:
+        with tarfile.open(fileobj=raw, mode="r|*") as tf:
+            for m in tf:
+                name = m.name[2:] if m.name.startswith("./") else m.name
+                if m.isfile() and wanted(name):
+                    f = tf.extractfile(m)
+                    if f is not None:
+                        yield name, f
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise DataError(f"{path}: cannot read this archive ({type(e).__name__}: {e}). It is truncated or not a "
+                        f"(gzipped) tar file: download it again, or unpack it with `tar xzf {path.name}` and "
+                        f"point the task at the unpacked folder.") from None
+    finally:
+        raw.close()
+        if bar is not None:
+            bar.close()
+
+
+def natural_key(s: str):
+    """Sort key that orders embedded numbers numerically (``sample_2`` before ``sample_10``)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def explicit_path(cfg: dict) -> Path | None:
+    """``task.path`` (a file or folder the user points at), checked to exist."""
+    p = cfg.get("path")
+    if not p:
+        return None
+    p = Path(str(p)).expanduser()
+    if not p.exists():
+        raise DataError(f"task.path={p} does not exist. Point it at the data (folder or archive), or leave it "
+                        f"unset to search the data root.")
+    return p.resolve()

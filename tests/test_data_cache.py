@@ -1,0 +1,101 @@
+"""The cache of tokenised arrays: built once, memory-mapped, keyed by parameters and sources, atomic;
+seeded subsets (task.max_examples); the release-tree search helpers."""
+
+import io
+import os
+import tarfile
+import time
+
+import numpy as np
+import pytest
+
+from lra.data import release
+from lra.data.base import DataError, Split
+from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.tasks import limit_examples
+
+
+def splits(n=1000, L=1024):
+    rng = np.random.default_rng(0)
+    return {s: Split(rng.integers(0, 256, (n, L), dtype=np.uint8), np.full(n, L, np.int32),
+                     rng.integers(0, 2, n)) for s in ("train", "val", "test")}
+
+
+def test_built_once_then_memory_mapped(tmp_path):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return splits()
+
+    a = cached_splits(tmp_path, "demo", {"x": 1}, build)
+    t0 = time.perf_counter()
+    b = cached_splits(tmp_path, "demo", {"x": 1}, build)
+    load_s = time.perf_counter() - t0
+    assert len(calls) == 1 and load_s < 1.0
+    assert isinstance(b["train"].tokens, np.memmap) and b["train"].tokens.dtype == np.uint8
+    for s in ("train", "val", "test"):
+        assert np.array_equal(a[s].tokens, b[s].tokens) and np.array_equal(a[s].labels, b[s].labels)
+
+
+def test_parameters_and_sources_key_the_entry(tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("v1")
+    build = lambda: splits(10, 8)  # noqa: E731
+    cached_splits(tmp_path, "demo", {"max_length": 8, "sources": source_fingerprint([src])}, build)
+    cached_splits(tmp_path, "demo", {"max_length": 4, "sources": source_fingerprint([src])}, build)
+    src.write_text("version 2")
+    os.utime(src, (time.time() + 5, time.time() + 5))
+    cached_splits(tmp_path, "demo", {"max_length": 8, "sources": source_fingerprint([src])}, build)
+    assert len(list((tmp_path / "cache").iterdir())) == 3
+
+
+def test_a_failed_build_leaves_nothing(tmp_path):
+    def build():
+        raise DataError("broken source")
+
+    with pytest.raises(DataError):
+        cached_splits(tmp_path, "demo", {"x": 2}, build)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+
+
+def test_max_examples_takes_seeded_subsets():
+    s = splits(100, 4)
+    out = limit_examples(s, {"val": 10, "test": 1000})
+    assert len(out["val"]) == 10 and out["test"] is s["test"] and out["train"] is s["train"]
+    again = limit_examples(s, {"val": 10})
+    assert np.array_equal(out["val"].tokens, again["val"].tokens)
+    rows = {tuple(r) for r in s["val"].tokens}
+    assert all(tuple(r) in rows for r in out["val"].tokens)
+    with pytest.raises(ValueError, match="unknown split"):
+        limit_examples(s, {"dev": 3})
+
+
+def test_search_skips_the_cache_and_finds_nested_release_trees(tmp_path):
+    deep = tmp_path / "downloads" / "lra_release" / "lra_release" / "tsv_data"
+    deep.mkdir(parents=True)
+    (tmp_path / "cache" / "tsv_data").mkdir(parents=True)
+    found = release.find_dirs(tmp_path, lambda f, d, fs: f.name == "tsv_data")
+    assert found == [deep]
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "lra_release.gz").write_bytes(b"")
+    assert release.release_archives(tmp_path) == [tmp_path / "x" / "lra_release.gz"]
+    assert release.member_prefix("lra_release/lra_release/tsv_data/a.tsv", "tsv_data") == "lra_release/lra_release/"
+    assert release.member_prefix("tsv_data/a.tsv", "tsv_data") == ""
+    assert release.member_prefix("x/my_tsv_data/a.tsv", "tsv_data") is None
+
+
+def test_iter_tar_streams_only_wanted_members(tmp_path):
+    p = tmp_path / "a.tar.gz"
+    with tarfile.open(p, "w:gz") as tf:
+        for name in ("lra_release/a.txt", "lra_release/b.txt", "lra_release/sub/c.txt"):
+            info = tarfile.TarInfo(name)
+            data = name.encode()
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    got = {n: f.read() for n, f in release.iter_tar(p, lambda n: n.endswith("c.txt") or n.endswith("a.txt"),
+                                                      progress=False)}
+    assert got == {"lra_release/a.txt": b"lra_release/a.txt", "lra_release/sub/c.txt": b"lra_release/sub/c.txt"}
+    p.write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(DataError, match="cannot read this archive"):
+        list(release.iter_tar(p, lambda n: True, progress=False))
