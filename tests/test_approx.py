@@ -97,3 +97,17 @@ def test_every_registered_backend_is_studied_or_skipped_with_reason():
         if m.budget_option is not None:
             assert m.budget_option in attention.option_defaults(m.name)
             m.build(16, 256, 2)
+
+
+@pytest.mark.parametrize("backend, options, reference", [
+    ("kernelized", {"dropout": 0.0}, "gaussian_attention"),
+    ("reformer", {"bucket_size": 128}, "shared_qk_attention"),  # one bucket: exact shared-QK attention
+])
+def test_own_references_match_the_backends_exact_limits(backend, options, reference):
+    if backend not in attention.available():
+        pytest.skip(f"{backend} not registered")
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 128, 32).unbind(0)
+    out = attention.build(backend, num_heads=2, head_dim=32, max_len=128, **options).eval()(q[None], k[None], v[None])[0]
+    err = approx.relative_error(getattr(approx, reference)(q, k, v), out)
+    assert (err < 1e-5).all(), err
