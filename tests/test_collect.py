@@ -88,15 +88,19 @@ def test_failed_runs_excluded_from_means_and_listed_with_reason(tmp_path):
     make_record(tmp_path, "softmax", 1, test_acc=0.5)
     make_record(tmp_path, "softmax", 2, test_acc=0.99, status="failed", reason="OutOfMemoryError: CUDA out of memory")
     make_record(tmp_path, "softmax", 3, test_acc=None, status="interrupted", reason="KeyboardInterrupt", metrics=False)
+    make_record(tmp_path, "softmax", 4, test_acc=None, status="running", metrics=False)
+    make_record(tmp_path, "none", 0, test_acc=0.1, status="stuck", reason="val loss at chance after 1000 steps")
     res = collect(tmp_path, tmp_path / "out", plots=False)
     c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
     assert c.mean == pytest.approx(40.0) and c.n == 2
     failed = pd.read_csv(tmp_path / "out" / "failed.csv")
-    assert list(failed["seed"]) == [2, 3] and list(failed["status"]) == ["failed", "interrupted"]
-    assert "CUDA out of memory" in failed["reason"].iloc[0]
+    assert list(failed["seed"]) == [2, 3, 4] and list(failed["status"]) == ["failed", "interrupted", "running"]
+    assert "CUDA out of memory" in failed["reason"].iloc[0] and "still training" in failed["reason"].iloc[2]
     assert "OutOfMemoryError" in (tmp_path / "out" / "failed.md").read_text()
-    assert "1 not finished" not in (tmp_path / "out" / "index.md").read_text()  # 2 of them
-    assert "2 not finished" in (tmp_path / "out" / "index.md").read_text()
+    assert "3 not finished" in (tmp_path / "out" / "index.md").read_text()
+    # a stuck run (trained, at chance) is a real outcome: counted, and listed among the issues
+    assert cell(res.tables[("quick", "skeinformer_table1")], "none").mean == pytest.approx(10.0)
+    assert [(i.path, i.kind) for i in res.issues] == [("quick/listops/none/seed0", "stuck")]
 
 
 def test_older_schema_is_read_and_reported(tmp_path):

@@ -8,7 +8,7 @@ finished runs by preset × task × attention, and writes under ``--out`` (defaul
 
     index.md                 what was read, per preset, failed runs and every problem found
     runs.csv                 one normalised row per record (``usable``: finished; ``kept``: not a duplicate)
-    failed.{csv,md}          runs that did not finish, with their reason (never in a mean)
+    failed.{csv,md}          runs that did not finish (failed, interrupted, running), with their reason
     issues.{csv,md}          old-schema records, duplicates, folders without a record, NaN metrics ...
     <preset>/summary.csv     mean/std/n of every metric per task × attention
     <preset>/<table>.{csv,tex,md}, <preset>/tables.md
@@ -96,7 +96,7 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
     emit("runs.csv", frame_csv(runs))
     emit("failed.csv", frame_csv(failed))
     emit("issues.csv", frame_csv(iss))
-    failed_md = frame_markdown(failed, "## Failed runs (never in a mean)", "No failed runs.")
+    failed_md = frame_markdown(failed, "## Failed or unfinished runs (never in a mean)", "No failed runs.")
     issues_md = frame_markdown(iss, "## Problems found in the records", "No problems found.")
     emit("failed.md", failed_md)
     emit("issues.md", issues_md)

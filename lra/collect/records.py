@@ -15,8 +15,9 @@ Bad input is reported, never fatal and never averaged silently:
   finished run: set to missing and listed as ``nan_metric``; means count only finite values, and
   every table cell shows how many seeds it averages.
 
-Runs whose status is not ``completed`` or ``stopped_early`` never enter a mean; they are listed with
-their reason in the failed-runs table.
+Runs whose status is not ``completed``, ``stopped_early`` or ``stuck`` (failed, interrupted, still
+``running`` ...) never enter a mean; they are listed with their reason in the failed-runs table.
+``stuck`` runs (trained, but at chance level) are a real outcome: they are counted, and listed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ from pathlib import Path
 import pandas as pd
 
 SCHEMA_VERSION = 1  # the newest run-record schema this reader knows (lra/record.py)
-OK_STATUSES = ("completed", "stopped_early")
+# Finished runs (= lra.train.FINISHED). "stuck" (training ran, but stayed at chance level) is a real
+# outcome the papers count too (YOSO Table 3: Performer 18.80 on ListOps): it enters the means and is
+# listed among the issues so that nobody mistakes it for a working run.
+OK_STATUSES = ("completed", "stopped_early", "stuck")
+UNFINISHED_REASON = {"running": "status 'running': still training, or killed before it wrote its final record"}
 RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints")
 SKIP_DIRS = (".hydra", "checkpoints", "wandb", "__pycache__")
 NUMERIC = ("seed", "test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
@@ -49,7 +54,7 @@ _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 @dataclass(frozen=True)
 class Issue:
     path: str   # run folder relative to the runs root
-    kind: str   # unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable
+    kind: str   # unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable | stuck | plot
     detail: str
 
 
@@ -169,6 +174,10 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
     status = (out["status"] or "unknown").strip()
     out["status"] = status
     usable = status in OK_STATUSES
+    if status in UNFINISHED_REASON and not out["reason"]:
+        out["reason"] = UNFINISHED_REASON[status]
+    if status == "stuck":
+        issues.append(Issue(rel, "stuck", f"counted in the means at its test accuracy: {out['reason'] or 'stuck'}"))
     bad = []
     for key in NUMERIC:
         v, problem = _number(rec.get(key))
@@ -262,7 +271,7 @@ def issues_frame(issues: list[Issue]) -> pd.DataFrame:
 
 
 def failed_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs that did not finish (status other than completed/stopped_early), with why."""
+    """Runs that did not finish (failed, interrupted, running ...), with why."""
     bad = runs[~runs["usable"]].copy()
     bad["reason"] = bad["reason"].fillna("(no reason recorded)")
     bad["note"] = ""
