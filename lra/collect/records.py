@@ -37,7 +37,7 @@ SCHEMA_VERSION = 1  # the newest run-record schema this reader knows (lra/record
 # listed among the issues so that nobody mistakes it for a working run.
 OK_STATUSES = ("completed", "stopped_early", "stuck")
 UNFINISHED_REASON = {"running": "status 'running': still training, or killed before it wrote its final record"}
-RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints")
+RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints", ".sweep_job.json")
 SKIP_DIRS = (".hydra", "checkpoints", "wandb", "__pycache__")
 NUMERIC = ("seed", "test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
            "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch", "test_loss")
