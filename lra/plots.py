@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lra.collect.render import write_atomic
+from lra.collect.render import safe_name, write_atomic
 
 PNG_META = {"Software": "lra.collect (matplotlib)"}
 PDF_META = {"Creator": "lra.collect", "Producer": "matplotlib", "CreationDate": None, "ModDate": None}
@@ -180,8 +180,8 @@ def plot_preset(runs: pd.DataFrame, summary: pd.DataFrame, root: Path, preset: s
         fig, n = curves_figure(runs, root, preset, task, names)
         notes += n
         if fig is not None:
-            files += save(fig, Path(out_dir) / f"curves_{task}")
+            files += save(fig, Path(out_dir) / f"curves_{safe_name(task)}")
         fig = efficiency_figure(summary, preset, task, names)
         if fig is not None:
-            files += save(fig, Path(out_dir) / f"efficiency_{task}")
+            files += save(fig, Path(out_dir) / f"efficiency_{safe_name(task)}")
     return files, notes

@@ -238,6 +238,17 @@ def test_drop_empty_and_presets_not_mixed(tmp_path):
     assert not list((tmp_path / "out" / "quick").glob("*.csv"))[1:]  # only summary.csv with --format md
 
 
+def test_odd_preset_and_task_names_stay_inside_the_output_folder(tmp_path):
+    run = make_record(tmp_path / "runs", "softmax", 0, preset="x", task="a/b")
+    rec = json.loads((run / "result.json").read_text())
+    (run / "result.json").write_text(json.dumps({**rec, "preset": "../../escape", "task": "../t"}))
+    collect(tmp_path / "runs", tmp_path / "out")
+    written = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()]
+    assert all(w.startswith(("runs/", "out/")) for w in written)
+    assert (tmp_path / "out" / "_.._escape" / "skeinformer_table1.md").is_file()
+    assert (tmp_path / "out" / "_.._escape" / "curves__t.png").is_file()
+
+
 def test_latex_booktabs_bold_best_per_column(tmp_path):
     make_record(tmp_path, "softmax", 0, test_acc=0.30, time_per_1k_steps_s=600.0, micro_batch=16, accum_steps=2)
     make_record(tmp_path, "skeinformer", 0, test_acc=0.35, time_per_1k_steps_s=120.0)

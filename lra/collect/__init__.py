@@ -34,7 +34,7 @@ import pandas as pd
 
 from lra import REPO_ROOT
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
-from lra.collect.render import frame_csv, frame_markdown, to_csv, to_latex, to_markdown, write_text
+from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown, write_text
 from lra.collect.tables import PAPERS, TABLES, build, summary
 
 FORMATS = ("csv", "tex", "md")
@@ -68,25 +68,26 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         res.files.append(write_text(out / rel, text))
 
     for preset in chosen:
+        folder = safe_name(preset)
         md_all = [f"# Tables for preset `{preset}`", ""]
         for spec in TABLES:
             built = build(spec, runs, preset, compare=spec.paper in compare, drop_empty=drop_empty)
             res.tables[(preset, spec.key)] = built
             if "csv" in formats:
-                emit(f"{preset}/{spec.key}.csv", to_csv(built))
+                emit(f"{folder}/{spec.key}.csv", to_csv(built))
             if "tex" in formats:
-                emit(f"{preset}/{spec.key}.tex", to_latex(built))
+                emit(f"{folder}/{spec.key}.tex", to_latex(built))
             md = to_markdown(built)
             md_all.append(md)
             if "md" in formats:
-                emit(f"{preset}/{spec.key}.md", md)
+                emit(f"{folder}/{spec.key}.md", md)
         if "md" in formats:
-            emit(f"{preset}/tables.md", "\n".join(md_all))
-        emit(f"{preset}/summary.csv", frame_csv(summ[summ["preset"] == preset].reset_index(drop=True)))
+            emit(f"{folder}/tables.md", "\n".join(md_all))
+        emit(f"{folder}/summary.csv", frame_csv(summ[summ["preset"] == preset].reset_index(drop=True)))
         if plots:
             from lra.plots import plot_preset
 
-            files, notes = plot_preset(runs, summ, runs_root, preset, out / preset)
+            files, notes = plot_preset(runs, summ, runs_root, preset, out / folder)
             res.files += files
             issues += [Issue(p, "plot", n) for p, n in notes]
     issues.sort(key=lambda i: (i.path, i.kind, i.detail))
@@ -118,8 +119,8 @@ def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
     for preset in presets:
         s = summ[summ["preset"] == preset]
         lines += [f"## Preset `{preset}`", "",
-                  f"Tables: [{preset}/tables.md]({preset}/tables.md); per task × attention: "
-                  f"[{preset}/summary.csv]({preset}/summary.csv).", ""]
+                  f"Tables: [{safe_name(preset)}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
+                  f"[{safe_name(preset)}/summary.csv]({safe_name(preset)}/summary.csv).", ""]
         if len(s):
             view = s[["task", "row", "seeds", "test_acc_mean", "test_acc_std", "test_acc_n"]].copy()
             view["test_acc_mean"] = 100 * view["test_acc_mean"]
@@ -175,7 +176,7 @@ def main(argv=None) -> int:
     for preset in sorted({p for p, _ in res.tables}):
         g = runs[ok & (runs["preset"] == preset)]
         print(f"preset {preset}: {len(g)} runs, tasks {', '.join(sorted(set(g['task']))) or '-'}, "
-              f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / preset}")
+              f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / safe_name(preset)}")
     if len(runs) == 0:
         print(f"no result.json under {root}: nothing to tabulate", file=sys.stderr)
     print(f"wrote {len(res.files)} files into {res.out} ({time.perf_counter() - t0:.1f} s); start at "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -40,6 +41,11 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def safe_name(name: str) -> str:
+    """A preset or task name as one folder/file-name component (no separators, no leading dot)."""
+    return re.sub(r"[^A-Za-z0-9_.=+,-]", "_", str(name)).lstrip(".") or "_"
 
 
 def write_text(path: Path, text: str) -> Path:
