@@ -157,11 +157,12 @@ def test_partial_folder_is_named(tmp_path):
     assert f"{acl} is incomplete (no test/neg)" in str(e.value)
 
 
-def test_truncated_archive_is_named(tmp_path):
+@pytest.mark.parametrize("keep", [0.3, 0.5, 0.9, 0.99])
+def test_truncated_archive_is_named(tmp_path, keep):
     good = write_tar(tmp_path / "x")
     bad = tmp_path / "data" / "aclImdb_v1.tar.gz"
     bad.parent.mkdir()
-    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    bad.write_bytes(good.read_bytes()[: int(good.stat().st_size * keep)])
     with pytest.raises(DataError) as e:
         tx.load(cfg(), tmp_path / "data", progress=False)
     assert str(bad) in str(e.value) and "download it again" in str(e.value)

@@ -120,9 +120,10 @@ def is_generated(folder: Path) -> bool:
 
 
 def _diff_folder(candidate: Path, res: int, dirname: str) -> Path | None:
-    """``candidate`` if it is the difficulty folder itself, else its ``pathfinder<res>/<dirname>``."""
+    """``candidate`` itself if it holds ``metadata/`` (a difficulty folder, whatever its name), else its
+    ``<dirname>`` or ``pathfinder<res>/<dirname>`` subfolder."""
     for f in (candidate, candidate / dirname, candidate / f"pathfinder{res}" / dirname):
-        if (f / "metadata").is_dir() and f.name == dirname:
+        if (f / "metadata").is_dir():
             return f
     return None
 

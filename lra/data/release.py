@@ -12,6 +12,7 @@ archive is one sequential pass; the readers tokenise into the cache, so that pas
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import re
@@ -113,12 +114,49 @@ class _Progress:
         self.f.close()
 
 
+_ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
+
+
+def archive_error(path: Path, e: Exception) -> DataError:
+    return DataError(f"{path}: cannot read this archive ({type(e).__name__}: {e}). It is truncated or not a "
+                     f"(gzipped) tar file: download it again, or unpack it with `tar xzf {Path(path).name}` and "
+                     f"point the task at the unpacked folder.")
+
+
+class _Member:
+    """A member's file object whose read errors (a truncated archive) become :class:`DataError`."""
+
+    def __init__(self, f: IO[bytes], archive: Path):
+        self.f, self.archive = f, archive
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except _ARCHIVE_ERRORS as e:
+            raise archive_error(self.archive, e) from None
+
+    def read(self, n: int = -1) -> bytes:
+        return self._guard(self.f.read, n)
+
+    def readline(self, n: int = -1) -> bytes:
+        return self._guard(self.f.readline, n)
+
+    def __iter__(self):
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+
 def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
              progress: bool = True) -> Iterator[tuple[str, IO[bytes]]]:
     """Stream ``path`` (tar, tar.gz, or the LRA ``.gz``) once, yielding ``(member name, file object)``
     for every regular file ``wanted(name)`` accepts. A file object is valid until the next item.
 
-    A truncated or corrupt archive raises :class:`DataError` naming it.
+    A truncated or corrupt archive raises :class:`DataError` naming it. (tarfile alone stops silently
+    at a truncated header, so gzip archives are decompressed here, where a short stream or a bad CRC
+    is an error, and read to their end.)
     """
     path = Path(path)
     bar = None
@@ -128,17 +166,20 @@ def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
                    mininterval=1.0)
     raw = _Progress(open(path, "rb"), bar)
     try:
-        with tarfile.open(fileobj=raw, mode="r|*") as tf:
+        magic = raw.f.read(2)
+        raw.f.seek(0)
+        gz = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else None
+        with tarfile.open(fileobj=gz or raw, mode="r|" if gz else "r|*") as tf:
             for m in tf:
                 name = m.name[2:] if m.name.startswith("./") else m.name
                 if m.isfile() and wanted(name):
                     f = tf.extractfile(m)
                     if f is not None:
-                        yield name, f
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise DataError(f"{path}: cannot read this archive ({type(e).__name__}: {e}). It is truncated or not a "
-                        f"(gzipped) tar file: download it again, or unpack it with `tar xzf {path.name}` and "
-                        f"point the task at the unpacked folder.") from None
+                        yield name, _Member(f, path)
+        while gz is not None and gz.read(1 << 20):  # the rest (tar padding): checks length and CRC
+            pass
+    except _ARCHIVE_ERRORS as e:
+        raise archive_error(path, e) from None
     finally:
         raw.close()
         if bar is not None:
