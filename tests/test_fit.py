@@ -1,0 +1,199 @@
+"""Memory-fitted accumulation (lra/fit.py): the CPU estimate, the decision, its cache and errors."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lra.config import compose
+from lra.fit import (GIB, CheckpointedAttention, FitError, budget_bytes, checkpoint_attention, plan,
+                     train_step_peak)
+from lra.train import finalize, model_kwargs
+
+SMALL = dict(vocab_size=16, seq_len=128, num_classes=10, dim=64, hidden=128, num_layers=2, num_heads=2, head_dim=32,
+             dropout=0.1, head_hidden=128, pooling="mean", dual=False, interaction="nli")
+
+
+def cfg_for(tmp_path, *overrides):
+    ov = [f"runs_root={tmp_path}", *overrides]
+    return finalize(compose(ov), ov)
+
+
+@pytest.mark.parametrize("attn,options,ckpt", [
+    ("softmax", {"impl": "materialized"}, False),
+    ("softmax", {"impl": "materialized"}, True),
+    ("nystrom", {"landmarks": 32}, False),
+    ("skeinformer", {"num_features": 32}, False),
+])
+def test_fake_estimate_equals_real_tensor_peak(attn, options, ckpt):
+    """FakeTensorMode allocates nothing, yet MemTracker's peak equals the one of real CPU tensors."""
+    mk = dict(SMALL, attn_name=attn, attn_options=options)
+    fake = train_step_peak(mk, 4, fake=True, cuda_sdpa=False, attn_checkpointing=ckpt)
+    real = train_step_peak(mk, 4, fake=False, attn_checkpointing=ckpt)
+    assert fake == pytest.approx(real, rel=0.01)
+    assert fake > 4 * 2 * 2 * 128 * 128 * 4  # at least one fp32 score matrix per layer is counted
+
+
+def test_estimate_grows_with_batch_and_length():
+    mk = dict(SMALL, attn_name="softmax", attn_options={"impl": "materialized"})
+    by_batch = [train_step_peak(mk, b) for b in (1, 2, 4, 8)]
+    assert by_batch == sorted(by_batch) and len(set(by_batch)) == 4
+    by_len = [train_step_peak(dict(mk, seq_len=n), 2) for n in (64, 128, 256)]
+    assert by_len == sorted(by_len) and len(set(by_len)) == 3
+    # quadratic in n for the materialised matrix, (almost) linear for the CUDA fused kernel
+    fused = dict(SMALL, attn_name="softmax", attn_options={"impl": "fused"})
+    f = [train_step_peak(dict(fused, seq_len=n), 2) for n in (256, 512)]
+    m = [train_step_peak(dict(mk, seq_len=n), 2) for n in (256, 512)]
+    assert m[1] / m[0] > 3.0 and f[1] / f[0] < 2.5
+
+
+def test_fused_sdpa_is_estimated_as_the_cuda_kernel():
+    """CPU SDPA with dropout materialises n x n; the estimate uses CUDA's memory-efficient kernel."""
+    mk = dict(SMALL, seq_len=512, attn_name="softmax", attn_options={"impl": "fused"})
+    cuda = train_step_peak(mk, 2)
+    cpu = train_step_peak(mk, 2, cuda_sdpa=False)
+    materialized = train_step_peak(dict(mk, attn_options={"impl": "materialized"}), 2)
+    assert cuda < 0.5 * cpu and cpu == pytest.approx(materialized, rel=0.05)
+
+
+def test_estimate_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    train_step_peak(dict(SMALL, attn_name="skeinformer", attn_options={"num_features": 16}), 2)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_checkpointed_attention_same_result_less_memory():
+    import attention
+
+    torch.manual_seed(0)
+    inner = attention.build("softmax", num_heads=2, head_dim=8, max_len=64, dropout=0.1, impl="materialized").train()
+    q, k, v = (torch.randn(2, 2, 64, 8, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 64, dtype=torch.bool)
+    torch.manual_seed(1)
+    a = inner(q, k, v, mask)
+    ga = torch.autograd.grad(a.square().sum(), (q, k, v))
+    torch.manual_seed(1)
+    b = CheckpointedAttention(inner)(q, k, v, mask)
+    gb = torch.autograd.grad(b.square().sum(), (q, k, v))
+    assert torch.equal(a, b) and all(torch.allclose(x, y) for x, y in zip(ga, gb))
+    mk = dict(SMALL, seq_len=512, attn_name="softmax", attn_options={"impl": "materialized"})
+    assert train_step_peak(mk, 2, attn_checkpointing=True) < 0.8 * train_step_peak(mk, 2)
+    from lra.model import LRAClassifier
+
+    m = checkpoint_attention(LRAClassifier(**dict(SMALL, attn_name="softmax", attn_options={})))
+    assert sum(isinstance(x, CheckpointedAttention) for x in m.modules()) == 2
+
+
+def test_listops_table4_shape_on_v100(tmp_path):
+    """Skeinformer protocol, ListOps batch 256 on a V100 16 GB: the materialised softmax needs
+    accumulation, the fused kernel does not, and Skeinformer fits a larger micro-batch."""
+    base = [f"fit.cache_dir={tmp_path}/cache", "task=listops", "hardware=v100_16gb", "experiment=skeinformer_paper"]
+    mat = plan(cfg_for(tmp_path, *base, "attn=softmax"))
+    fused = plan(cfg_for(tmp_path, *base, "attn=softmax", "attn.options.impl=fused"))
+    skein = plan(cfg_for(tmp_path, *base, "attn=skeinformer"))
+    for p in (mat, fused, skein):
+        assert p.effective_batch == 256 == p.micro_batch * p.accum_steps
+        assert p.estimate_bytes <= p.budget_bytes and p.source == "memory fit"
+    assert mat.accum_steps > 1 and fused.accum_steps == 1
+    assert skein.micro_batch > mat.micro_batch
+    # every estimate above the chosen micro-batch's next divisor would not have fit
+    bigger = [m for m in mat.estimates if m > mat.micro_batch]
+    assert bigger and all(mat.estimates[m] > mat.budget_bytes for m in bigger)
+    assert mat.seconds < 60  # a few seconds on an idle machine (the 2-core CI box is shared)
+
+
+def test_decision_is_cached(tmp_path):
+    ov = [f"fit.cache_dir={tmp_path}/cache", "attn=skeinformer", "+attn.options.num_features=32",
+          "experiment=quick", "hardware=v100_16gb"]
+    first = plan(cfg_for(tmp_path, *ov))
+    t0 = time.perf_counter()
+    second = plan(cfg_for(tmp_path, *ov))
+    assert not first.cached and second.cached and time.perf_counter() - t0 < 1.0
+    assert (second.micro_batch, second.accum_steps, second.estimate_bytes) == (
+        first.micro_batch, first.accum_steps, first.estimate_bytes)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    other = plan(cfg_for(tmp_path, *ov[:-1], "hardware=a100_40gb"))  # another budget: another key
+    assert not other.cached and len(list((tmp_path / "cache").glob("*.json"))) == 2
+
+
+def test_micro_batch_one_not_fitting_is_an_error_with_the_estimate(tmp_path):
+    cfg = cfg_for(tmp_path, "fit.cache=false", "task=listops", "attn=softmax", "hardware=v100_16gb",
+                  "hardware.total_gib=0.9")
+    with pytest.raises(FitError, match=r"micro-batch 1 does not fit.*Estimated peak training memory \d+\.\d+ GiB"):
+        plan(cfg)
+
+
+def test_train_refuses_before_training_when_nothing_fits(tmp_path):
+    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
+    from tests.test_train import TINY
+
+    proc = subprocess.run([sys.executable, "-m", "lra.train", *TINY, "hardware=v100_16gb", "hardware.total_gib=0.75"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-3000:]
+    assert "does not fit, not training" in out and "micro-batch 1 does not fit" in out
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "failed" and "FitError" in rec["reason"] and rec["steps"] == 0
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.csv").exists()
+
+
+def test_effective_batch_constant_across_devices(tmp_path):
+    for devices in (1, 2, 4):
+        p = plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", f"trainer.devices={devices}"))
+        assert p.micro_batch * p.accum_steps * p.devices == p.effective_batch == 32 and p.devices == devices
+        f = plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=4",
+                         f"trainer.devices={devices}"))
+        assert (f.micro_batch, f.accum_steps * devices) == (4, 8)
+    m = plan(cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c", "experiment=quick", "hardware=v100_16gb",
+                     "trainer.devices=2"))
+    assert m.micro_batch * m.accum_steps * 2 == 32 and m.devices == 2
+    with pytest.raises(ValueError, match="not divisible"):
+        plan(cfg_for(tmp_path, "experiment=quick", "trainer.devices=3"))
+    with pytest.raises(ValueError, match="must divide"):
+        plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=5"))
+
+
+def test_profiles(tmp_path):
+    v100 = cfg_for(tmp_path, "hardware=v100_16gb").hardware
+    a100 = cfg_for(tmp_path, "hardware=a100_40gb").hardware
+    h100 = cfg_for(tmp_path, "hardware=h100_80gb").hardware
+    assert 13 * GIB < budget_bytes(v100) < 15 * GIB < budget_bytes(a100) < budget_bytes(h100) < 80 * GIB
+    assert budget_bytes(cfg_for(tmp_path, "hardware=cpu").hardware) is None
+    assert cfg_for(tmp_path).hardware.name == "v100_16gb"  # the papers' GPU is the default
+    auto = cfg_for(tmp_path, "hardware=auto", "experiment=quick")
+    if not torch.cuda.is_available():  # auto without CUDA: no budget, no fitting
+        assert budget_bytes(auto.hardware) is None
+        assert plan(auto).accum_steps == 1 and "no memory budget" in plan(auto).source
+    else:
+        assert budget_bytes(auto.hardware) is not None
+
+
+def test_make_fit_prints_the_decision(tmp_path):
+    env = {**os.environ, "LRA_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "lra.fit", "task=listops", "attn=softmax", "hardware=v100_16gb"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "micro-batch 64 x accumulation 4" in proc.stdout and "materialized" in proc.stdout
+    assert "estimates (micro-batch: GiB)" in proc.stdout
+
+
+def test_table_lists_every_cell(tmp_path):
+    from lra.fit import decision_table, format_table
+
+    ov = [f"runs_root={tmp_path}", "hardware=v100_16gb", "experiment=quick"]
+    rows = decision_table(ov, tasks=("listops",), attns=["softmax", "none"], progress=False)
+    assert [(r["attn"], r["task"]) for r in rows] == [("softmax", "listops"), ("none", "listops"),
+                                                      ("softmax_fused", "listops")]
+    text = format_table(rows, ("listops",))
+    assert text.splitlines()[0] == "| attention | listops |" and "32 (x1)" in text
+
+
+def test_model_kwargs_follow_the_preset(tmp_path):
+    mk = model_kwargs(cfg_for(tmp_path, "attn=softmax", "experiment=skeinformer_paper"))
+    assert mk["attn_options"]["impl"] == "materialized" and mk["seq_len"] == 2048
