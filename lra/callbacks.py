@@ -1,10 +1,19 @@
-"""Lightning callbacks: a progress bar over optimizer steps with ETA, and a training-only timer."""
+"""Lightning callbacks of a run: progress bar, training-only timer, best-validation selection,
+resume checkpoints, and the guard that stops diverged (NaN/inf) and stuck runs.
+
+All of them keep their state in the checkpoint, so a restarted run ends with the same record.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 import time
+from pathlib import Path
 
 import lightning as L
+import torch
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from tqdm.auto import tqdm
 
 
@@ -37,26 +46,149 @@ class StepProgress(L.Callback):
 
 
 class TrainTimer(L.Callback):
-    """Wall time of training alone: the fit loop minus validation (evaluation excluded)."""
+    """Wall time of training alone (evaluation excluded), summed over restarts of a resumed run."""
 
     def __init__(self):
         self.train_time_s = 0.0
         self.eval_time_s = 0.0
-        self._t0 = self._v0 = None
+        self._t0 = None  # start of the current training stretch (None while evaluating or stopped)
+        self._v0 = None
+
+    def _pause(self):
+        if self._t0 is not None:
+            self.train_time_s += time.perf_counter() - self._t0
+            self._t0 = None
 
     def on_train_start(self, trainer, pl_module):
         self._t0 = time.perf_counter()
 
     def on_validation_start(self, trainer, pl_module):
         if trainer.training or self._t0 is not None:
+            self._pause()
             self._v0 = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module):
         if self._v0 is not None:
             self.eval_time_s += time.perf_counter() - self._v0
             self._v0 = None
+            self._t0 = time.perf_counter()
 
     def on_train_end(self, trainer, pl_module):
-        if self._t0 is not None:
-            self.train_time_s = time.perf_counter() - self._t0 - self.eval_time_s
-            self._t0 = None
+        self._pause()
+
+    def state_dict(self):
+        running = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        return {"train_time_s": self.train_time_s + running, "eval_time_s": self.eval_time_s}
+
+    def load_state_dict(self, state):
+        self.train_time_s, self.eval_time_s = float(state["train_time_s"]), float(state["eval_time_s"])
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """The best-validation checkpoint (``best.ckpt``), considered only from ``select_after`` optimizer
+    steps on (Skyformer keeps the best dev checkpoint after 20% of training); remembers the step."""
+
+    def __init__(self, *args, select_after: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.select_after = int(select_after)
+        self.best_step = None
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.global_step < self.select_after:
+            return
+        before = self.best_model_score
+        super().on_validation_end(trainer, pl_module)
+        if self.best_model_score is not None and (before is None or not torch.equal(
+                torch.as_tensor(before), torch.as_tensor(self.best_model_score))):
+            self.best_step = trainer.global_step
+
+    def state_dict(self):
+        return {**super().state_dict(), "best_step": self.best_step}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.best_step = state.get("best_step")
+
+
+class ResumeCheckpoint(Checkpoint):
+    """``last.ckpt``: the whole training state (weights, optimizer, scheduler, RNG, data position,
+    callbacks), written atomically after every evaluation and, with ``every_n_steps``, after every
+    N-th optimizer step that has no evaluation due (a checkpoint taken just before a due evaluation
+    would make Lightning skip that evaluation on restart)."""
+
+    def __init__(self, path: Path, eval_every: int, every_n_steps: int | None = None):
+        self.path = Path(path)
+        self.eval_every = int(eval_every)
+        self.every_n_steps = int(every_n_steps or 0)
+        self._last_step = -1
+
+    def _save(self, trainer):
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        trainer.save_checkpoint(tmp, weights_only=False)
+        if trainer.is_global_zero:
+            os.replace(tmp, self.path)
+        trainer.strategy.barrier("lra-resume-checkpoint")
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        s = trainer.global_step
+        if (self.every_n_steps and s > 0 and s != self._last_step and s % self.every_n_steps == 0
+                and s % self.eval_every != 0 and s < trainer.max_steps
+                and not trainer.fit_loop.epoch_loop._should_accumulate()):
+            self._save(trainer)
+
+    def on_validation_end(self, trainer, pl_module):
+        # not when the run stops here: a restart would then train on past the stopping evaluation
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and not trainer.should_stop:
+            self._save(trainer)
+
+
+class RunGuard(L.Callback):
+    """Stops a run that diverged (non-finite training or validation loss) or is stuck at chance
+    (after ``stuck_after`` optimizer steps, validation loss within ``loss_tol`` of the entropy of
+    the training labels and accuracy within ``acc_tol`` of the majority rate) and says why in
+    ``status`` / ``reason``, which the record takes over."""
+
+    def __init__(self, baseline_loss: float, majority_acc: float, stuck_after: int | None = None,
+                 loss_tol: float = 0.02, acc_tol: float = 0.01):
+        self.baseline_loss, self.majority_acc = float(baseline_loss), float(majority_acc)
+        self.stuck_after = int(stuck_after) if stuck_after else None
+        self.loss_tol, self.acc_tol = float(loss_tol), float(acc_tol)
+        self.status = None
+        self.reason = None
+        self.at_chance = False  # the last evaluation looked like chance (reported even when not stopping)
+        self.last_val = None  # (loss, acc) of the last evaluation
+
+    def _stop(self, trainer, status, reason):
+        self.status, self.reason = status, reason
+        trainer.should_stop = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is not None and not torch.isfinite(loss.detach()).all():
+            self._stop(trainer, "failed", f"diverged: non-finite training loss ({float(loss):g}) at optimizer step "
+                                          f"{trainer.global_step}, batch {batch_idx}")
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or self.status is not None:
+            return
+        m = trainer.callback_metrics
+        if "val/loss" not in m:
+            return
+        loss, acc = float(m["val/loss"]), float(m["val/acc"])
+        self.last_val = (loss, acc)
+        if not math.isfinite(loss):
+            self._stop(trainer, "failed", f"diverged: non-finite validation loss at step {trainer.global_step}")
+            return
+        self.at_chance = loss >= self.baseline_loss - self.loss_tol and acc <= self.majority_acc + self.acc_tol
+        if self.at_chance and self.stuck_after is not None and trainer.global_step >= self.stuck_after:
+            self._stop(trainer, "stuck", f"stuck: after {trainer.global_step} steps validation loss {loss:.4f} "
+                                         f"(chance {self.baseline_loss:.4f}) and accuracy {acc:.4f} (majority "
+                                         f"{self.majority_acc:.4f})")
+
+    def state_dict(self):
+        return {"status": self.status, "reason": self.reason, "at_chance": self.at_chance, "last_val": self.last_val}
+
+    def load_state_dict(self, state):
+        self.status, self.reason, self.at_chance = state["status"], state["reason"], state["at_chance"]
+        self.last_val = state.get("last_val")

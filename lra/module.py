@@ -1,17 +1,30 @@
-"""Lightning module: the classifier, AdamW with linear warmup then linear decay, exact metrics.
+"""Lightning module: the classifier, AdamW with a warmup schedule, exact metrics, resumable state.
 
 Validation and test metrics are sums over every example divided by the count (not a mean of batch
-means), so the last partial batch counts exactly once. The learning-rate schedule rises linearly
-from 0 to ``lr`` over ``warmup`` optimizer steps and falls linearly to 0 at ``max_steps``.
+means), so the last partial batch counts exactly once.
+
+Schedules (``schedule``): ``linear`` rises linearly from 0 to ``lr`` over ``warmup`` optimizer steps
+and falls linearly to 0 at ``max_steps``; ``onecycle`` is ``torch.optim.lr_scheduler.OneCycleLR``
+as the papers' code configures it (``pct_start = warmup / max_steps``, linear annealing, start at
+lr/25, end at lr/25/1e4, and Adam's beta1 cycled between 0.95 and 0.85 by its default
+``cycle_momentum``).
+
+Resume: checkpoints carry the CPU/CUDA/numpy/python RNG states (restored when training restarts,
+so dropout and randomised attention draw what an uninterrupted run draws), and
+:class:`ResumableLoader` gives the training data position (epoch, batch) to Lightning's loop state,
+so a restarted run continues with the next unseen batch of the same shuffled order.
 """
 
 from __future__ import annotations
 
-
+import random
 
 import lightning as L
+import numpy as np
 import torch
+from torch.utils.data import DataLoader, Sampler
 
+from lra.data.module import LRADataModule, SplitDataset
 from lra.model import LRAClassifier, loss_and_correct
 
 
@@ -23,13 +36,42 @@ def warmup_linear_decay(warmup: int, total: int):
     return f
 
 
+def rng_states() -> dict:
+    """The global RNG states in types ``torch.load(weights_only=True)`` accepts."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    s = {"torch": torch.get_rng_state(), "python": random.getstate(),
+         "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_states(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    n = s["numpy"]
+    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    version, state, gauss_next = s["python"]
+    random.setstate((version, tuple(state), gauss_next))
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
 class LitLRA(L.LightningModule):
     def __init__(self, model_kwargs: dict, lr: float, warmup: int, max_steps: int, weight_decay: float = 0.0,
-                 betas=(0.9, 0.999), eps: float = 1e-6, grad_clip_value: float | None = None):
+                 betas=(0.9, 0.999), eps: float = 1e-6, grad_clip_value: float | None = None,
+                 schedule: str = "linear", attn_checkpointing: bool = False, resume_key: str | None = None):
         super().__init__()
+        if schedule not in ("linear", "onecycle"):
+            raise ValueError(f"train.schedule must be 'linear' or 'onecycle', got {schedule!r}")
         self.save_hyperparameters()
         self.model = LRAClassifier(**model_kwargs)
+        if attn_checkpointing:
+            from lra.fit import checkpoint_attention
+
+            checkpoint_attention(self.model)
         self._sums = {}
+        self._rng_to_restore = None
 
     def forward(self, tokens, mask):
         return self.model(tokens, mask)
@@ -77,7 +119,12 @@ class LitLRA(L.LightningModule):
         h = self.hparams
         opt = torch.optim.AdamW(self.parameters(), lr=h.lr, betas=tuple(h.betas), eps=h.eps,
                                 weight_decay=h.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear_decay(h.warmup, h.max_steps))
+        if h.schedule == "onecycle":
+            sched = torch.optim.lr_scheduler.OneCycleLR(
+                opt, max_lr=h.lr, total_steps=int(h.max_steps), pct_start=max(1, int(h.warmup)) / int(h.max_steps),
+                anneal_strategy="linear")
+        else:
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear_decay(h.warmup, h.max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
@@ -85,9 +132,81 @@ class LitLRA(L.LightningModule):
             self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip_value,
                                 gradient_clip_algorithm="value")
 
+    # resume ------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["rng_states"] = rng_states()
+        checkpoint["resume_key"] = self.hparams.resume_key
+
+    def on_load_checkpoint(self, checkpoint):
+        # applied when training (re)starts: restoring data loaders between here and there draws seeds
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+    def on_train_start(self):
+        if self._rng_to_restore is not None:
+            set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
+
 
 def count_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+# ---------------------------------------------------------------------------------------------
+# Training data in a resumable order
 
+
+class EpochBatches(Sampler):
+    """Batches of indices for one epoch: a permutation drawn from ``(seed, epoch)`` alone, split into
+    batches (last one partial), starting at batch ``start``. Any epoch and position can be rebuilt
+    without replaying the ones before."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.n, generator=gen)
+        for i in range(self.start, len(self)):
+            yield order[i * self.batch_size:(i + 1) * self.batch_size].tolist()
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader whose ``state_dict`` is the position of the next batch it will deliver
+    (epoch, batch); Lightning saves it in checkpoints and loads it on restart (its ``_Stateful``
+    protocol). Counting delivered batches (not sampled ones) keeps worker prefetching out of it."""
+
+    def __init__(self, dataset, sampler: EpochBatches, num_workers: int = 0):
+        super().__init__(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
+                         persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(sampler.seed))
+        self.batches = sampler
+        self.epoch, self.position = 0, 0
+
+    def __iter__(self):
+        self.batches.epoch, self.batches.start = self.epoch, self.position
+        it = super().__iter__()
+        total = len(self.batches)
+        for batch in it:
+            self.position += 1
+            if self.position >= total:  # the next batch is the first of the next epoch
+                self.epoch, self.position = self.epoch + 1, 0
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+
+class ResumableDataModule(LRADataModule):
+    """The task's DataModule with a resumable training loader (same data; order from (seed, epoch))."""
+
+    def train_dataloader(self):
+        split = self.splits["train"]
+        return ResumableLoader(SplitDataset(split), EpochBatches(len(split), self.batch_size, self.seed),
+                               num_workers=self.num_workers)

@@ -1,0 +1,247 @@
+"""The papers' protocols: presets (LRA_FACTS §4), stopping and selection rules, run records,
+diverged and stuck runs, schedules, the resumable data order and the training timer."""
+
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from lra.config import compose
+from lra.train import finalize
+from tests.test_train import TINY
+
+# LRA_FACTS §4 / seed_code §A: (batch, lr, warmup, steps, eval every)
+PAPER = {
+    "skeinformer_paper": {"listops": (256, 1e-4, 1000, 20000, 500), "text": (128, 1e-4, 80, 50000, 500),
+                          "retrieval": (64, 1e-4, 800, 60000, 300), "image": (256, 1e-4, 175, 50000, 50),
+                          "pathfinder": (512, 2e-4, 312, 31200, 312)},
+    "skyformer_paper": {"listops": (32, 1e-4, 1000, 50000, 500), "text": (32, 1e-4, 80, 50000, 500),
+                        "retrieval": (16, 2e-4, 800, 50000, 1000), "image": (256, 1e-4, 175, 50000, 50),
+                        "pathfinder": (128, 2e-4, 312, 50000, 500)},
+    "nystromformer_paper": {"listops": (32, 1e-4, 1000, 5000, 50), "text": (32, 1e-4, 8000, 20000, 500),
+                            "retrieval": (32, 1e-4, 800, 30000, 300), "image": (256, 1e-4, 175, 35000, 175),
+                            "pathfinder": (256, 1e-4, 312, 62400, 312)},
+}
+
+
+def cfg(*overrides):
+    return finalize(compose(list(overrides)), list(overrides))
+
+
+@pytest.mark.parametrize("preset", sorted(PAPER))
+def test_presets_reproduce_the_papers_numbers(preset):
+    for task, (batch, lr, warmup, steps, every) in PAPER[preset].items():
+        protocol = compose([f"experiment={preset}"]).protocol[task]
+        assert (protocol.batch_size, protocol.lr, protocol.warmup, protocol.max_steps, protocol.eval_every) == (
+            batch, lr, warmup, steps, every), (preset, task)
+    c = cfg(f"experiment={preset}", "task=listops")
+    assert c.preset == preset and c.train.batch_size == PAPER[preset]["listops"][0]
+    assert c.train.schedule == "onecycle" and c.task.seq_len == 2048
+
+
+def test_stopping_and_selection_rules():
+    skein = cfg("experiment=skeinformer_paper", "task=listops").train
+    assert skein.patience == 10 and skein.test_ckpt == "last" and skein.select_after == 0.0
+    assert skein.grad_clip_value is None
+    sky = cfg("experiment=skyformer_paper", "task=listops").train
+    assert sky.patience is None and sky.select_after == 0.2 and sky.test_ckpt == "best" and sky.grad_clip_value == 1.0
+    nys = cfg("experiment=nystromformer_paper", "task=listops").train
+    assert nys.patience is None and nys.select_after == 0.0 and nys.test_ckpt == "best"
+
+
+def test_feature_budgets_and_softmax_impl():
+    def opts(preset, attn, *extra):
+        return dict(cfg(f"experiment={preset}", f"attn={attn}", *extra).attn.options)
+
+    for preset in PAPER:
+        assert opts(preset, "softmax")["impl"] == "materialized"
+        assert opts(preset, "softmax_nodrop") == {"dropout": 0.0, "impl": "materialized"}
+        assert cfg(f"experiment={preset}", "attn=softmax").attn_checkpointing == ["softmax"]
+    assert opts("skeinformer_paper", "linformer")["k"] == 256
+    assert opts("skeinformer_paper", "nystrom") == {"landmarks": 256, "conv_kernel": 0}
+    assert opts("skeinformer_paper", "performer")["features"] == 256
+    assert opts("skeinformer_paper", "informer")["num_features"] == 256
+    assert opts("skeinformer_paper", "skeinformer_uniform")["num_features"] == 256
+    for attn, key in [("skyformer", "num_landmarks"), ("linformer", "k"), ("nystrom", "landmarks"),
+                      ("performer", "features"), ("informer", "num_features")]:
+        assert opts("skyformer_paper", attn)[key] == 128, attn
+    assert opts("skyformer_paper", "bigbird") == {"block_size": 64, "random_blocks": 3}
+    assert opts("nystromformer_paper", "nystrom") == {"landmarks": 64, "conv_kernel": 35}
+    assert opts("nystromformer_paper", "yoso", "task=listops") == {"num_hashes": 32, "hash_bits": 11}
+    assert opts("nystromformer_paper", "yoso", "task=image")["hash_bits"] == 10
+    # the command line wins over the preset, and the preset's share is kept for the record
+    c = cfg("experiment=skeinformer_paper", "attn=softmax", "attn.options.impl=fused")
+    assert c.attn.options.impl == "fused" and "impl" not in c.attn.preset_options
+    c = cfg("experiment=skyformer_paper", "attn=nystrom", "+attn.options.landmarks=32")
+    assert dict(c.attn.options) == {"landmarks": 32, "conv_kernel": 0}
+    # quick keeps today's fused softmax
+    assert opts("quick", "softmax")["impl"] == "fused"
+
+
+def test_text_length_and_dev_split():
+    for preset, length, seq in [("skeinformer_paper", 4000, 4096), ("skyformer_paper", 4000, 4096),
+                                ("nystromformer_paper", 1000, 1024)]:
+        protocol = compose([f"experiment={preset}"]).protocol
+        assert protocol.text.data.max_length == length and protocol.text.data.dev_split == "test"
+        assert (protocol.pathfinder.data.resolution, protocol.pathfinder.data.difficulty) == (32, "hard")
+        try:
+            t = cfg(f"experiment={preset}", "task=text").task
+        except Exception:  # conf/task/text.yaml not there yet
+            continue
+        assert (t.max_length, t.seq_len, t.dev_split) == (length, seq, "test")
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs in this process (tiny ListOps): stopping rules, selection, failure records
+
+
+def train(tmp_path, *overrides):
+    from lra.train import run
+
+    c = compose([*TINY, "trainer.progress=false", f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}",
+                 f"fit.cache_dir={tmp_path / 'cache'}", *overrides])
+    with open_dict(c):
+        c.run_dir = str(tmp_path / "runs" / "_".join(o.replace("/", "_") for o in overrides))
+    return run(c)
+
+
+def test_early_stopping_after_patience_evaluations(tmp_path):
+    # lr 0: validation loss never improves, so patience 2 stops at the third evaluation
+    rec = train(tmp_path, "train.lr=0.0", "train.patience=2", "train.eval_every=2", "train.max_steps=40")
+    assert rec["status"] == "stopped_early" and rec["stop_reason"] == "early_stopping"
+    assert rec["steps"] == rec["steps_at_stop"] == 6 and rec["steps_to_best"] == 2
+    assert rec["test_acc"] is not None and rec["tested_ckpt"] == "best"
+    assert rec["stop_rule"].startswith("early stopping")
+
+
+def test_skyformer_selection_only_after_warm_fraction(tmp_path):
+    free = train(tmp_path, "train.eval_every=3", "train.select_after=0.0")
+    warm = train(tmp_path, "train.eval_every=3", "train.select_after=0.5")
+    never = train(tmp_path, "train.eval_every=3", "train.select_after=1.1")
+    assert free["steps"] == warm["steps"] == never["steps"] == 12
+    assert warm["steps_to_best"] >= 6 and warm["tested_ckpt"] == "best"
+    assert free["best_val_acc"] >= warm["best_val_acc"]
+    assert never["steps_to_best"] is None and never["tested_ckpt"].startswith("last (no best")
+    assert never["test_acc"] is not None
+
+
+def test_test_at_stop(tmp_path):
+    rec = train(tmp_path, "train.test_ckpt=last", "train.eval_every=4")
+    assert rec["tested_ckpt"] == "last" and rec["status"] == "completed" and rec["steps_to_best"] in (4, 8, 12)
+
+
+def test_record_fields(tmp_path):
+    rec = train(tmp_path, "hardware=v100_16gb", "hardware.micro_batch=null", "train.eval_every=6")
+    for key in ("steps_to_best", "steps_at_stop", "train_time_s", "eval_time_s", "time_per_1k_steps_s",
+                "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch", "accum_steps", "effective_batch",
+                "tokens_per_s", "attn_impl", "attn_options", "precision", "stop_reason", "tested_ckpt"):
+        assert key in rec, key
+    assert rec["peak_mem_estimate_bytes"] > 0 and rec["accum_source"] == "memory fit"
+    assert rec["peak_mem_bytes"] is None  # measured on a GPU only
+    assert rec["tokens_per_s"] == pytest.approx(12 * 32 * 128 / rec["train_time_s"])
+    assert rec["attn_impl"] == "fused" and rec["micro_batch"] * rec["accum_steps"] == 32
+
+
+def test_nan_loss_stops_with_status_and_reason(tmp_path, monkeypatch):
+    import lra.module
+
+    calls = {"n": 0}
+    real = lra.module.loss_and_correct
+
+    def poisoned(logits, labels):
+        loss, correct = real(logits, labels)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] >= 5 else loss), correct
+
+    monkeypatch.setattr(lra.module, "loss_and_correct", poisoned)
+    rec = train(tmp_path, "train.eval_every=6")
+    assert rec["status"] == "failed" and rec["stop_reason"] == "diverged"
+    assert rec["reason"].startswith("diverged: non-finite training loss") and "step 5" in rec["reason"]
+    assert rec["steps"] == 5 and rec["test_acc"] is None
+
+
+def test_stuck_run_stops_with_status_and_reason(tmp_path):
+    rec = train(tmp_path, "train.lr=0.0", "train.eval_every=3", "train.stuck_after_steps=3")
+    assert rec["status"] == "stuck" and rec["stop_reason"] == "stuck" and rec["steps"] == 3
+    assert rec["reason"].startswith("stuck: after 3 steps") and rec["test_acc"] is not None
+    # not stopped when the check is off, but the record says it ended at chance
+    off = train(tmp_path, "train.lr=0.0", "train.eval_every=3")
+    assert off["status"] == "completed" and off["steps"] == 12 and off["stuck_at_end"] is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces
+
+
+def test_onecycle_schedule_as_the_papers_code():
+    from lra.module import LitLRA
+
+    mk = dict(vocab_size=16, seq_len=32, num_classes=10, attn_name="none", attn_options={})
+    lit = LitLRA(mk, lr=1e-3, warmup=10, max_steps=100, schedule="onecycle")
+    conf = lit.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    lrs, betas = [], []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"])
+        betas.append(opt.param_groups[0]["betas"][0])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(1e-3 / 25) and max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == 9
+    assert lrs[-1] < 1e-4 and betas[0] == pytest.approx(0.95) and betas[9] == pytest.approx(0.85)
+    linear = LitLRA(mk, lr=1e-3, warmup=10, max_steps=100).configure_optimizers()
+    assert linear["optimizer"].param_groups[0]["lr"] == pytest.approx(1e-4)  # (0 + 1) / 10 of lr at step 0
+    with pytest.raises(ValueError, match="schedule"):
+        LitLRA(mk, lr=1e-3, warmup=10, max_steps=100, schedule="cosine")
+
+
+def test_resumable_loader_continues_the_same_order():
+    from lra.module import EpochBatches, ResumableLoader
+
+    class Idx(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, idx):
+            return list(idx)
+
+    full = ResumableLoader(Idx(), EpochBatches(10, 3, seed=7))
+    epochs = [list(full), list(full)]
+    assert [len(e) for e in epochs] == [4, 4] and epochs[0] != epochs[1]
+    assert sorted(i for b in epochs[0] for i in b) == list(range(10))
+    part = ResumableLoader(Idx(), EpochBatches(10, 3, seed=7))
+    it = iter(part)
+    seen = [next(it), next(it)]
+    state = part.state_dict()
+    assert state == {"epoch": 0, "position": 2}
+    again = ResumableLoader(Idx(), EpochBatches(10, 3, seed=7))
+    again.load_state_dict(state)
+    assert seen + list(again) == epochs[0] and list(again) == epochs[1]
+    assert len(again) == 4
+    last = ResumableLoader(Idx(), EpochBatches(10, 3, seed=7))
+    it = iter(last)
+    for _ in range(4):
+        next(it)
+    assert last.state_dict() == {"epoch": 1, "position": 0}  # after the last batch: the next epoch
+
+
+def test_train_timer_excludes_evaluation():
+    from lra.callbacks import TrainTimer
+
+    t, tr = TrainTimer(), SimpleNamespace(training=True)
+    t.on_train_start(tr, None)
+    time.sleep(0.05)
+    t.on_validation_start(tr, None)
+    time.sleep(0.2)
+    t.on_validation_end(tr, None)
+    time.sleep(0.05)
+    saved = t.state_dict()
+    t.on_train_end(tr, None)
+    assert 0.09 < t.train_time_s < 0.2 and t.eval_time_s >= 0.2 and saved["train_time_s"] >= 0.09
+    resumed = TrainTimer()
+    resumed.load_state_dict(saved)
+    resumed.on_train_start(tr, None)
+    resumed.on_train_end(tr, None)
+    assert resumed.train_time_s >= saved["train_time_s"] and math.isfinite(resumed.eval_time_s)

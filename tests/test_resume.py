@@ -1,0 +1,126 @@
+"""Resume: a real ``python -m lra.train`` subprocess killed mid-training and restarted with the same
+command ends with the record of an uninterrupted run of the same seed (same steps, same metrics)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_train import TINY
+
+# Long enough to be killed mid-training; micro-batch 16 x accumulation 2 exercises accumulation
+# boundaries; patience exercises the early-stopping state; a checkpoint every 3 optimizer steps
+# besides every evaluation. 256 training examples / 16 = 16 batches per epoch: epochs roll over.
+RESUME = [*[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every"))],
+          "train.max_steps=40", "train.eval_every=8", "train.patience=3", "hardware.micro_batch=16",
+          "train.ckpt_every_steps=3", "trainer.progress=false"]
+SAME = ("status", "steps", "steps_at_stop", "steps_to_best", "stop_reason", "micro_batch", "accum_steps",
+        "effective_batch", "tested_ckpt", "split_sizes")
+CLOSE = ("test_acc", "test_loss", "best_val_acc")
+
+
+def _env(tmp_path, runs):  # one data folder per runs folder: runs started together never share a generation
+    return {**os.environ, "LRA_DATA": str(tmp_path / f"data-{runs}"), "LRA_RUNS": str(tmp_path / runs),
+            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+
+
+def _cmd():
+    return [sys.executable, "-m", "lra.train", *RESUME]
+
+
+def _record(tmp_path, runs):
+    return json.loads(next((tmp_path / runs).rglob("result.json")).read_text())
+
+
+def _run(tmp_path, runs):
+    proc = subprocess.run(_cmd(), env=_env(tmp_path, runs), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _start_reference(tmp_path):
+    """The uninterrupted run, in the background while the test kills the other one."""
+    return subprocess.Popen(_cmd(), env=_env(tmp_path, "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _reference(tmp_path, proc):
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    rec = _record(tmp_path, "ref")
+    assert rec["status"] in ("completed", "stopped_early") and rec["resumed_from_step"] is None
+    assert rec["accum_steps"] == 2 and rec["steps"] > 10
+    return rec
+
+
+def _start_and_kill(tmp_path, runs, sig, min_step):
+    """Start the run, wait for a resume checkpoint at optimizer step >= min_step, send ``sig``."""
+    import torch
+
+    proc = subprocess.Popen(_cmd(), env=_env(tmp_path, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 300
+    step = None
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            last = next((tmp_path / runs).rglob("last.ckpt"), None) if (tmp_path / runs).exists() else None
+            if last is not None:
+                try:
+                    step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+                except Exception:  # noqa: BLE001 - being replaced right now
+                    step = None
+                if step is not None and step >= min_step:
+                    proc.send_signal(sig)
+                    break
+            time.sleep(0.05)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert step is not None and step >= min_step, f"no checkpoint at step >= {min_step}:\n{out[-3000:]}"
+    return step, proc.returncode, out
+
+
+def _compare(resumed, reference):
+    for k in SAME:
+        assert resumed[k] == reference[k], (k, resumed[k], reference[k])
+    for k in CLOSE:
+        assert resumed[k] == pytest.approx(reference[k], abs=1e-6), (k, resumed[k], reference[k])
+    assert resumed["train_time_s"] > 0 and resumed["time_per_1k_steps_s"] > 0
+
+
+def test_sigkill_mid_training_then_restart_matches_uninterrupted(tmp_path):
+    ref = _start_reference(tmp_path)
+    step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=4)
+    reference = _reference(tmp_path, ref)
+    assert rc == -signal.SIGKILL, out[-2000:]
+    killed = _record(tmp_path, "runs")
+    assert killed["status"] == "running" and killed["test_acc"] is None  # the kill left no finished record
+    assert 0 < step < reference["steps"]
+
+    out = _run(tmp_path, "runs")
+    assert "resuming from" in out
+    resumed = _record(tmp_path, "runs")
+    assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] >= step
+    _compare(resumed, reference)
+    assert not list((tmp_path / "runs").rglob("last.ckpt"))  # removed once the run finished
+
+
+@pytest.mark.slow
+def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
+    """Two interruptions of one run: SIGTERM (Lightning's graceful stop, record says interrupted)
+    after the first evaluation, then SIGKILL later; the third start finishes it."""
+    ref = _start_reference(tmp_path)
+    step1, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGTERM, min_step=8)
+    assert rc != 0, out[-2000:]
+    assert _record(tmp_path, "runs")["status"] in ("interrupted", "running")
+    reference = _reference(tmp_path, ref)
+    step2, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=step1 + 3)
+    assert rc == -signal.SIGKILL and "resuming from" in out
+    assert step2 < reference["steps"], "the run finished before it could be killed the second time"
+    _run(tmp_path, "runs")
+    _compare(_record(tmp_path, "runs"), reference)
