@@ -11,10 +11,12 @@ from pathlib import Path
 
 from lra import REPO_ROOT
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # additions that keep every earlier field are not a new version
 REQUIRED = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s",
             "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch", "hardware",
-            "config", "git_commit")
+            "config", "git_commit",
+            # the papers' protocol (docs/protocol.md): why it stopped, selection, estimated memory, throughput
+            "reason", "steps_at_stop", "steps_to_best", "peak_mem_estimate_bytes", "tokens_per_s", "attn_options")
 
 
 def git_commit() -> str | None:

@@ -197,3 +197,14 @@ def test_table_lists_every_cell(tmp_path):
 def test_model_kwargs_follow_the_preset(tmp_path):
     mk = model_kwargs(cfg_for(tmp_path, "attn=softmax", "experiment=skeinformer_paper"))
     assert mk["attn_options"]["impl"] == "materialized" and mk["seq_len"] == 2048
+
+
+def test_an_estimate_that_cannot_be_traced_does_not_block_training(tmp_path, monkeypatch):
+    import lra.fit
+
+    def untraceable(*a, **k):
+        raise RuntimeError("data-dependent op")
+
+    monkeypatch.setattr(lra.fit, "train_step_peak", untraceable)
+    p = plan(cfg_for(tmp_path, "fit.cache=false", "experiment=quick", "hardware=v100_16gb"))
+    assert (p.micro_batch, p.accum_steps) == (32, 1) and p.source.startswith("no estimate (RuntimeError)")
