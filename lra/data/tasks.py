@@ -39,7 +39,8 @@ def load_task(task_cfg: dict, root: Path) -> dict[str, Split]:
     name = task_cfg["name"]
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
-    return limit_examples(LOADERS[name](dict(task_cfg), Path(root)), task_cfg.get("max_examples"))
+    splits = limit_examples(LOADERS[name](dict(task_cfg), Path(root)), task_cfg.get("max_examples"))
+    return {k: splits[k] for k in ("train", "val", "test") if k in splits}
 
 
 def limit_examples(splits: dict[str, Split], limits: dict | None, seed: int = 0) -> dict[str, Split]:
