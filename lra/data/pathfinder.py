@@ -315,9 +315,11 @@ def load(cfg: dict, root: Path, workers: int = 1, progress: bool = True) -> dict
         files = sorted((where / "metadata").glob("*.npy")) + sorted((where / "imgs").glob("*"))
     else:
         files = [where]
+    stamp = where / "GENERATED.json" if kind == "folder" else None
     key = {"task": "pathfinder", "resolution": res, "difficulty": difficulty, "split_seed": split_seed,
            "n_images": None if n_images is None else int(n_images), "source": kind,
-           "sources": source_fingerprint(files)}
+           "sources": source_fingerprint(files),  # sizes + mtimes (seconds): a regenerated set needs the stamp too
+           "generated": json.loads(stamp.read_text()) if stamp is not None and stamp.exists() else None}
 
     def build():
         log.info("Pathfinder: reading %s %s", kind, where)
