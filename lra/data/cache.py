@@ -38,7 +38,7 @@ def source_fingerprint(paths) -> list:
     out = []
     for p in sorted(Path(p) for p in paths):
         st = p.stat()
-        out.append([str(p), st.st_size, int(st.st_mtime)])
+        out.append([str(p), st.st_size, st.st_mtime_ns])  # ns: a file rewritten within a second still differs
     return out
 
 
