@@ -3,8 +3,9 @@
 A sweep is a file ``conf/sweep/<name>.yaml``: fixed ``overrides``, a ``grid`` of axes (cartesian
 product) and the ``launcher`` and ``parallel`` to use; or, with a ``search`` block, an Optuna search
 through Hydra's sweeper plugin. Command-line overrides join every job; one with several values
-(``seed=0,1,2``) replaces that axis or adds one. ``parallel=N``, ``dry_run=true`` and
-``hydra/launcher=...``, ``hydra.launcher.*`` steer the sweep itself.
+(``seed=0,1,2``) replaces that axis or adds one. ``parallel=N``, ``dry_run=true``, ``n_trials=N``
+(searches) and ``hydra/launcher=...``, ``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md
+has the commands for a laptop, a GPU box and a SLURM cluster.
 
 Every job is an ordinary run: ``python -m lra.train <its overrides>``, in the run folder Hydra names
 (``runs/<preset>/<task>/<attn>/seed<seed>[/<other overrides>]``), so the collector reads sweeps and
@@ -13,9 +14,9 @@ single runs alike. A grid is:
 1. expanded and composed job by job with Hydra (the run folder of each; two jobs that would share a
    folder stop the sweep before anything runs);
 2. written to ``<runs root>/<preset>/sweeps/<name>/manifest.json`` with each job's status read from
-   its run folder: ``completed``/``stopped_early`` (skipped), ``running`` (a live job elsewhere holds
-   it: skipped), ``failed``, ``interrupted`` (checkpoints but no finished record: launched, and
-   lra.train resumes it), ``pending``;
+   its run folder: ``completed``/``stopped_early``/``stuck`` (finished: skipped), ``running`` (a live
+   job holds it: skipped), ``failed``, ``interrupted`` (a job started there and died: launched, and
+   lra.train resumes it from its last checkpoint), ``pending``, ``invalid`` (does not compose);
 3. launched as one Hydra multirun of the unfinished jobs through the chosen launcher (Hydra's
    ``basic``, ``local`` = submitit_local, ``slurm`` = submitit_slurm; conf/hydra/launcher/), in
    batches of ``parallel`` on one machine, as one job array on SLURM;
@@ -253,10 +254,13 @@ def run_job(cfg: DictConfig) -> float | None:
     proc = subprocess.Popen(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
     try:
         rc = proc.wait()
-    except BaseException:  # KeyboardInterrupt, SIGTERM from a scheduler: let lra.train write its record
+    except BaseException:  # Ctrl-C, a scheduler's signal: let lra.train write its "interrupted" record
         with contextlib.suppress(Exception):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=60)
+            proc.wait(timeout=5)          # a Ctrl-C reached it too
+        with contextlib.suppress(Exception):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
         if proc.poll() is None:
             proc.kill()
         raise
