@@ -6,6 +6,7 @@ would see, for tools that do not train (``lra.data``, ``lra.fit``) and for tests
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,7 +18,10 @@ def _tag(override_dirname: str = "") -> str:
     """Extra folder level for overrides that are not part of the standard run name."""
     if not override_dirname:
         return ""
-    return "/" + re.sub(r"[^A-Za-z0-9_.,=+-]", "_", override_dirname)[:150]
+    name = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", override_dirname)
+    if len(name) > 150:  # keep folder names short, but never let two configurations share one
+        name = name[:140] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:9]
+    return "/" + name
 
 
 def register_resolvers() -> None:

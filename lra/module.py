@@ -64,6 +64,9 @@ class LitLRA(L.LightningModule):
         super().__init__()
         if schedule not in ("linear", "onecycle"):
             raise ValueError(f"train.schedule must be 'linear' or 'onecycle', got {schedule!r}")
+        if schedule == "onecycle" and not 0 <= warmup < max_steps:
+            raise ValueError(f"train.warmup={warmup} must lie in [0, train.max_steps={max_steps}) for the onecycle "
+                             f"schedule (pct_start = warmup / max_steps); lower train.warmup or raise train.max_steps")
         self.save_hyperparameters()
         self.model = LRAClassifier(**model_kwargs)
         if attn_checkpointing:

@@ -12,6 +12,8 @@ from pathlib import Path
 from lra import REPO_ROOT
 
 SCHEMA_VERSION = 1  # additions that keep every earlier field are not a new version
+_UMASK = os.umask(0)  # read the process umask once (os.umask can only be read by setting it)
+os.umask(_UMASK)
 REQUIRED = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s",
             "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch", "hardware",
             "config", "git_commit",
@@ -52,6 +54,7 @@ def write_json_atomic(path: Path, obj) -> Path:
             json.dump(_clean(obj), f, indent=2, sort_keys=True, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; records are shared like any file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

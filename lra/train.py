@@ -139,6 +139,16 @@ def label_entropy(labels) -> float:
 # The run
 
 
+def _single_log_stream() -> None:
+    """Lightning adds its own console handler; under Hydra the root logger already prints (and writes
+    the run's log file), so drop Lightning's handler and every message appears once, in both places."""
+    if logging.getLogger().handlers:
+        lg = logging.getLogger("lightning.pytorch")
+        for h in list(lg.handlers):
+            lg.removeHandler(h)
+        lg.propagate = True
+
+
 def run(cfg: DictConfig) -> dict:
     """Train (or resume), test, record. Returns the record (also on failure, with status "failed")."""
     import lightning as L
@@ -150,6 +160,7 @@ def run(cfg: DictConfig) -> dict:
     from lra.fit import device_count, plan
     from lra.module import LitLRA, ResumableDataModule, count_params
 
+    _single_log_stream()
     run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = run_dir / "checkpoints"
@@ -164,6 +175,7 @@ def run(cfg: DictConfig) -> dict:
         torch.set_num_threads(int(cfg.num_threads))
     cfg = finalize(cfg)
     rec = base_record(cfg)
+    trainer = None
     tr = cfg.train
     try:
         L.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -188,7 +200,7 @@ def run(cfg: DictConfig) -> dict:
             del saved
             log.info("resuming from %s (optimizer step %d)", last, resume_from)
         rec["resumed_from_step"] = resume_from
-        write_record(run_dir, rec)  # status "running": the decision is visible before training starts
+        _write(run_dir, rec)  # status "running": the decision is visible before training starts
 
         eval_bs = tr.eval_batch_size or p.micro_batch
         dm_cls = ResumableDataModule if p.devices == 1 else LRADataModule
@@ -209,6 +221,10 @@ def run(cfg: DictConfig) -> dict:
         guard = RunGuard(baseline_loss=label_entropy(splits["val"].labels), majority_acc=splits["val"].majority_rate(),
                          stuck_after=tr.stuck_after_steps, loss_tol=tr.stuck_loss_tol, acc_tol=tr.stuck_acc_tol)
         callbacks = [timer, guard, best, resume]
+        if cfg.logger.name == "wandb":
+            from lra.wandb_extras import WandbTables
+
+            callbacks.append(WandbTables())
         if cfg.trainer.progress:
             callbacks.append(StepProgress(int(tr.max_steps)))
         stopper = None
@@ -281,26 +297,44 @@ def run(cfg: DictConfig) -> dict:
                         guard.majority_acc)
     except KeyboardInterrupt:
         rec.update(status="interrupted", reason="KeyboardInterrupt")
-        write_record(run_dir, rec)
+        _write(run_dir, rec)
         raise
     except SystemExit as e:  # Lightning turns SIGTERM into SIGTERMException, a SystemExit with code None
         rec.update(status="interrupted", reason=f"{type(e).__name__}: restart the same command to resume from "
                                                 f"the last checkpoint")
-        write_record(run_dir, rec)
+        _write(run_dir, rec)
         if type(e).__name__ == "SIGTERMException":
             raise SystemExit(128 + signal.SIGTERM) from e
         raise
     except Exception as e:  # noqa: BLE001 - any failure must leave a record saying why
         rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
-        write_record(run_dir, rec)
+        _write(run_dir, rec)
         raise
-    write_record(run_dir, rec)
+    _write(run_dir, rec)
+    if trainer is not None and cfg.logger.name == "wandb" and trainer.is_global_zero:
+        from lra.wandb_extras import log_record
+
+        log_record(trainer.logger, rec, run_dir)
+    if not _rank_zero():
+        return rec
     if rec["status"] in FINISHED and last.exists():
         last.unlink()  # the run is over; best.ckpt stays
     log.info("%s/%s seed %d: %s, test acc %s (majority %.4f), %d steps, %.1f s training -> %s",
              rec["task"], rec["attn"], rec["seed"], rec["status"], _fmt(rec["test_acc"]), rec["majority_acc"],
              rec["steps"], rec["train_time_s"] or 0.0, run_dir / "result.json")
     return rec
+
+
+def _rank_zero() -> bool:
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def _write(run_dir: Path, rec: dict) -> None:
+    """Only global rank zero writes the record (DDP runs one process per device)."""
+    if _rank_zero():
+        write_record(run_dir, rec)
 
 
 def _num(x):
