@@ -64,9 +64,9 @@ class LitLRA(L.LightningModule):
         super().__init__()
         if schedule not in ("linear", "onecycle"):
             raise ValueError(f"train.schedule must be 'linear' or 'onecycle', got {schedule!r}")
-        if schedule == "onecycle" and not 0 <= warmup < max_steps:
-            raise ValueError(f"train.warmup={warmup} must lie in [0, train.max_steps={max_steps}) for the onecycle "
-                             f"schedule (pct_start = warmup / max_steps); lower train.warmup or raise train.max_steps")
+        if schedule == "onecycle" and not 2 <= warmup < max_steps:  # OneCycleLR divides by warmup - 1
+            raise ValueError(f"train.warmup={warmup} must lie in [2, train.max_steps={max_steps}) for the onecycle "
+                             f"schedule (pct_start = warmup / max_steps); change train.warmup or train.max_steps")
         self.save_hyperparameters()
         self.model = LRAClassifier(**model_kwargs)
         if attn_checkpointing:
@@ -124,7 +124,7 @@ class LitLRA(L.LightningModule):
                                 weight_decay=h.weight_decay)
         if h.schedule == "onecycle":
             sched = torch.optim.lr_scheduler.OneCycleLR(
-                opt, max_lr=h.lr, total_steps=int(h.max_steps), pct_start=max(1, int(h.warmup)) / int(h.max_steps),
+                opt, max_lr=h.lr, total_steps=int(h.max_steps), pct_start=int(h.warmup) / int(h.max_steps),
                 anneal_strategy="linear")
         else:
             sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear_decay(h.warmup, h.max_steps))

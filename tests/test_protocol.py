@@ -245,3 +245,13 @@ def test_train_timer_excludes_evaluation():
     resumed.on_train_start(tr, None)
     resumed.on_train_end(tr, None)
     assert resumed.train_time_s >= saved["train_time_s"] and math.isfinite(resumed.eval_time_s)
+
+
+@pytest.mark.parametrize("warmup,steps", [(0, 10), (1, 10), (10, 10), (50, 10)])
+def test_onecycle_rejects_warmup_outside_its_range(warmup, steps):
+    from lra.module import LitLRA
+
+    kw = dict(vocab_size=16, seq_len=32, num_classes=10, attn_name="none", attn_options={})
+    with pytest.raises(ValueError, match=r"train.warmup=.*train.max_steps"):
+        LitLRA(kw, lr=1e-3, warmup=warmup, max_steps=steps, schedule="onecycle")
+    LitLRA(kw, lr=1e-3, warmup=warmup, max_steps=steps, schedule="linear")  # the linear schedule takes any warmup
