@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attention
+from lra.record import write_atomic
 
 log = logging.getLogger("lra.approx")
 
@@ -673,18 +674,6 @@ COLUMNS = ["method", "reference", "source", "n", "budget", "budget_option", "opt
 TRIAL_COLUMNS = ["method", "reference", "source", "n", "budget", "draw", "head", "rel_error"]
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temporary file in the same folder, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     def w(tmp):
         with open(tmp, "w", newline="") as f:
@@ -693,11 +682,11 @@ def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
             for r in rows:
                 wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
-    _atomic_write(path, w)
+    write_atomic(path, w)
 
 
 def write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(text))
+    write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 # Plot panels: the sketching family of the Skeinformer figure, then everything else.
@@ -771,7 +760,7 @@ def plot(path: Path, rows: list[dict]) -> None:
     def w(tmp):
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
 
-    _atomic_write(path, w)
+    write_atomic(path, w)
     plt.close(fig)
 
 
@@ -780,7 +769,7 @@ def summary_table(rows: list[dict], n: int, source: str, stat: str = "median") -
     sel = [r for r in rows if r["n"] == n and r["source"] == source]
     budgets = sorted({r["budget"] for r in sel})
     lines_ = sorted({(r["method"], r["reference"]) for r in sel}, key=lambda x: (_order_key(x[0]), x[1]))
-    out = [f"| method | reference | " + " | ".join(f"d={b}" for b in budgets) + " |",
+    out = ["| method | reference | " + " | ".join(f"d={b}" for b in budgets) + " |",
            "|---|---|" + "---:|" * len(budgets)]
     for m, ref in lines_:
         vals = {r["budget"]: r[stat] for r in sel if (r["method"], r["reference"]) == (m, ref)}
@@ -871,7 +860,7 @@ def main(argv=None) -> dict:
     write_csv(out / "approx.csv", rows, COLUMNS)
     write_csv(out / "approx_trials.csv", trial_rows, TRIAL_COLUMNS)
     plot(out / "approx.png", rows)
-    md = [f"# Approximation study (median relative spectral-norm error)\n",
+    md = ["# Approximation study (median relative spectral-norm error)\n",
           f"text: {text_source}; trials per source and length: {trials}; seed {args.seed}; "
           f"wall {wall:.0f} s\n"]
     for src in sources:

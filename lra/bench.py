@@ -45,6 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from lra.record import write_atomic
+
 import attention
 from lra import REPO_ROOT
 
@@ -550,25 +552,13 @@ def growth(results: list[dict], ref_n: int = 1024) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- outputs
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temporary file in the same folder, then ``os.replace`` (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_csv(results: list[dict], path: Path) -> None:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in results:
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    atomic_write(path, lambda p: p.write_text(buf.getvalue()))
+    write_atomic(path, lambda p: p.write_text(buf.getvalue()))
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -727,7 +717,7 @@ def plot(results: list[dict], path: Path) -> None:
     handles, labs = axes[0].get_legend_handles_labels()
     fig.legend(handles, labs, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.85, 0.95))
-    atomic_write(path, lambda p: fig.savefig(p, dpi=120, format="png"))
+    write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png"))
     plt.close(fig)
 
 
@@ -857,7 +847,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     meta["load"] = f"{load0:.2f} / {load1:.2f}"
     write_csv(results, csv_path)
     md = render_markdown(results, meta)
-    atomic_write(out / "bench.md", lambda p: p.write_text(md))
+    write_atomic(out / "bench.md", lambda p: p.write_text(md))
     plot(results, out / "bench.png")
     print(f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {out / 'bench.md'}, "
           f"{out / 'bench.png'}", flush=True)

@@ -49,7 +49,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field

@@ -8,6 +8,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from lra import REPO_ROOT
 
@@ -45,22 +46,38 @@ def _clean(x):
     return x
 
 
-def write_json_atomic(path: Path, obj) -> Path:
+def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``.
+
+    The one way every output of the harness is written (records, caches, tables, plots, benchmark
+    and study files): a reader sees the old file or the new one, never half of one, and an
+    interrupted write leaves no temporary file behind.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_clean(obj), f, indent=2, sort_keys=True, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; records are shared like any file
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json_atomic(path: Path, obj) -> Path:
+    text = json.dumps(_clean(obj), indent=2, sort_keys=True, allow_nan=False)  # fails before anything is written
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return write_atomic(path, write)
 
 
 def write_record(run_dir: Path, record: dict) -> Path:

@@ -12,35 +12,16 @@ byte-identical files.
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
 from lra.collect.tables import METRICS, PAPERS, Built, Cell
+from lra.record import write_atomic
 
 MISSING = "--"
-
-
-# ----------------------------------------------------------------------------- atomic writes
-def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def safe_name(name: str) -> str:
