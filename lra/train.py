@@ -143,10 +143,11 @@ def _single_log_stream() -> None:
     """Lightning adds its own console handler; under Hydra the root logger already prints (and writes
     the run's log file), so drop Lightning's handler and every message appears once, in both places."""
     if logging.getLogger().handlers:
-        lg = logging.getLogger("lightning.pytorch")
-        for h in list(lg.handlers):
-            lg.removeHandler(h)
-        lg.propagate = True
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            lg = logging.getLogger(name)
+            for h in list(lg.handlers):
+                lg.removeHandler(h)
+            lg.propagate = True
 
 
 def run(cfg: DictConfig) -> dict:
@@ -238,7 +239,7 @@ def run(cfg: DictConfig) -> dict:
             val_check_interval=int(tr.eval_every) * p.accum_steps, check_val_every_n_epoch=None,
             accumulate_grad_batches=p.accum_steps, accelerator=cfg.trainer.accelerator,
             devices=cfg.trainer.devices, strategy=cfg.trainer.strategy, precision=precision,
-            logger=make_logger(cfg, run_dir), callbacks=callbacks, enable_progress_bar=False,
+            logger=make_logger(cfg, run_dir, resume_from), callbacks=callbacks, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=int(cfg.trainer.log_every_n_steps),
             deterministic=bool(cfg.trainer.deterministic),
         )
@@ -345,11 +346,41 @@ def _fmt(x):
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def make_logger(cfg: DictConfig, run_dir: Path):
+def csv_logger(run_dir: Path, resume_from: int | None):
+    """Lightning's CSVLogger, keeping the history of a resumed run.
+
+    Its writer deletes an existing metrics.csv when it starts; a resumed run keeps the rows up to the
+    step it resumes from (later rows are logged again) so curves cover the whole run.
+    """
+    import csv
+    import warnings
+
     from lightning.pytorch.loggers import CSVLogger
 
+    path = run_dir / "metrics.csv"
+    old = []
+    if resume_from is not None and path.exists():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            keys = list(reader.fieldnames or [])
+            old = [r for r in reader if r.get("step", "") == "" or int(float(r["step"])) <= resume_from]
+    # flush at every logging call: a killed run keeps its history up to its last checkpoint
+    logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
+    with warnings.catch_warnings():  # the run folder already holds result.json: nothing of ours is deleted
+        warnings.filterwarnings("ignore", message="Experiment logs directory")
+        writer = logger.experiment
+    if old:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(old)
+        writer.metrics_keys = keys
+    return logger
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, resume_from: int | None = None):
     if cfg.logger.name == "csv":
-        return CSVLogger(save_dir=str(run_dir), name="", version="")
+        return csv_logger(run_dir, resume_from)
     if cfg.logger.name == "wandb":
         os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
         from lightning.pytorch.loggers import WandbLogger

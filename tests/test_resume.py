@@ -1,6 +1,7 @@
 """Resume: a real ``python -m lra.train`` subprocess killed mid-training and restarted with the same
 command ends with the record of an uninterrupted run of the same seed (same steps, same metrics)."""
 
+import csv
 import json
 import os
 import signal
@@ -34,6 +35,12 @@ def _cmd():
 
 def _record(tmp_path, runs):
     return json.loads(next((tmp_path / runs).rglob("result.json")).read_text())
+
+
+def _val_history(tmp_path, runs):
+    """(step, val/acc) rows of the run's metrics.csv: the curve the collector plots."""
+    with open(next((tmp_path / runs).rglob("metrics.csv")), newline="") as f:
+        return [(int(float(r["step"])), round(float(r["val/acc"]), 6)) for r in csv.DictReader(f) if r.get("val/acc")]
 
 
 def _run(tmp_path, runs):
@@ -95,7 +102,7 @@ def _compare(resumed, reference):
 
 def test_sigkill_mid_training_then_restart_matches_uninterrupted(tmp_path):
     ref = _start_reference(tmp_path)
-    step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=4)
+    step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=9)  # after the first evaluation
     reference = _reference(tmp_path, ref)
     assert rc == -signal.SIGKILL, out[-2000:]
     killed = _record(tmp_path, "runs")
@@ -108,6 +115,8 @@ def test_sigkill_mid_training_then_restart_matches_uninterrupted(tmp_path):
     assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] >= step
     _compare(resumed, reference)
     assert not list((tmp_path / "runs").rglob("last.ckpt"))  # removed once the run finished
+    # the validation history survives the restart: same evaluations as the uninterrupted run, none twice
+    assert _val_history(tmp_path, "runs") == _val_history(tmp_path, "ref")
 
 
 @pytest.mark.slow
