@@ -9,10 +9,10 @@ grid ?= quick
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup lra test test-all data tables sweep bench approx fit clean help
+.PHONY: setup lra test test-slow test-all data tables sweep bench approx fit clean help
 
 help:
-	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-all | data task=<t>"
+	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | data task=<t>"
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | bench | approx"
 
 # CPU torch is pinned (torch==2.13.0 in pyproject); pip takes the local CPU wheel where one is
@@ -30,6 +30,9 @@ lra: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow $(ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
