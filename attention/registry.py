@@ -74,14 +74,20 @@ class _Entry:
     cls: type
     defaults: dict = field(default_factory=dict)
     doc: str = ""
+    capabilities: Capabilities | None = None  # a variant's own, where its defaults change them
 
 
 _REGISTRY: dict[str, _Entry] = {}
 _LOADED = False
 
 
-def register(name: str, *, defaults: dict | None = None, doc: str = "") -> Callable[[type], type]:
-    """Class decorator: ``@register("skeinformer")``; stack several for variants with other defaults."""
+def register(name: str, *, defaults: dict | None = None, doc: str = "",
+             capabilities: Capabilities | None = None) -> Callable[[type], type]:
+    """Class decorator: ``@register("skeinformer")``; stack several for variants with other defaults.
+
+    ``capabilities`` overrides the class's declaration for this name (e.g. an ablation whose
+    defaults change its complexity).
+    """
 
     def deco(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
@@ -92,7 +98,8 @@ def register(name: str, *, defaults: dict | None = None, doc: str = "") -> Calla
         unknown = set(defaults or {}) - fields
         if unknown:
             raise ValueError(f"defaults {sorted(unknown)} of {name!r} are not options of {cls.__name__}")
-        _REGISTRY[name] = _Entry(name, cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().split("\n")[0])
+        _REGISTRY[name] = _Entry(name, cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().split("\n")[0],
+                                 capabilities)
         return cls
 
     return deco
@@ -166,12 +173,13 @@ def describe(name: str) -> dict:
         "module": e.cls.__module__,
         "doc": e.doc,
         "options": option_defaults(name),
-        **dataclasses.asdict(e.cls.capabilities),
+        **dataclasses.asdict(capabilities(name)),
     }
 
 
 def capabilities(name: str) -> Capabilities:
-    return _entry(name).cls.capabilities
+    e = _entry(name)
+    return e.capabilities or e.cls.capabilities
 
 
 # ---------------------------------------------------------------- option validation helpers

@@ -135,7 +135,9 @@ def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 @register("skeinformer_uniform", defaults={"column_sampling": "uniform", "pilot_reuse": False},
           doc="Skeinformer ablation: uniform column sampling (no pilot)")
 @register("skeinformer_no_rownorm", defaults={"row_norm": "exact"},
-          doc="Skeinformer ablation: no row normalisation (sketch D⁻¹ASSᵀV with the exact D, O(n²))")
+          doc="Skeinformer ablation: no row normalisation (sketch D⁻¹ASSᵀV with the exact D, O(n²))",
+          capabilities=Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n^2)",
+                                    notes="the exact row sums D cost O(n^2), as the paper's row"))
 @register("skeinformer_simple_rownorm", defaults={"row_norm": "simple"},
           doc="Skeinformer ablation: simple row normalisation (softmax over the sampled columns)")
 @register("skeinformer_no_pilot", defaults={"pilot_reuse": False},

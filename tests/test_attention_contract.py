@@ -6,6 +6,7 @@ tests/attention/test_<family>.py; this file checks what every backend owes the m
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention
 from attention.registry import Capabilities
@@ -144,3 +145,45 @@ def test_every_registered_name_has_an_attn_config(root):
         path = root / "conf" / "attn" / f"{name}.yaml"
         assert path.exists(), f"missing {path}"
         assert f"name: {name}" in path.read_text()
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any op produces (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def largest_tensor(name: str, n: int, d: int = 16) -> int:
+    torch.manual_seed(0)
+    m = attention.build(name, num_heads=1, head_dim=d, max_len=n)
+    q, k, v = (torch.randn(1, 1, n, d, requires_grad=True) for _ in range(3))
+    with LargestTensor() as probe:
+        m(q, k, v, torch.ones(1, n, dtype=torch.bool)).sum().backward()
+    return probe.largest
+
+
+SUBQUADRATIC = [n for n in NAMES if "n^2" not in attention.capabilities(n).complexity]
+
+
+@pytest.mark.parametrize("name", SUBQUADRATIC)
+def test_subquadratic_backends_do_not_grow_quadratically(name):
+    """What a backend declares below O(n^2) keeps its largest tensor, forward and backward, growing
+    about linearly with n: doubling n at most ~2.2x (n log n included), where an n x n tensor grows 4x.
+    (The benchmark measures the totals.)"""
+    small, large = largest_tensor(name, 2048), largest_tensor(name, 4096)
+    assert large <= 2.5 * small, f"{name}: largest tensor grew {large / small:.2f}x when n doubled"
+
+
+def test_largest_tensor_probe_sees_quadratic_backends():
+    """The check above can fail: declared O(n^2) backends grow 4x."""
+    for name in ("polynomial", "kernelized", "skeinformer_no_rownorm"):
+        assert largest_tensor(name, 2048) >= 3.5 * largest_tensor(name, 1024), name

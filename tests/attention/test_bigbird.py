@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention
+from tests.test_attention_contract import LargestTensor
 from tests.test_attention_contract import qkv
 
 H, D = 2, 16
@@ -126,19 +126,6 @@ def test_random_blocks_cover_all_candidates_over_draws():
     cand = [j for j in range(1, 39) if abs(j - 5) > 1]
     freq = counts[cand] / 400
     assert (freq - 3 / len(cand)).abs().max() < 0.06
-
-
-class LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_memory_linear_in_n():

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention
+from tests.test_attention_contract import LargestTensor
 from attention.longformer import longformer_pattern
 from tests.test_attention_contract import qkv
 
@@ -74,19 +74,6 @@ def test_global_token_sees_everything_and_window_limits_the_rest():
     diff = (m(q, k, v2) - out).abs().amax(dim=(0, 1, 3))
     changed = set((diff > 0).nonzero().flatten().tolist())
     assert changed == {0, *range(56, 65)}
-
-
-class LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_memory_linear_in_n():

@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention
+from tests.test_attention_contract import LargestTensor
 from tests.test_attention_contract import masks, qkv
 
 H, D = 2, 16
@@ -131,19 +131,6 @@ def test_per_call_redraw_and_fixed():
     torch.manual_seed(2)
     assert torch.equal(f.eval()(q, k, v), a)
     assert "hash_seed" in f.state_dict()
-
-
-class LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_memory_linear_in_n():
