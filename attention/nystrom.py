@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attention._linalg import hyperpower_iterations
 from attention.registry import AttentionBackend, Capabilities, InvalidOption, check_range, full_mask, register
 from attention.softmax import key_mask
 
@@ -77,11 +78,7 @@ def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
     norm1 = a.abs().sum(dim=-2).amax(dim=-1)  # max column sum, per matrix
     norm_inf = a.abs().sum(dim=-1).amax(dim=-1)  # max row sum, per matrix
     z = a.transpose(-1, -2) / (norm1 * norm_inf).clamp_min(torch.finfo(a.dtype).tiny)[..., None, None]
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    for _ in range(iterations):
-        az = a @ z
-        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
-    return z
+    return hyperpower_iterations(a, z, iterations)
 
 
 @register("nystrom")

@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attention._linalg import hyperpower_iterations
 from attention.registry import AttentionBackend, Capabilities, check_choice, check_range, full_mask, register
 from attention.softmax import key_mask
 
@@ -146,15 +147,11 @@ def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: boo
 
 def newton_schulz_inverse(a: torch.Tensor, iters: int, init: str = "identity") -> torch.Tensor:
     """Razavi et al. hyper-power iteration for A⁻¹ (..., m, m), initialised per matrix."""
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     if init == "colsum":
         z = a.transpose(-1, -2) / a.abs().sum(-2).amax(-1)[..., None, None]
     else:
-        z = eye.expand_as(a)
-    for _ in range(iters):
-        az = a @ z
-        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
-    return z
+        z = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
+    return hyperpower_iterations(a, z, iters)
 
 
 @register("skyformer")
