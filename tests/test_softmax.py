@@ -1,25 +1,12 @@
 """softmax and none against an exact float64 reference, with padding at the end and in the middle."""
 
-import math
 
 import pytest
 import torch
 
 import attention
+from tests.oracles import dense_softmax
 from tests.test_attention_contract import masks, qkv
-
-
-def reference_softmax(q, k, v, mask):
-    """Written independently: per sample, per head, a dense float64 loop over real keys."""
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        real = mask[b].nonzero().flatten()
-        for h in range(q.shape[1]):
-            s = q[b, h] @ k[b, h, real].T / math.sqrt(q.shape[-1])
-            w = torch.exp(s - s.max(dim=1, keepdim=True).values)
-            out[b, h] = (w / w.sum(1, keepdim=True)) @ v[b, h, real]
-    return out
 
 
 @pytest.mark.parametrize("impl", ["fused", "materialized"])
@@ -29,7 +16,7 @@ def test_softmax_matches_float64(impl, where):
     q, k, v = qkv()
     mask = masks()[where]
     out = m(q, k, v, mask)
-    ref = reference_softmax(q, k, v, mask)
+    ref = dense_softmax(q, k, v, mask)
     real = mask[:, None, :, None].expand_as(out)
     torch.testing.assert_close(out.double()[real], ref[real], atol=2e-5, rtol=1e-4)
 
@@ -40,7 +27,7 @@ def test_softmax_float64_input_is_exact():
     mask = masks()["middle"]
     out = m(q, k, v, mask)
     real = mask[:, None, :, None].expand_as(out)
-    torch.testing.assert_close(out[real], reference_softmax(q, k, v, mask)[real], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out[real], dense_softmax(q, k, v, mask)[real], atol=1e-12, rtol=1e-10)
 
 
 def test_softmax_dropout_only_in_training():

@@ -1,29 +1,16 @@
 """bigbird against dense float64 softmax under the same block pattern; pattern rules; randomness policy;
 memory linear in n."""
 
-import math
 
 import pytest
 import torch
 
 import attention
+from tests.oracles import dense_softmax
 from tests.test_attention_contract import LargestTensor
 from tests.test_attention_contract import qkv
 
 H, D = 2, 16
-
-
-def reference_masked_softmax(q, k, v, mask, allowed):
-    """Dense float64 loops: row i of head h is softmax(q_i·k_j/√d) over real j with allowed[h, i, j]."""
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                keys = (allowed[h, i] & mask[b]).nonzero().flatten()
-                s = k[b, h, keys] @ q[b, h, i] / math.sqrt(q.shape[-1])
-                out[b, h, i] = torch.softmax(s, 0) @ v[b, h, keys]
-    return out
 
 
 def some_masks(n):
@@ -68,7 +55,7 @@ def test_bigbird_matches_masked_softmax(redraw, where, n, block, window_blocks, 
     out = m(q, k, v, mask)
     blk = torch.arange(n) // block
     assert torch.equal(allowed, layout[:, blk][:, :, blk])
-    ref = reference_masked_softmax(q, k, v, mask, allowed)
+    ref = dense_softmax(q, k, v, mask, allowed)
     real = mask[:, None, :, None].expand_as(q)
     torch.testing.assert_close(out.double()[real], ref[real], atol=2e-5, rtol=1e-4)
     torch.manual_seed(4)
@@ -82,7 +69,7 @@ def test_bigbird_defaults_match_masked_softmax():
     q, k, v = qkv(n=n)
     mask = some_masks(n)["middle"]
     check_layout_rules(m.block_layout(n), 3, 3)
-    ref = reference_masked_softmax(q, k, v, mask, m.pattern(n))
+    ref = dense_softmax(q, k, v, mask, m.pattern(n))
     real = mask[:, None, :, None].expand_as(q)
     torch.testing.assert_close(m(q, k, v, mask).double()[real], ref[real], atol=2e-5, rtol=1e-4)
 

@@ -7,27 +7,11 @@ import pytest
 import torch
 
 import attention
+from tests.oracles import dense_softmax, padding_shift, rand_qkv, structured_qkv
 from attention import informer as inf
 
 NAMES = ["informer", "informer_mask"]
 B, H, P = 2, 2, 8
-
-
-def rand_qkv(n, seed, scale=1.0, b=B, h=H, p=P):
-    g = torch.Generator().manual_seed(seed)
-    return [scale * torch.randn(b, h, n, p, generator=g, dtype=torch.float64) for _ in range(3)]
-
-
-def structured_qkv(n, seed, b=2, h=2, p=32, dim=64, clusters=8):
-    """Clustered tokens with correlated W_q, W_k: peaked, non-uniform attention like a trained layer."""
-    g = torch.Generator().manual_seed(seed)
-    centers = 1.5 * torch.randn(clusters, dim, generator=g)
-    x = centers[torch.randint(clusters, (b, n), generator=g)] + torch.randn(b, n, dim, generator=g)
-    x = x / x.norm(dim=-1, keepdim=True) * math.sqrt(dim)
-    wq = torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
-    wk = wq + 0.5 * torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
-    wv = torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
-    return [torch.einsum("bnd,hdp->bhnp", x, w).double() for w in (wq, wk, wv)]
 
 
 def pad_masks(n):
@@ -73,11 +57,6 @@ def ref_informer(q, k, v, mask, idx, u, mask_aware):
                 else:
                     out[b, h, i] = mean_v
     return out
-
-
-def ref_softmax(q, k, v, mask):
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    return s.masked_fill(~mask[:, None, None, :], float("-inf")).softmax(-1) @ v
 
 
 def build(name, max_len, **opts):
@@ -143,11 +122,11 @@ def test_exact_when_budget_covers_n():
     mask = pad_masks(n)["middle"]
     keep = mask[:, None, :, None].expand_as(q)
     out = build("informer_mask", n, num_features=256)(q, k, v, mask)
-    torch.testing.assert_close(out[keep], ref_softmax(q, k, v, mask)[keep], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out[keep], dense_softmax(q, k, v, mask)[keep], atol=1e-12, rtol=1e-10)
     out = build("informer", n, num_features=256)(q, k, v, mask)
     everything = torch.ones_like(mask)
-    torch.testing.assert_close(out, ref_softmax(q, k, v, everything), atol=1e-12, rtol=1e-10)
-    assert (out[keep] - ref_softmax(q, k, v, mask)[keep]).abs().max() > 1e-3  # it did see the padding
+    torch.testing.assert_close(out, dense_softmax(q, k, v, everything), atol=1e-12, rtol=1e-10)
+    assert (out[keep] - dense_softmax(q, k, v, mask)[keep]).abs().max() > 1e-3  # it did see the padding
 
 
 def test_informer_ignores_mask():
@@ -171,15 +150,7 @@ def test_informer_mask_padding_invariance_small_budget(where):
     q, k, v = (t.float() for t in rand_qkv(n, 5))
     mask = pad_masks(n)[where]
     m = build("informer_mask", n, num_features=8)
-    torch.manual_seed(1)
-    out1 = m(q, k, v, mask)
-    pad = ~mask[:, None, :, None]
-    g = torch.Generator().manual_seed(2)
-    q2, k2, v2 = (torch.where(pad, 30 * torch.randn(t.shape, generator=g), t) for t in (q, k, v))
-    torch.manual_seed(1)
-    out2 = m(q2, k2, v2, mask)
-    keep = mask[:, None, :, None].expand_as(out1)
-    assert (out1 - out2)[keep].abs().max() < 1e-5
+    assert padding_shift(m, q, k, v, mask, scale=30.0, call_seed=1, noise_seed=2) < 1e-5
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -6,14 +6,10 @@ import pytest
 import torch
 
 import attention
+from tests.oracles import dense_softmax, padding_shift, rand_qkv
 
 B, H, P = 2, 2, 8
 SHARING = ["none", "headwise", "kv", "layerwise"]
-
-
-def rand_qkv(n, seed, scale=1.0, b=B, h=H, p=P):
-    g = torch.Generator().manual_seed(seed)
-    return [scale * torch.randn(b, h, n, p, generator=g, dtype=torch.float64) for _ in range(3)]
 
 
 def pad_masks(n):
@@ -27,19 +23,6 @@ def pad_masks(n):
     end = torch.ones(B, n, dtype=torch.bool)
     end[0, n - 17:] = False
     return {"middle": middle, "start": start, "end": end}
-
-
-def ref_softmax(q, k, v, mask):
-    """Dense loop over real keys."""
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        real = mask[b].nonzero().flatten()
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                s = torch.stack([q[b, h, i] @ k[b, h, j] for j in real]) / math.sqrt(q.shape[-1])
-                w = torch.exp(s - s.max())
-                out[b, h, i] = sum(w[t] * v[b, h, j] for t, j in enumerate(real)) / w.sum()
-    return out
 
 
 def ref_linformer(q, k, v, mask, e, f):
@@ -136,7 +119,7 @@ def test_jlt_exact_when_sketch_is_orthogonal(where):
     mask = pad_masks(n)[where]
     out = m(q, k, v, mask)
     keep = mask[:, None, :, None].expand_as(out)
-    torch.testing.assert_close(out[keep], ref_softmax(q, k, v, mask)[keep], atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(out[keep], dense_softmax(q, k, v, mask)[keep], atol=1e-10, rtol=1e-9)
 
 
 def test_jlt_matches_dense_formula_with_given_sketch():
@@ -146,7 +129,7 @@ def test_jlt_matches_dense_formula_with_given_sketch():
     q, k, v = rand_qkv(n, 5)
     mask = pad_masks(n)["middle"]
     out = m(q, k, v, mask)
-    soft = ref_softmax(q, k, v, mask)  # only used through its attention weights below
+    soft = dense_softmax(q, k, v, mask)  # only used through its attention weights below
     ref = torch.zeros_like(q)
     for b in range(B):
         real = [j for j in range(n) if mask[b, j]]
@@ -184,7 +167,7 @@ def test_jlt_unbiased():
     m = build("linformer_jlt", n, k=4)
     q, k, v = rand_qkv(n, 20, scale=1.5)
     mask = pad_masks(n)["middle"]
-    ref = ref_softmax(q, k, v, mask)
+    ref = dense_softmax(q, k, v, mask)
     keep = mask[:, None, :, None].expand_as(ref)
     torch.manual_seed(0)
     draws = torch.stack([m(q, k, v, mask) for _ in range(400)])
@@ -215,15 +198,7 @@ def test_padding_at_start_invariance(name, opts):
     m = build(name, n, **opts).float()
     q, k, v = (t.float() for t in rand_qkv(n, 22))
     mask = pad_masks(n)["start"]
-    torch.manual_seed(1)
-    out1 = m(q, k, v, mask)
-    pad = ~mask[:, None, :, None]
-    g = torch.Generator().manual_seed(2)
-    q2, k2, v2 = (torch.where(pad, 10 * torch.randn(t.shape, generator=g), t) for t in (q, k, v))
-    torch.manual_seed(1)
-    out2 = m(q2, k2, v2, mask)
-    keep = mask[:, None, :, None].expand_as(out1)
-    assert (out1 - out2)[keep].abs().max() < 1e-5
+    assert padding_shift(m, q, k, v, mask, scale=10.0, call_seed=1, noise_seed=2) < 1e-5
 
 
 @pytest.mark.parametrize("bad", [{"k": 0}, {"k": "big"}, {"redraw": "step"}])

@@ -1,11 +1,11 @@
 """longformer against dense float64 softmax under the same band+global mask; memory linear in n."""
 
-import math
 
 import pytest
 import torch
 
 import attention
+from tests.oracles import dense_softmax
 from tests.test_attention_contract import LargestTensor
 from attention.longformer import longformer_pattern
 from tests.test_attention_contract import qkv
@@ -20,21 +20,6 @@ def reference_pattern(n, window, num_global):
         for j in range(n):
             allowed[i, j] = abs(i - j) <= window // 2 or i < num_global or j < num_global
     return allowed
-
-
-def reference_masked_softmax(q, k, v, mask, allowed):
-    """Dense float64 loops: row i is softmax(q_i·k_j/√d) over real j with allowed[i, j]."""
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                keys = (allowed[i] & mask[b]).nonzero().flatten()
-                if len(keys) == 0:
-                    continue
-                s = k[b, h, keys] @ q[b, h, i] / math.sqrt(q.shape[-1])
-                out[b, h, i] = torch.softmax(s, 0) @ v[b, h, keys]
-    return out
 
 
 def some_masks(n):
@@ -56,7 +41,7 @@ def test_longformer_matches_masked_softmax(where, n, window, num_global):
     m = attention.build("longformer", num_heads=H, head_dim=D, max_len=n, window=window, num_global=num_global)
     q, k, v = qkv(n=n)
     mask = some_masks(n)[where]
-    ref = reference_masked_softmax(q, k, v, mask, reference_pattern(n, window, num_global))
+    ref = dense_softmax(q, k, v, mask, reference_pattern(n, window, num_global))
     real = mask[:, None, :, None].expand_as(q)
     out = m(q, k, v, mask)
     torch.testing.assert_close(out.double()[real], ref[real], atol=2e-5, rtol=1e-4)

@@ -10,28 +10,12 @@ import pytest
 import torch
 
 import attention
+from tests.oracles import dense_softmax, rand_qkv, structured_qkv
 from attention import skeinformer as sk
 
 SKEIN = ["skeinformer", "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
          "skeinformer_no_pilot"]
 B, H, P = 2, 2, 8
-
-
-def rand_qkv(n, seed, b=B, h=H, p=P, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return [scale * torch.randn(b, h, n, p, generator=g, dtype=torch.float64) for _ in range(3)]
-
-
-def structured_qkv(n, seed, b=2, h=2, p=32, dim=64, clusters=8):
-    """Clustered tokens with correlated W_q, W_k: peaked, non-uniform attention like a trained layer."""
-    g = torch.Generator().manual_seed(seed)
-    centers = 1.5 * torch.randn(clusters, dim, generator=g)
-    x = centers[torch.randint(clusters, (b, n), generator=g)] + torch.randn(b, n, dim, generator=g)
-    x = x / x.norm(dim=-1, keepdim=True) * math.sqrt(dim)
-    wq = torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
-    wk = wq + 0.5 * torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
-    wv = torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
-    return [torch.einsum("bnd,hdp->bhnp", x, w).double() for w in (wq, wk, wv)]
 
 
 def pad_masks(n):
@@ -50,18 +34,6 @@ def pad_masks(n):
 
 
 # ---------------------------------------------------------------- float64 references (dense loops)
-def ref_softmax(q, k, v, mask):
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        real = mask[b].nonzero().flatten()
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                s = torch.stack([q[b, h, i] @ k[b, h, j] for j in real]) / math.sqrt(q.shape[-1])
-                w = torch.exp(s - s.max())
-                out[b, h, i] = sum(w[t] * v[b, h, j] for t, j in enumerate(real)) / w.sum()
-    return out
-
-
 def ref_vmean(v, mask):
     out = torch.zeros_like(v)
     for b in range(v.shape[0]):
@@ -76,7 +48,7 @@ def ref_vmean(v, mask):
 def ref_skein(q, k, v, mask, pilots, cols, row_norm, pilot_reuse, incl=None):
     """Eq. (6) (or the simple / exact-D forms) row by row, given pilot rows and sampled columns per (b, h)."""
     p = q.shape[-1]
-    exact = ref_softmax(q, k, v, mask)
+    exact = dense_softmax(q, k, v, mask)
     out = torch.zeros_like(q)
     for b in range(q.shape[0]):
         real = [j for j in range(q.shape[2]) if mask[b, j]]
@@ -201,7 +173,7 @@ def test_duplicate_pilot_rows_reused_once(monkeypatch):
     pilots, cols = draw_real(mask, d, 8, dup=True), draw_real(mask, d, 9)
     inject(monkeypatch, pilots, cols)
     out = build("skeinformer", n, num_features=d, pilot_sampling="with_replacement")(q, k, v, mask)
-    exact = ref_softmax(q, k, v.detach(), mask)
+    exact = dense_softmax(q, k, v.detach(), mask)
     i = pilots[0][0][0]
     torch.testing.assert_close(out[0, 0, i], exact[0, 0, i], atol=1e-12, rtol=1e-10)
     out[0, 0, i].sum().backward()
@@ -249,7 +221,7 @@ def test_exact_when_budget_covers_all_real_tokens(name, pilot_sampling):
     n = 40
     q, k, v = rand_qkv(n, 11, scale=1.5)
     mask = pad_masks(n)["middle"]
-    ref = ref_softmax(q, k, v, mask)
+    ref = dense_softmax(q, k, v, mask)
     keep = mask[:, None, :, None].expand_as(ref)
     for nf in (n, 256):
         torch.manual_seed(0)
@@ -266,7 +238,7 @@ def test_per_sample_budget(name):
     mask[0, 5:45] = False  # 24 real tokens, padding in the middle
     torch.manual_seed(0)
     out = build(name, n, num_features=24)(q, k, v, mask)
-    ref = ref_softmax(q, k, v, mask)
+    ref = dense_softmax(q, k, v, mask)
     real0 = mask[0].nonzero().flatten()
     torch.testing.assert_close(out[0][:, real0], ref[0][:, real0], atol=1e-12, rtol=1e-10)
     assert (out[1] - ref[1]).abs().max() > 1e-3

@@ -1,0 +1,57 @@
+"""Float64 oracles and input makers shared by the attention tests, written independently of the
+backends (dense loops over real keys; nothing vectorised the way the implementations are)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rand_qkv(n, seed, b=2, h=2, p=8, scale=1.0):
+    """Gaussian q, k, v (b, h, n, p) in float64."""
+    g = torch.Generator().manual_seed(seed)
+    return [scale * torch.randn(b, h, n, p, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def structured_qkv(n, seed, b=2, h=2, p=32, dim=64, clusters=8):
+    """Clustered tokens with correlated W_q, W_k: peaked, non-uniform attention like a trained layer."""
+    g = torch.Generator().manual_seed(seed)
+    centers = 1.5 * torch.randn(clusters, dim, generator=g)
+    x = centers[torch.randint(clusters, (b, n), generator=g)] + torch.randn(b, n, dim, generator=g)
+    x = x / x.norm(dim=-1, keepdim=True) * math.sqrt(dim)
+    wq = torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
+    wk = wq + 0.5 * torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
+    wv = torch.randn(h, dim, p, generator=g) / math.sqrt(dim)
+    return [torch.einsum("bnd,hdp->bhnp", x, w).double() for w in (wq, wk, wv)]
+
+
+def dense_softmax(q, k, v, mask, allowed=None):
+    """Row i of head h: softmax(q_i·k_j/√d) over the real keys j (and, if given, ``allowed[i, j]`` or
+    ``allowed[h, i, j]``). A row with no such key is 0. Float64 dense loops."""
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            for i in range(q.shape[2]):
+                keep = mask[b]
+                if allowed is not None:
+                    keep = keep & (allowed[i] if allowed.dim() == 2 else allowed[h, i])
+                keys = keep.nonzero().flatten()
+                if len(keys):
+                    s = k[b, h, keys] @ q[b, h, i] / math.sqrt(q.shape[-1])
+                    out[b, h, i] = torch.softmax(s, 0) @ v[b, h, keys]
+    return out
+
+
+def padding_shift(module, q, k, v, mask, *, scale=10.0, call_seed=1, noise_seed=2):
+    """Largest change of the output at real positions when the padded positions of q, k, v are
+    replaced by noise of ``scale`` (same torch seed for both calls, so sampling is identical)."""
+    torch.manual_seed(call_seed)
+    out1 = module(q, k, v, mask)
+    pad = ~mask[:, None, :, None]
+    g = torch.Generator().manual_seed(noise_seed)
+    q2, k2, v2 = (torch.where(pad, scale * torch.randn(t.shape, generator=g), t) for t in (q, k, v))
+    torch.manual_seed(call_seed)
+    out2 = module(q2, k2, v2, mask)
+    return (out1 - out2)[mask[:, None, :, None].expand_as(out1)].abs().max()
