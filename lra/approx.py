@@ -41,7 +41,6 @@ atomically (temporary file + os.replace).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import math
@@ -61,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attention
-from lra.record import write_atomic
+from lra.files import write_atomic, write_csv, write_text
 
 log = logging.getLogger("lra.approx")
 
@@ -672,21 +671,6 @@ def _stats(cell: Cell) -> dict:
 COLUMNS = ["method", "reference", "source", "n", "budget", "budget_option", "option_value", "trials", "draws", "mean",
            "median", "stderr", "std", "min", "max", "sec_per_call", "failures", "error_message"]
 TRIAL_COLUMNS = ["method", "reference", "source", "n", "budget", "draw", "head", "rel_error"]
-
-
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    def w(tmp):
-        with open(tmp, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-            wr.writeheader()
-            for r in rows:
-                wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-
-    write_atomic(path, w)
-
-
-def write_text(path: Path, text: str) -> None:
-    write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 # Plot panels: the sketching family of the Skeinformer figure, then everything else.

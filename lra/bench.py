@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
-import io
 import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import weakref
@@ -45,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from lra.record import write_atomic
+from lra.files import git_commit, write_atomic, write_csv
 
 import attention
 from lra import REPO_ROOT
@@ -552,15 +550,6 @@ def growth(results: list[dict], ref_n: int = 1024) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- outputs
-def write_csv(results: list[dict], path: Path) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in results:
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    write_atomic(path, lambda p: p.write_text(buf.getvalue()))
-
-
 def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -721,14 +710,6 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
 # ----------------------------------------------------------------------------- command line
 def _parse_overrides(items: list[str]) -> dict:
     import ast
@@ -829,7 +810,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     meta = {
         "date": start, "device": cfg.device, "device_name": device_name(cfg.device), "threads": cfg.threads,
-        "git": _git_commit(), "batch": cfg.batch, "heads": cfg.heads, "head_dim": cfg.head_dim,
+        "git": git_commit(short=True) or "?", "batch": cfg.batch, "heads": cfg.heads, "head_dim": cfg.head_dim,
         "dtype": str(cfg.dtype).replace("torch.", ""), "mask": "all-real bool" if cfg.mask else "none",
         "repeats": cfg.repeats, "time_budget_s": cfg.time_budget_s,
         "baseline_budget_factor": cfg.baseline_budget_factor, "mem_budget_gib": cfg.mem_budget_bytes / GIB,
@@ -842,10 +823,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
           flush=True)
     t0 = time.perf_counter()
     csv_path = out / "bench.csv"
-    results = run(cfg, rows, log=lambda s: print(s, flush=True), on_point=lambda res: write_csv(res, csv_path))
+    results = run(cfg, rows, log=lambda s: print(s, flush=True), on_point=lambda res: write_csv(csv_path, res, CSV_COLUMNS))
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     meta["load"] = f"{load0:.2f} / {load1:.2f}"
-    write_csv(results, csv_path)
+    write_csv(csv_path, results, CSV_COLUMNS)
     md = render_markdown(results, meta)
     write_atomic(out / "bench.md", lambda p: p.write_text(md))
     plot(results, out / "bench.png")

@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lra.collect.render import safe_name
-from lra.record import write_atomic
+from lra.files import write_atomic
 
 PNG_META = {"Software": "lra.collect (matplotlib)"}
 PDF_META = {"Creator": "lra.collect", "Producer": "matplotlib", "CreationDate": None, "ModDate": None}

@@ -52,7 +52,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lra import CONF_DIR, REPO_ROOT
 from lra.config import register_resolvers
-from lra.record import read_record, write_json_atomic
+from lra.files import write_json
+from lra.record import read_record
 
 log = logging.getLogger("lra.sweep")
 register_resolvers()
@@ -246,7 +247,7 @@ def run_job(cfg: DictConfig) -> float | None:
                     slurm_job=_slurm_job_id(), started=_now(), t_start=time.time(), finished=None, t_end=None,
                     returncode=None,
                     overrides=overrides, override_dirname=name)
-        write_json_atomic(marker, info)
+        write_json(marker, info)
     env = dict(os.environ)
     _assign_gpus(env, int(hc.job.get("num") or 0), cfg)
     cmd = [sys.executable, "-m", "lra.train", *overrides, f"hydra.run.dir={_quote(run_dir)}"]
@@ -267,7 +268,7 @@ def run_job(cfg: DictConfig) -> float | None:
     finally:
         if rank0:
             info.update(finished=_now(), t_end=time.time(), returncode=proc.poll())
-            write_json_atomic(marker, info)
+            write_json(marker, info)
     rec = read_record(run_dir) or {}
     if rc != 0 or rec.get("status") not in FINISHED:
         raise RuntimeError(f"lra.train exited {rc}, status {rec.get('status')!r}: {rec.get('reason')} "
@@ -390,7 +391,7 @@ def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path) -> None:
     if head.get("invocation"):
         body["invocations"] = body["invocations"] + [head["invocation"]]
         del body["invocation"]
-    write_json_atomic(path, body)
+    write_json(path, body)
 
 
 @contextlib.contextmanager
@@ -404,7 +405,7 @@ def sweep_lock(folder: Path):
     if info and info.get("host") != socket.gethostname():
         log.warning("%s was last driven from %s; make sure that driver is gone", folder, info.get("host"))
     folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(lock, {"host": socket.gethostname(), "pid": os.getpid(), "started": _now()})
+    write_json(lock, {"host": socket.gethostname(), "pid": os.getpid(), "started": _now()})
     try:
         yield
     finally:
@@ -675,7 +676,7 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             with contextlib.suppress(ValueError):
                 best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
             old = _read_json(manifest) or {}
-            write_json_atomic(manifest, {
+            write_json(manifest, {
                 "schema_version": MANIFEST_VERSION, "created": old.get("created", _now()), "updated": _now(),
                 "grid": grid.name, "kind": "search", "study": name, "storage": storage, "runs_root": str(root),
                 "n_trials_target": target, "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),

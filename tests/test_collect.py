@@ -14,7 +14,8 @@ import pytest
 
 from lra.collect import collect, main
 from lra.collect.records import load_runs
-from lra.collect.render import to_latex, to_markdown, write_atomic, write_text
+from lra.collect.render import to_latex, to_markdown
+from lra.files import write_atomic, write_text
 from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results
 
 SPEC = {s.key: s for s in TABLES}

@@ -19,7 +19,7 @@ from typing import Callable
 import pandas as pd
 
 from lra.collect.tables import METRICS, PAPERS, Built, Cell
-from lra.record import write_atomic
+from lra.files import write_text
 
 MISSING = "--"
 
@@ -27,10 +27,6 @@ MISSING = "--"
 def safe_name(name: str) -> str:
     """A preset or task name as one folder/file-name component (no separators, no leading dot)."""
     return re.sub(r"[^A-Za-z0-9_.=+,-]", "_", str(name)).lstrip(".") or "_"
-
-
-def write_text(path: Path, text: str) -> Path:
-    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline="\n"))
 
 
 def num(x, decimals: int = 6) -> str:

@@ -1,0 +1,95 @@
+"""How the harness writes files, and which code wrote them.
+
+Every output (run records, caches, tables, plots, benchmark and study files) is written through
+:func:`write_atomic`: a reader sees the old file or the new one, never half of one, and an
+interrupted write leaves no temporary file behind. :func:`git_commit` is the provenance stamp of
+records, benchmarks and studies.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+from lra import REPO_ROOT
+
+_UMASK = os.umask(0)  # read the process umask once (os.umask can only be read by setting it)
+os.umask(_UMASK)
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str, *, fsync: bool = False) -> Path:
+    """``text`` as UTF-8 with ``\\n`` line ends; ``fsync`` for files that must survive a power cut."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+
+    return write_atomic(path, write)
+
+
+def json_safe(x):
+    """NaN/inf become None (strict JSON); tensors and numpy scalars become Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 0) == 0:
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json(path: Path, obj) -> Path:
+    """Strict JSON, sorted keys; an unserialisable value fails before anything is written."""
+    text = json.dumps(json_safe(obj), indent=2, sort_keys=True, allow_nan=False)
+    return write_text(path, text, fsync=True)
+
+
+def write_csv(path: Path, rows: Iterable[dict], columns: list[str], *, float_format: str = ".6g") -> Path:
+    """``rows`` under ``columns`` (other keys ignored); floats as ``float_format`` so reruns are byte-stable."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (format(v, float_format) if isinstance(v, float) else v) for k, v in r.items()})
+    return write_text(path, buf.getvalue())
+
+
+def git_commit(short: bool = False) -> str | None:
+    """HEAD of the checkout the code runs from, ``-dirty`` when tracked files changed; None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
