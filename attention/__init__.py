@@ -24,11 +24,13 @@ from attention.registry import (
     full_mask,
     make_options,
     option_defaults,
+    option_info,
+    options_class,
     register,
 )
 
 __all__ = [
     "AttentionBackend", "Capabilities", "InvalidOption", "NoOptions", "available", "build",
     "capabilities", "check_choice", "check_range", "describe", "full_mask", "make_options",
-    "option_defaults", "register",
+    "option_defaults", "option_info", "options_class", "register",
 ]

@@ -16,9 +16,13 @@ defaults, e.g. the Skeinformer ablations). Every module in this package is impor
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
+import inspect
 import pkgutil
+import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -164,17 +168,70 @@ def build(name: str, *, num_heads: int, head_dim: int, max_len: int, **options) 
     return e.cls(num_heads=num_heads, head_dim=head_dim, max_len=max_len, options=opts)
 
 
-def describe(name: str) -> dict:
-    """Capabilities, option defaults and one-line doc of a backend (for tables and the tests)."""
+def options_class(name: str) -> type:
+    """The ``Options`` dataclass of backend ``name`` (the config tree generates its node from it)."""
+    return _entry(name).cls.Options
+
+
+class Description(dict):
+    """:func:`describe`'s answer: a dict for programs, a table when printed."""
+
+    def __str__(self) -> str:
+        lines = [f"{self['name']} ({self['module']}.{self['class']}): {self['doc']}",
+                 f"  complexity {self['complexity']}, target {self['target']}, exact {self['exact']}, "
+                 f"randomized {self['randomized']}, padding mask {self['padding_mask']}"]
+        for opt, info in self["option_info"].items():
+            lines.append(f"  {opt}: {info['type']} = {info['default']!r}  {info['range']}  {info['doc']}".rstrip())
+        return "\n".join(lines) if self["option_info"] else "\n".join(lines + ["  (no options)"])
+
+
+def describe(name: str) -> Description:
+    """Capabilities, options (type, default, allowed range, one-line meaning) and doc of a backend.
+
+    Example:
+        >>> print(attention.describe("skeinformer"))   # a table; describe(...)["options"] are the defaults
+    """
     e = _entry(name)
-    return {
+    defaults = option_defaults(name)
+    return Description({
         "name": name,
         "class": e.cls.__name__,
         "module": e.cls.__module__,
         "doc": e.doc,
-        "options": option_defaults(name),
+        "options": defaults,
+        "option_info": option_info(name),
         **dataclasses.asdict(capabilities(name)),
-    }
+    })
+
+
+def option_info(name: str) -> dict:
+    """Per option: its type, default, the range its checks allow, and the comment on its field."""
+    cls = options_class(name)
+    defaults = option_defaults(name)
+    hints = typing.get_type_hints(cls)
+    ranges: dict[str, str] = {}
+    token = _RANGES.set(ranges)
+    try:  # the checks in Options.__post_init__ say what they allow as they run on the defaults
+        cls(**defaults)
+    finally:
+        _RANGES.reset(token)
+    docs = _field_comments(cls)
+    return {f.name: {"type": _type_name(hints[f.name]), "default": defaults[f.name],
+                     "range": ranges.get(f.name, ""), "doc": docs.get(f.name, "")}
+            for f in dataclasses.fields(cls)}
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def _field_comments(cls: type) -> dict:
+    """``field: type = default  # meaning`` -> {field: meaning}; the comment is the one declaration."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):  # no source (e.g. a frozen install): no meanings, everything else stands
+        return {}
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]+=[^#\n]*#\s*(.+)$", src, re.M)}
 
 
 def capabilities(name: str) -> Capabilities:
@@ -183,8 +240,15 @@ def capabilities(name: str) -> Capabilities:
 
 
 # ---------------------------------------------------------------- option validation helpers
+_RANGES: contextvars.ContextVar = contextvars.ContextVar("attention_option_ranges", default=None)
+
+
 def check_range(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False) -> None:
     """Raise :class:`InvalidOption` unless ``lo <= value <= hi`` (open ends as requested)."""
+    lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+    span = f"{lb}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}{rb}"
+    if _RANGES.get() is not None:
+        _RANGES.get()[name] = ("integer " if integer else "") + span
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
         raise InvalidOption(f"option {name!r} must be an integer, got {value!r}")
     if not integer and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -192,13 +256,12 @@ def check_range(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=Fa
     bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
         hi is not None and (value >= hi if hi_open else value > hi))
     if bad:
-        lb = "(" if lo_open else "["
-        rb = ")" if hi_open else "]"
-        raise InvalidOption(f"option {name!r}={value!r} out of range {lb}{lo if lo is not None else '-inf'}, "
-                            f"{hi if hi is not None else 'inf'}{rb}")
+        raise InvalidOption(f"option {name!r}={value!r} out of range {span}")
 
 
 def check_choice(name: str, value, choices) -> None:
+    if _RANGES.get() is not None:
+        _RANGES.get()[name] = "one of " + "|".join(map(str, choices))
     if value not in choices:
         raise InvalidOption(f"option {name!r}={value!r} invalid; choose one of {list(choices)}")
 

@@ -1,17 +1,53 @@
-"""Config helpers shared by the entry points: our OmegaConf resolvers and composing ``conf/`` without a run.
+"""A run's configuration: compose ``conf/`` with Hydra, then resolve it ONCE into a frozen, typed
+:class:`RunSpec` that every consumer takes (the memory fit, the LightningModule, the loop, the record).
 
-``compose(["task=listops", "attn=skeinformer"])`` returns the same config ``python -m lra.train``
-would see, for tools that do not train (``lra.data``, ``lra.fit``) and for tests.
+    spec = resolve(compose(["task=listops", "attn=skeinformer", "experiment=quick"]))
+    spec.model.attn.options     # every option of the backend, preset and command line applied
+    spec.train.max_steps        # the preset's protocol for this task
+    spec.resume_key(...)        # what must match for a checkpoint to continue this run
+
+Resolving is also where every user value is checked, before any work starts: a bad value raises
+:class:`ConfigError` whose message is one line naming the key, the value and what is allowed.
+
+Attention options are structured configs: for every registered backend a config node ``attn/<name>``
+is generated from its ``Options`` dataclass (:func:`register_attention_configs`), so
+``attn.options.<option>=<value>`` works without ``+`` for every backend and is type-checked when the
+config is composed. Every option there starts unset (``???``); the value that runs is, lowest first:
+the backend's default < ``attn.base_options`` (a named variant such as ``conf/attn/softmax_nodrop.yaml``)
+< the preset's ``attn_options.<backend>`` < ``attn_options.<label>`` < ``protocol.<task>.attn_options.
+<backend|label>`` < ``attn.options.<option>`` set on the command line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+import attention
 from lra import CONF_DIR, REPO_ROOT
+from lra.data.base import data_root
+
+RESUME_KEY_VERSION = 2  # 2: typed run spec, data fingerprint, precision and devices in the key
+
+
+class ConfigError(ValueError):
+    """A user value that cannot run; the message is one line: key, value, what is allowed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolvers and composition
 
 
 def _tag(override_dirname: str = "") -> str:
@@ -29,10 +65,48 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("lra.tag", _tag, replace=True)
 
 
+def _config_type(tp):
+    """The OmegaConf-typable form of an ``Options`` field type (``int | None`` -> ``Optional[int]``)."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return Optional[rest[0]] if len(rest) == 1 and rest[0] in (int, float, str, bool) else Any
+    return tp if tp in (int, float, str, bool) else Any
+
+
+def attention_node(name: str) -> type:
+    """The structured config ``attn/<name>``: name, label, a variant's base options, and one typed,
+    initially unset field per option of the backend (unknown options are rejected at composition)."""
+    opts_cls = attention.options_class(name)
+    hints = typing.get_type_hints(opts_cls)
+    options = dataclasses.make_dataclass(
+        f"{name}_options", [(f.name, _config_type(hints[f.name]), field(default=MISSING))
+                            for f in dataclasses.fields(opts_cls)])
+    return dataclasses.make_dataclass(f"attn_{name}", [
+        ("name", str, field(default=name)),
+        ("label", str, field(default=name)),  # the run folder and table name (a variant sets its own)
+        ("base_options", Dict[str, Any], field(default_factory=dict)),
+        ("options", options, field(default_factory=options)),
+    ])
+
+
+def register_attention_configs() -> None:
+    store = ConfigStore.instance()
+    for name in attention.available():
+        store.store(group="attn", name=name, node=attention_node(name))
+
+
+def attn_configs() -> list[str]:
+    """Every name ``attn=`` accepts: the registered backends and the variants in conf/attn/."""
+    return sorted(set(attention.available()) | {p.stem for p in (CONF_DIR / "attn").glob("*.yaml")})
+
+
 register_resolvers()
+register_attention_configs()
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The config ``python -m lra.train <overrides>`` sees, for tools that do not train and for tests."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -40,3 +114,369 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def compose_checked(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """:func:`compose`, with Hydra's and OmegaConf's composition errors turned into one-line
+    :class:`ConfigError` s (an unknown attention option lists the backend's valid ones)."""
+    try:
+        return compose(overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_composition_error(e, list(overrides))) from None
+
+
+def _composition_error(e: Exception, overrides: list[str]) -> str:
+    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+    key = getattr(cause, "full_key", None)
+    what = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    if key and key.startswith("attn.options."):
+        name = compose([o for o in overrides if key not in o]).attn.name  # the backend, without the bad override
+        valid = ", ".join(f.name for f in dataclasses.fields(attention.options_class(name))) or "(none)"
+        return f"{key}: {what}; attention {name!r} has the options {valid} (attention.describe({name!r}))"
+    if key:
+        return f"{key}: {what}"
+    text = str(e).split("Config search path")[0]  # Hydra's message (e.g. a group's available choices)
+    return " ".join(text.split())
+
+
+def load(overrides: list[str] | tuple[str, ...] = (), run_dir: str | Path | None = None) -> "RunSpec":
+    """The run spec of ``overrides``: composed, resolved and checked (raises :class:`ConfigError`)."""
+    return resolve(compose_checked(overrides), run_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: one line naming the key, the value and what is allowed
+
+
+def _check(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _int(key: str, value, lo: int | None = None, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    _check(is_int and (lo is None or value >= lo), key, value,
+           f"an integer{'' if lo is None else f' >= {lo}'}{' or null' if optional else ''}")
+
+
+def _num(key: str, value, lo: float, *, open_lo: bool = False, hi: float | None = None, open_hi: bool = False,
+         optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > lo if open_lo else value >= lo)
+    ok = ok and (hi is None or (value < hi if open_hi else value <= hi))
+    span = f"{'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'}{')' if open_hi or hi is None else ']'}"
+    _check(ok, key, value, f"a number in {span}{' or null' if optional else ''}")
+
+
+def _choice(key: str, value, choices) -> None:
+    _check(value in choices, key, value, f"one of {', '.join(map(str, choices))}")
+
+
+PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "64-true")
+
+
+def resolve_precision(setting: str, cuda: bool) -> str:
+    """``auto`` is fp16 mixed precision on a GPU (as in the papers) and fp32 elsewhere; the attention
+    kernel itself is always fp32 (lra/model.py). ``cuda`` says whether the device is a GPU: the one
+    trained on (the Trainer) or the one planned for (a ``hardware=`` profile with a memory budget)."""
+    return ("16-mixed" if cuda else "32-true") if setting == "auto" else setting
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    name: str  # registered backend
+    label: str = ""  # folder/table name (a variant such as softmax_nodrop); the name when empty
+    options: dict = field(default_factory=dict)  # every option of the backend, as it will be built
+    preset_options: dict = field(default_factory=dict)  # what the preset set (the command line not overriding)
+    checkpointing: bool = False  # recompute attention in backward (the papers' softmax baseline)
+
+    def __post_init__(self):
+        object.__setattr__(self, "label", self.label or self.name)
+        try:  # fills in the defaults and checks every value against the backend's Options
+            opts = attention.make_options(self.name, **self.options)
+        except (attention.InvalidOption, ValueError) as e:
+            raise ConfigError(f"attn.options: {e}") from None
+        object.__setattr__(self, "options", dataclasses.asdict(opts))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The papers' classifier (LRA_FACTS §2) for one task."""
+
+    vocab_size: int
+    seq_len: int
+    num_classes: int
+    attn: AttnSpec
+    dual: bool = False
+    dim: int = 64
+    hidden: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    head_dim: int = 32
+    dropout: float = 0.1
+    head_hidden: int = 128
+    pooling: str = "mean"
+    interaction: str = "nli"
+
+    def __post_init__(self):
+        for k in ("dim", "hidden", "num_layers", "num_heads", "head_dim", "head_hidden"):
+            _int(f"model.{k}", getattr(self, k), 1)
+        for k in ("vocab_size", "seq_len", "num_classes"):
+            _int(f"task.{k}", getattr(self, k), 1)
+        _num("model.dropout", self.dropout, 0.0, hi=1.0, open_hi=True)
+        _choice("model.pooling", self.pooling, ("mean", "padded_mean"))
+        _choice("model.interaction", self.interaction, ("nli", "concat"))
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of ``lra.model.LRAClassifier``."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "attn"}
+        return {**d, "attn_name": self.attn.name, "attn_options": dict(self.attn.options)}
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training protocol of the preset for the task (conf/experiment/*.yaml, docs/protocol.md)."""
+
+    batch_size: int = 32  # effective batch: micro-batch x accumulation x devices
+    lr: float = 1e-3
+    warmup: int = 0
+    max_steps: int = 100
+    eval_every: int = 50  # optimizer steps between full validations
+    patience: int | None = None  # evaluations without val-loss improvement; None: no early stopping
+    select_after: float = 0.0  # the best-val checkpoint only after this fraction of max_steps
+    test_ckpt: str = "best"  # best-val checkpoint or the model at stop
+    schedule: str = "linear"  # linear warmup/decay | onecycle (the papers' code)
+    grad_clip_value: float | None = None
+    eval_batch_size: int | None = None  # None: the micro-batch
+    weight_decay: float = 0.0
+    eps: float = 1e-6
+    ckpt_every_steps: int | None = None  # extra resume checkpoints (always at every evaluation)
+    stuck_after_steps: int | None = None
+    stuck_loss_tol: float = 0.02
+    stuck_acc_tol: float = 0.01
+    monitor: str = "val/acc"  # what the best checkpoint maximises (acc) or minimises (loss)
+
+    def __post_init__(self):
+        _int("train.batch_size", self.batch_size, 1)
+        _num("train.lr", self.lr, 0.0)
+        _int("train.warmup", self.warmup, 0)
+        _int("train.max_steps", self.max_steps, 1)
+        _int("train.eval_every", self.eval_every, 1)
+        _int("train.patience", self.patience, 1, optional=True)
+        _num("train.select_after", self.select_after, 0.0)  # >= 1: never (the model at stop is tested)
+        _choice("train.test_ckpt", self.test_ckpt, ("best", "last"))
+        _choice("train.schedule", self.schedule, ("linear", "onecycle"))
+        if self.schedule == "onecycle" and not 2 <= self.warmup < self.max_steps:  # OneCycleLR divides by warmup - 1
+            raise ConfigError(f"train.warmup={self.warmup} must lie in [2, train.max_steps={self.max_steps}) for the "
+                              f"onecycle schedule (pct_start = warmup / max_steps); change train.warmup or "
+                              f"train.max_steps")
+        _num("train.grad_clip_value", self.grad_clip_value, 0.0, open_lo=True, optional=True)
+        _int("train.eval_batch_size", self.eval_batch_size, 1, optional=True)
+        _num("train.weight_decay", self.weight_decay, 0.0)
+        _num("train.eps", self.eps, 0.0, open_lo=True)
+        _int("train.ckpt_every_steps", self.ckpt_every_steps, 1, optional=True)
+        _int("train.stuck_after_steps", self.stuck_after_steps, 1, optional=True)
+        _num("train.stuck_loss_tol", self.stuck_loss_tol, 0.0)
+        _num("train.stuck_acc_tol", self.stuck_acc_tol, 0.0)
+        _choice("trainer.monitor", self.monitor, ("val/acc", "val/loss"))
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    task: str
+    root: Path  # the data root ($LRA_DATA or data_root)
+    options: dict  # the task node (conf/task/<task>.yaml with the preset's data keys), for the reader
+
+    def __post_init__(self):
+        path = self.options.get("path")
+        _check(path is None or Path(str(path)).expanduser().exists(), "task.path", path,
+               "an existing file or folder (or null to search the data root)")
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """The memory budget the micro-batch is fitted to, and how the Trainer runs."""
+
+    name: str = "cpu"
+    total_bytes: int | None = None  # device memory of the profile; None: no budget (whole batch per step)
+    cuda_context_gib: float = 0.0
+    allocator_margin: float = 0.0
+    micro_batch: int | None = None  # forced micro-batch
+    accelerator: str = "auto"
+    devices: int = 1  # how many the effective batch is split over
+    devices_arg: Any = 1  # ``trainer.devices`` as given, for the Trainer
+    strategy: str = "auto"
+    precision: str = "32-true"  # resolved for the device trained on
+    precision_setting: str = "auto"
+    num_workers: int = 0
+    deterministic: bool = False
+
+    def __post_init__(self):
+        _int("hardware.micro_batch", self.micro_batch, 1, optional=True)
+        _int("trainer.num_workers", self.num_workers, 0)
+        _choice("trainer.precision", self.precision_setting, PRECISIONS)
+        _choice("trainer.accelerator", self.accelerator, ("auto", "cpu", "cuda", "gpu", "mps"))
+        _num("hardware.cuda_context_gib", self.cuda_context_gib, 0.0)
+        _num("hardware.allocator_margin", self.allocator_margin, 0.0)
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """Largest estimated peak that fits: (total - CUDA context) / (1 + allocator margin)."""
+        if self.total_bytes is None:
+            return None
+        return int((self.total_bytes - self.cuda_context_gib * 2 ** 30) / (1.0 + self.allocator_margin))
+
+    @property
+    def planned_precision(self) -> str:
+        """The precision the fitted run trains in: a profile with a budget is a GPU."""
+        return resolve_precision(self.precision_setting, self.total_bytes is not None)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    preset: str
+    seed: int
+    model: ModelSpec
+    train: TrainSpec
+    data: DataSpec
+    hardware: HardwareSpec
+    logger: dict = field(default_factory=lambda: {"name": "csv"})
+    run_dir: Path | None = None
+    force: bool = False
+    num_threads: int | None = None
+    progress: bool = True
+    log_every_n_steps: int = 50
+    fit_cache_dir: Path | None = None  # None: decisions are not cached
+    config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
+
+    def __post_init__(self):
+        _int("seed", self.seed, 0)
+        _int("num_threads", self.num_threads, 1, optional=True)
+        _choice("logger.name", self.logger.get("name"), ("csv", "wandb"))
+        per_device, rest = divmod(self.train.batch_size, self.hardware.devices)
+        _check(rest == 0, "train.batch_size", self.train.batch_size,
+               f"a multiple of the {self.hardware.devices} devices (trainer.devices)")
+        m = self.hardware.micro_batch
+        _check(m is None or per_device % m == 0, "hardware.micro_batch", m,
+               f"a divisor of the per-device batch {per_device} (train.batch_size={self.train.batch_size} over "
+               f"{self.hardware.devices} devices)")
+
+    @property
+    def task(self) -> str:
+        return self.data.task
+
+    @property
+    def attn(self) -> AttnSpec:
+        return self.model.attn
+
+    @property
+    def where(self) -> str:
+        return f"{self.task}/{self.attn.label}"
+
+    def resume_key(self, micro_batch: int, accum_steps: int, data_fingerprint: str) -> str:
+        """What must be equal for a checkpoint to continue this run (not: worker count, checkpoint
+        interval, logger, progress bar; the data by the fingerprint of its arrays)."""
+        train = dataclasses.asdict(self.train)
+        train.pop("ckpt_every_steps")
+        key = {"version": RESUME_KEY_VERSION, "train": train, "model": self.model.kwargs(),
+               "checkpointing": self.attn.checkpointing, "task": self.data.options, "data": data_fingerprint,
+               "seed": self.seed, "micro_batch": micro_batch, "accum_steps": accum_steps,
+               "devices": self.hardware.devices, "precision": self.hardware.precision}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolve: composed config -> RunSpec
+
+
+def _container(node) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
+    """(options that run, options the preset set), by the precedence in the module docstring."""
+    name, label = str(cfg.attn.name), str(cfg.attn.label)
+    preset: dict = {}
+    task_table = OmegaConf.select(cfg, f"protocol.{cfg.task.name}.attn_options", default=None) or {}
+    for table in (cfg.get("attn_options") or {}, task_table):
+        for key in dict.fromkeys([name, label]):
+            if table.get(key) is not None:
+                preset.update(_container(table[key]))
+    options = cfg.attn.options
+    command_line = {k: options[k] for k in options if not OmegaConf.is_missing(options, k)}
+    merged = {**_container(cfg.attn.get("base_options") or {}), **preset, **_container(command_line)}
+    return merged, {k: v for k, v in preset.items() if k not in command_line}
+
+
+def _devices(d) -> int:
+    """Devices the effective batch is split over (``trainer.devices``: int, list or "auto")."""
+    if isinstance(d, str):
+        if d.isdigit():
+            return max(1, int(d))
+        if d == "auto":
+            return max(1, torch.cuda.device_count())
+        return max(1, len([x for x in d.split(",") if x.strip()]))
+    if isinstance(d, int):
+        return max(1, d) if d != -1 else max(1, torch.cuda.device_count())
+    return max(1, len(list(d)))
+
+
+def _hardware(cfg: DictConfig) -> HardwareSpec:
+    hw, tr = cfg.hardware, cfg.trainer
+    total = hw.get("total_gib")
+    if total is not None:
+        _num("hardware.total_gib", total, 0.0, open_lo=True)
+        total = int(float(total) * 2 ** 30)
+    elif hw.get("name") == "auto" and torch.cuda.is_available():
+        total = int(torch.cuda.get_device_properties(0).total_memory)
+    accelerator = str(tr.accelerator)
+    on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+    return HardwareSpec(
+        name=str(hw.name), total_bytes=total, cuda_context_gib=float(hw.get("cuda_context_gib") or 0.0),
+        allocator_margin=float(hw.get("allocator_margin") or 0.0), micro_batch=hw.get("micro_batch"),
+        accelerator=accelerator, devices=_devices(_container(tr.devices)), devices_arg=_container(tr.devices),
+        strategy=str(tr.strategy), precision=resolve_precision(str(tr.precision), on_cuda),
+        precision_setting=str(tr.precision), num_workers=tr.num_workers, deterministic=bool(tr.deterministic))
+
+
+def _build(cls, prefix: str, values: dict, **fixed):
+    known = {f.name for f in dataclasses.fields(cls)} - set(fixed)
+    unknown = sorted(set(values) - known)
+    _check(not unknown, f"{prefix}.{unknown[0] if unknown else ''}", values.get(unknown[0]) if unknown else None,
+           f"not a key of {prefix}; valid keys: {', '.join(sorted(known))}")
+    return cls(**values, **fixed)
+
+
+def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
+    """The typed spec of a composed config; raises :class:`ConfigError` (one line) on any bad value.
+
+    ``run_dir``: where the run writes (``python -m lra.train`` passes Hydra's output folder); else
+    ``cfg.run_dir`` where a caller set one.
+    """
+    run_dir = run_dir if run_dir is not None else cfg.get("run_dir")
+    options, preset_options = attention_options(cfg)
+    attn = AttnSpec(name=str(cfg.attn.name), label=str(cfg.attn.label), options=options,
+                    preset_options=preset_options,
+                    checkpointing=bool({str(cfg.attn.name), str(cfg.attn.label)} & set(cfg.get("attn_checkpointing") or [])))
+    task = _container(cfg.task)
+    model = _build(ModelSpec, "model", _container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
+                   num_classes=task["num_classes"], dual=bool(task.get("dual", False)), attn=attn)
+    train = _build(TrainSpec, "train", _container(cfg.train), monitor=str(cfg.trainer.monitor))
+    config = _container(cfg)
+    config["attn"] = {**config["attn"], "options": attn.options}
+    fit = cfg.get("fit") or {}
+    return RunSpec(
+        preset=str(cfg.preset), seed=cfg.seed, model=model, train=train,
+        data=DataSpec(task=str(task["name"]), root=data_root(cfg.data_root), options=task),
+        hardware=_hardware(cfg), logger=_container(cfg.logger), run_dir=Path(run_dir) if run_dir else None,
+        force=bool(cfg.force), num_threads=cfg.num_threads, progress=bool(cfg.trainer.progress),
+        log_every_n_steps=int(cfg.trainer.log_every_n_steps),
+        fit_cache_dir=Path(str(fit.cache_dir)) if fit.get("cache", True) and fit.get("cache_dir") else None,
+        config=config)

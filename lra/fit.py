@@ -1,6 +1,6 @@
 """Where the gradient accumulation is decided: the largest micro-batch that fits the GPU's memory.
 
-``plan(cfg)`` returns ``Plan(micro_batch, accum_steps, effective_batch, ...)`` with
+``plan(spec)`` (a :class:`lra.config.RunSpec`) returns ``Plan(micro_batch, accum_steps, effective_batch, ...)`` with
 ``effective_batch = micro_batch x accum_steps x devices`` equal to the preset's ``train.batch_size``
 for any number of devices. How the micro-batch is chosen:
 
@@ -56,11 +56,16 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from lra.config import ConfigError, ModelSpec, RunSpec, attn_configs, load
+from lra.files import write_json, write_text
+from lra.model import build_model, loss_and_correct
 
 log = logging.getLogger("lra.fit")
 
-ESTIMATOR_VERSION = 1  # bump when the estimate changes, so cached decisions are recomputed
+ESTIMATOR_VERSION = 2  # bump when the estimate or its key changes (2: keyed by the typed run spec)
 GIB = 2 ** 30
 
 
@@ -89,78 +94,6 @@ class Plan:
         if self.budget_bytes is not None:
             s += f" of a {self.budget_bytes / GIB:.2f} GiB budget"
         return s
-
-
-# ---------------------------------------------------------------------------------------------
-# Hardware budgets
-
-
-def device_count(cfg) -> int:
-    """Devices the effective batch is split over (``trainer.devices``: int, list or "auto")."""
-    d = cfg.trainer.get("devices", 1)
-    if isinstance(d, str):
-        if d.isdigit():
-            return max(1, int(d))
-        if d == "auto":
-            return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
-        return max(1, len([x for x in d.split(",") if x.strip()]))
-    if isinstance(d, int):
-        return max(1, d) if d != -1 else max(1, torch.cuda.device_count())
-    return max(1, len(list(d)))
-
-
-def total_bytes(hw) -> int | None:
-    """Device memory of the profile; ``auto`` reads the CUDA device present (None without one)."""
-    if hw.get("total_gib") is not None:
-        return int(float(hw.total_gib) * GIB)
-    if hw.get("name") == "auto" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    return None
-
-
-def budget_bytes(hw) -> int | None:
-    """Largest estimated peak that fits: (total - CUDA context) / (1 + allocator margin)."""
-    total = total_bytes(hw)
-    if total is None:
-        return None
-    context = float(hw.get("cuda_context_gib") or 0.0) * GIB
-    return int((total - context) / (1.0 + float(hw.get("allocator_margin") or 0.0)))
-
-
-def estimate_precision(cfg) -> str:
-    """The precision the fitted run trains in: ``trainer.precision``, where ``auto`` means 16-mixed on a GPU."""
-    p = str(cfg.trainer.get("precision", "auto"))
-    if p != "auto":
-        return p
-    return "16-mixed" if total_bytes(cfg.hardware) is not None else "32-true"
-
-
-# ---------------------------------------------------------------------------------------------
-# Gradient checkpointing of the attention call (the papers' softmax baseline)
-
-
-class CheckpointedAttention(nn.Module):
-    """Recomputes the wrapped attention in backward (``torch.utils.checkpoint``, RNG state preserved,
-    so dropout draws the same mask twice and results equal the unwrapped module's)."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, q, k, v, mask=None):
-        if self.training and torch.is_grad_enabled():
-            return checkpoint(self.inner, q, k, v, mask, use_reentrant=False)
-        return self.inner(q, k, v, mask)
-
-
-def checkpoint_attention(model: nn.Module) -> nn.Module:
-    """Wrap every attention backend of an ``LRAClassifier`` in :class:`CheckpointedAttention`."""
-    from lra.model import MultiHeadAttention
-
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention) and not isinstance(m.attn, CheckpointedAttention):
-            m.attn = CheckpointedAttention(m.attn)
-    return model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,29 +151,22 @@ def _autocast(precision: str):
     return contextlib.nullcontext()
 
 
-def train_step_peak(model_kwargs: dict, micro_batch: int, *, precision: str = "32-true",
-                    attn_checkpointing: bool = False, fake: bool = True, cuda_sdpa: bool = True,
-                    lr: float = 1e-4, eps: float = 1e-6, weight_decay: float = 0.0) -> int:
+def train_step_peak(model: ModelSpec, micro_batch: int, *, precision: str = "32-true", fake: bool = True,
+                    cuda_sdpa: bool = True, lr: float = 1e-4, eps: float = 1e-6, weight_decay: float = 0.0) -> int:
     """Peak tensor bytes of one training iteration (optimizer states present) at ``micro_batch``.
 
     ``fake=False`` runs the same iteration on real CPU tensors (for checking the fake estimate);
     ``cuda_sdpa`` routes fused SDPA to the CUDA memory-efficient kernel (fake tensors only).
     The global RNG is left untouched, so estimating never changes a run's initialisation.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from lra.model import LRAClassifier, loss_and_correct
-
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-    n, vocab, classes = int(model_kwargs["seq_len"]), int(model_kwargs["vocab_size"]), int(model_kwargs["num_classes"])
-    shape = (micro_batch, 2, n) if model_kwargs.get("dual") else (micro_batch, n)
+    spec = model
+    n, vocab, classes = spec.seq_len, spec.vocab_size, spec.num_classes
+    shape = (micro_batch, 2, n) if spec.dual else (micro_batch, n)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = LRAClassifier(**model_kwargs)  # real and small (parameters only); made fake below
-        if attn_checkpointing:
-            checkpoint_attention(model)
+        model = build_model(spec)  # real and small (parameters only); made fake below
         model.train()
         mode = FakeTensorMode() if fake else None
         if fake:
@@ -276,66 +202,54 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _cache_key(mk: dict, per_device: int, precision: str, ckpt: bool, budget: int) -> str:
-    key = {"model": mk, "per_device_batch": per_device, "precision": precision, "attn_checkpointing": ckpt,
-           "budget_bytes": budget, "torch": torch.__version__.split("+")[0], "estimator": ESTIMATOR_VERSION}
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+def _cache_file(spec: RunSpec, per_device: int, precision: str, budget: int) -> Path | None:
+    """Where the decision is cached: keyed by everything that changes the memory of a step."""
+    if spec.fit_cache_dir is None:
+        return None
+    key = {"model": spec.model.kwargs(), "checkpointing": spec.attn.checkpointing, "per_device_batch": per_device,
+           "precision": precision, "budget_bytes": budget, "torch": torch.__version__.split("+")[0],
+           "estimator": ESTIMATOR_VERSION}
+    return spec.fit_cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]}.json"
 
 
-def _fit_inputs(cfg) -> tuple[dict, bool]:
-    from lra.train import finalize, model_kwargs, uses_attn_checkpointing
+def _cached(path: Path | None, per_device: int, eff: int, devices: int) -> Plan | None:
+    if path is None or not path.exists():
+        return None
+    try:
+        d = json.loads(path.read_text())
+        d["estimates"] = dict(sorted((int(k), v) for k, v in d.get("estimates", {}).items()))
+        p = Plan(**{**d, "cached": True, "seconds": 0.0, "devices": devices, "effective_batch": eff})
+        return p if p.micro_batch * p.accum_steps == per_device else None
+    except (ValueError, TypeError, KeyError):
+        log.warning("ignoring unreadable fit cache %s", path)
+        return None
 
-    cfg = finalize(cfg)
-    return model_kwargs(cfg), uses_attn_checkpointing(cfg)
 
-
-def plan(cfg, *, use_cache: bool | None = None) -> Plan:
-    """Decide micro-batch and accumulation for ``cfg`` (see the module docstring)."""
-    eff = int(cfg.train.batch_size)
-    dev = device_count(cfg)
-    if eff % dev:
-        raise ValueError(f"train.batch_size={eff} is not divisible by trainer.devices={dev}")
-    per_dev = eff // dev
-    hw = cfg.hardware
-    forced = hw.get("micro_batch")
-    if forced:
-        micro = int(forced)
-        if per_dev % micro:
-            raise ValueError(f"hardware.micro_batch={micro} must divide the per-device batch {per_dev} "
-                             f"(train.batch_size={eff} over {dev} devices)")
-        return Plan(micro, per_dev // micro, eff, "hardware.micro_batch", devices=dev)
-    budget = budget_bytes(hw)
+def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
+    """Decide micro-batch and accumulation for ``spec`` (see the module docstring)."""
+    hw, eff, dev = spec.hardware, spec.train.batch_size, spec.hardware.devices
+    per_dev = eff // dev  # RunSpec checked that the devices divide the batch
+    if hw.micro_batch:
+        return Plan(hw.micro_batch, per_dev // hw.micro_batch, eff, "hardware.micro_batch", devices=dev)
+    budget = hw.budget_bytes
     if budget is None:
         return Plan(per_dev, 1, eff, f"no memory budget (hardware={hw.name})", devices=dev)
-
-    mk, ckpt = _fit_inputs(cfg)
-    precision = estimate_precision(cfg)
-    fit_cfg = cfg.get("fit") or {}
-    use_cache = bool(fit_cfg.get("cache", True)) if use_cache is None else use_cache
-    cache_file = None
-    if use_cache and fit_cfg.get("cache_dir"):
-        cache_file = Path(str(fit_cfg.cache_dir)) / f"{_cache_key(mk, per_dev, precision, ckpt, budget)}.json"
-        if cache_file.exists():
-            try:
-                d = json.loads(cache_file.read_text())
-                d["estimates"] = dict(sorted((int(k), v) for k, v in d.get("estimates", {}).items()))
-                p = Plan(**{**d, "cached": True, "seconds": 0.0, "devices": dev, "effective_batch": eff})
-                if p.micro_batch * p.accum_steps == per_dev:
-                    return p
-            except (ValueError, TypeError, KeyError):
-                log.warning("ignoring unreadable fit cache %s", cache_file)
+    precision = hw.planned_precision
+    cache_file = _cache_file(spec, per_dev, precision, budget) if use_cache else None
+    cached = _cached(cache_file, per_dev, eff, dev)
+    if cached is not None:
+        return cached
 
     t0 = time.perf_counter()
     est: dict[int, int] = {}
 
     def fits(m: int) -> bool:
         if m not in est:
-            est[m] = train_step_peak(mk, m, precision=precision, attn_checkpointing=ckpt,
-                                     lr=float(cfg.train.lr), eps=float(cfg.train.eps))
+            est[m] = train_step_peak(spec.model, m, precision=precision, lr=spec.train.lr, eps=spec.train.eps)
         return est[m] <= budget
 
     cands = _divisors(per_dev)
-    where = f"{cfg.task.name}/{cfg.attn.get('label', cfg.attn.name)} at n={mk['seq_len']} on {hw.name}"
+    where = f"{spec.where} at n={spec.model.seq_len} on {hw.name}"
     try:
         whole = fits(per_dev)
     except Exception as e:  # noqa: BLE001 - an op the fake tensors cannot trace must not block training
@@ -348,9 +262,8 @@ def plan(cfg, *, use_cache: bool | None = None) -> Plan:
     elif not fits(1):
         raise FitError(
             f"{where}: micro-batch 1 does not fit. Estimated peak training memory "
-            f"{est[1] / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB (total {total_bytes(hw) / GIB:.2f} GiB minus "
-            f"{float(hw.get('cuda_context_gib') or 0):.2f} GiB CUDA context, over a "
-            f"{float(hw.get('allocator_margin') or 0):.0%} allocator margin). Use a device with more memory "
+            f"{est[1] / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB (total {hw.total_bytes / GIB:.2f} GiB minus "
+            f"{hw.cuda_context_gib:.2f} GiB CUDA context, over a {hw.allocator_margin:.0%} allocator margin). Use a device with more memory "
             f"(hardware=a100_40gb|h100_80gb), a shorter task.seq_len, or a cheaper attention.")
     else:
         slope = (est[per_dev] - est[1]) / (per_dev - 1)
@@ -364,12 +277,10 @@ def plan(cfg, *, use_cache: bool | None = None) -> Plan:
              devices=dev, estimates=dict(sorted(est.items())), seconds=round(seconds, 3))
     log.info("%s: %s (%d estimates, %.1f s)", where, p.describe(), len(est), seconds)
     if cache_file is not None:
-        from lra.record import write_json_atomic
-
         d = {k: v for k, v in asdict(p).items() if k not in ("cached", "seconds")}
         d["source"] = "memory fit (cached)"
         try:
-            write_json_atomic(cache_file, d)
+            write_json(cache_file, d)
         except OSError as e:
             log.warning("could not write the fit cache %s: %s", cache_file, e)
     return p
@@ -381,33 +292,20 @@ def plan(cfg, *, use_cache: bool | None = None) -> Plan:
 TABLE_TASKS = ("text", "listops", "retrieval", "pathfinder", "image")  # the papers' column order
 
 
-def _compose(overrides: list[str]):
-    from lra.config import compose
-    from lra.train import finalize
-
-    return finalize(compose(overrides), overrides)
-
-
-def _attn_configs() -> list[str]:
-    from lra import CONF_DIR
-
-    return sorted(p.stem for p in (CONF_DIR / "attn").glob("*.yaml"))
-
-
 def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress=True) -> list[dict]:
     """One row per (attention config, task): micro-batch, accumulation, estimate, or why it was skipped."""
     rows = []
-    attns = list(attns or _attn_configs())
+    attns = list(attns or attn_configs())
     extra = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]
     for label, ov in [(a, [f"attn={a}"]) for a in attns] + extra:
         for task in tasks:
             row = {"attn": label, "task": task}
             try:
-                cfg = _compose([f"task={task}", *ov, *overrides])
-                p = plan(cfg)
+                spec = load([f"task={task}", *ov, *overrides])
+                p = plan(spec)
                 row.update(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
                            estimate_gib=None if p.estimate_bytes is None else round(p.estimate_bytes / GIB, 3),
-                           seconds=p.seconds, cached=p.cached, impl=cfg.attn.options.get("impl"))
+                           seconds=p.seconds, cached=p.cached, impl=spec.attn.options.get("impl"))
             except FitError as e:
                 row.update(error="micro-batch 1 does not fit", detail=str(e))
             except Exception as e:  # noqa: BLE001 - a missing task config or a backend the estimator cannot trace
@@ -435,52 +333,72 @@ def format_table(rows: list[dict], tasks=TABLE_TASKS) -> str:
     return "\n".join(out)
 
 
+USAGE = """usage: python -m lra.fit [--table] [--out PATH] [hydra overrides ...]   (make fit)
+
+The micro-batch x accumulation a run would use under its hardware= memory budget; nothing is trained.
+  python -m lra.fit task=listops attn=softmax hardware=v100_16gb
+  python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] [--out runs/fit/table]
+--table: every task x attention config (the shape of Skeinformer Table 4); --out writes .json and .md."""
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(USAGE)
+        return 0
     table = "--table" in args
+    args = [a for a in args if a != "--table"]
     out = None
     if "--out" in args:
         i = args.index("--out")
+        if i + 1 >= len(args):
+            print("error: --out needs a path (e.g. --out runs/fit/table)", file=sys.stderr)
+            return 2
         out = Path(args[i + 1])
         del args[i:i + 2]
-    args = [a for a in args if a != "--table"]
-    if table:
-        if not any(a.startswith("hardware=") for a in args):
-            args.append("hardware=v100_16gb")
-        tasks = TABLE_TASKS
-        for a in list(args):
-            if a.startswith("task="):
-                tasks = tuple(a.split("=", 1)[1].split(","))
-                args.remove(a)
-        attns = None
-        for a in list(args):
-            if a.startswith("attn="):
-                attns = a.split("=", 1)[1].split(",")
-                args.remove(a)
-        t0 = time.perf_counter()
-        rows = decision_table(args, tasks=tasks, attns=attns)
-        text = format_table(rows, tasks)
-        print(text)
-        print(f"\n{len(rows)} decisions in {time.perf_counter() - t0:.0f} s "
-              f"({', '.join(args)}; cell = micro-batch (x accumulation))")
-        if out:
-            from lra.record import write_json_atomic
-
-            write_json_atomic(out.with_suffix(".json"), rows)
-            out.with_suffix(".md").write_text(text + "\n")
-        return 0
-    cfg = _compose(args)
+    unknown = [a for a in args if a.startswith("-")]
+    if unknown:
+        print(f"error: unknown argument {unknown[0]!r}; python -m lra.fit --help lists the options", file=sys.stderr)
+        return 2
     try:
-        p = plan(cfg)
+        return _table(args, out) if table else _one(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _one(args: list[str]) -> int:
+    spec = load(args)
+    try:
+        p = plan(spec)
     except FitError as e:
         print(f"does not fit: {e}")
         return 3
-    print(f"{cfg.task.name}/{cfg.attn.label} (n={cfg.task.seq_len}, options {dict(cfg.attn.options)}), "
-          f"hardware={cfg.hardware.name}, precision {estimate_precision(cfg)}: {p.describe()}")
+    print(f"{spec.where} (n={spec.model.seq_len}, options {spec.attn.options}), hardware={spec.hardware.name}, "
+          f"precision {spec.hardware.planned_precision}: {p.describe()}")
     if p.estimates:
         print("estimates (micro-batch: GiB): " + ", ".join(f"{m}: {b / GIB:.2f}" for m, b in p.estimates.items())
               + (" [cached]" if p.cached else f" [{p.seconds:.1f} s]"))
+    return 0
+
+
+def _table(args: list[str], out: Path | None) -> int:
+    if not any(a.startswith("hardware=") for a in args):
+        args.append("hardware=v100_16gb")
+    picked = {k: a.split("=", 1)[1].split(",") for a in args for k in ("task", "attn") if a.startswith(f"{k}=")}
+    args = [a for a in args if not a.startswith(("task=", "attn="))]
+    load(args)  # a bad override is one line before hours of estimates
+    t0 = time.perf_counter()
+    tasks = tuple(picked.get("task", TABLE_TASKS))
+    rows = decision_table(args, tasks=tasks, attns=picked.get("attn"))
+    text = format_table(rows, tasks)
+    print(text)
+    print(f"\n{len(rows)} decisions in {time.perf_counter() - t0:.0f} s "
+          f"({', '.join(args)}; cell = micro-batch (x accumulation))")
+    if out:
+        write_json(out.with_suffix(".json"), rows)
+        write_text(out.with_suffix(".md"), text + "\n")
     return 0
 
 

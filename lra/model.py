@@ -8,7 +8,8 @@ encoder on both documents and classify ``[x1, x2, x1*x2, x1-x2]`` (``interaction
 PyTorch papers' head) or ``[x1, x2]`` (``"concat"``, the JAX LRA default).
 
 The attention kernel always runs in fp32 with autocast off, as in the papers, even when the rest of
-the model runs in mixed precision.
+the model runs in mixed precision. :func:`build_model` makes the classifier a run spec describes, with
+the papers' recomputed attention (:class:`CheckpointedAttention`) where the spec asks for it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import attention
+from lra.config import ModelSpec
 
 
 class MultiHeadAttention(nn.Module):
@@ -119,3 +122,32 @@ class LRAClassifier(nn.Module):
 def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor):
     loss = F.cross_entropy(logits.float(), labels)
     return loss, (logits.argmax(-1) == labels).sum()
+
+
+class CheckpointedAttention(nn.Module):
+    """Recomputes the wrapped attention in backward (``torch.utils.checkpoint``, RNG state preserved,
+    so dropout draws the same mask twice and results equal the unwrapped module's): the papers'
+    softmax baseline keeps no n x n matrix for backward."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, q, k, v, mask=None):
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(self.inner, q, k, v, mask, use_reentrant=False)
+        return self.inner(q, k, v, mask)
+
+
+def checkpoint_attention(model: nn.Module) -> nn.Module:
+    """Wrap every attention backend of an ``LRAClassifier`` in :class:`CheckpointedAttention`."""
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention) and not isinstance(m.attn, CheckpointedAttention):
+            m.attn = CheckpointedAttention(m.attn)
+    return model
+
+
+def build_model(spec: ModelSpec) -> LRAClassifier:
+    """The classifier ``spec`` describes (attention recomputed in backward where it says so)."""
+    model = LRAClassifier(**spec.kwargs())
+    return checkpoint_attention(model) if spec.attn.checkpointing else model

@@ -10,22 +10,21 @@ lr/25, end at lr/25/1e4, and Adam's beta1 cycled between 0.95 and 0.85 by its de
 ``cycle_momentum``).
 
 Resume: checkpoints carry the CPU/CUDA/numpy/python RNG states (restored when training restarts,
-so dropout and randomised attention draw what an uninterrupted run draws), and
-:class:`ResumableLoader` gives the training data position (epoch, batch) to Lightning's loop state,
-so a restarted run continues with the next unseen batch of the same shuffled order.
+so dropout and randomised attention draw what an uninterrupted run draws) and the run's resume key;
+the training data position is the loader's (lra/data/module.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
 
-from lra.data.module import LRADataModule, SplitDataset
-from lra.model import LRAClassifier, loss_and_correct
+from lra.config import ModelSpec, TrainSpec
+from lra.model import build_model, loss_and_correct
 
 
 def warmup_linear_decay(warmup: int, total: int):
@@ -58,21 +57,13 @@ def set_rng_states(s: dict) -> None:
 
 
 class LitLRA(L.LightningModule):
-    def __init__(self, model_kwargs: dict, lr: float, warmup: int, max_steps: int, weight_decay: float = 0.0,
-                 betas=(0.9, 0.999), eps: float = 1e-6, grad_clip_value: float | None = None,
-                 schedule: str = "linear", attn_checkpointing: bool = False, resume_key: str | None = None):
-        super().__init__()
-        if schedule not in ("linear", "onecycle"):
-            raise ValueError(f"train.schedule must be 'linear' or 'onecycle', got {schedule!r}")
-        if schedule == "onecycle" and not 2 <= warmup < max_steps:  # OneCycleLR divides by warmup - 1
-            raise ValueError(f"train.warmup={warmup} must lie in [2, train.max_steps={max_steps}) for the onecycle "
-                             f"schedule (pct_start = warmup / max_steps); change train.warmup or train.max_steps")
-        self.save_hyperparameters()
-        self.model = LRAClassifier(**model_kwargs)
-        if attn_checkpointing:
-            from lra.fit import checkpoint_attention
+    """The classifier of ``model`` trained under ``train`` (the protocol: lr, schedule, clipping)."""
 
-            checkpoint_attention(self.model)
+    def __init__(self, model: ModelSpec, train: TrainSpec, resume_key: str | None = None):
+        super().__init__()
+        self.spec, self.train_spec, self.resume_key = model, train, resume_key
+        self.save_hyperparameters({"model": dataclasses.asdict(model), "train": dataclasses.asdict(train)})
+        self.model = build_model(model)
         self._sums = {}
         self._rng_to_restore = None
 
@@ -119,8 +110,8 @@ class LitLRA(L.LightningModule):
         self._eval_end("test")
 
     def configure_optimizers(self):
-        h = self.hparams
-        opt = torch.optim.AdamW(self.parameters(), lr=h.lr, betas=tuple(h.betas), eps=h.eps,
+        h = self.train_spec
+        opt = torch.optim.AdamW(self.parameters(), lr=h.lr, betas=(0.9, 0.999), eps=h.eps,
                                 weight_decay=h.weight_decay)
         if h.schedule == "onecycle":
             sched = torch.optim.lr_scheduler.OneCycleLR(
@@ -131,14 +122,14 @@ class LitLRA(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        if self.hparams.grad_clip_value:  # Skyformer clips by value 1
-            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip_value,
+        if self.train_spec.grad_clip_value:  # Skyformer clips by value 1
+            self.clip_gradients(optimizer, gradient_clip_val=self.train_spec.grad_clip_value,
                                 gradient_clip_algorithm="value")
 
     # resume ------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint):
         checkpoint["rng_states"] = rng_states()
-        checkpoint["resume_key"] = self.hparams.resume_key
+        checkpoint["resume_key"] = self.resume_key
 
     def on_load_checkpoint(self, checkpoint):
         # applied when training (re)starts: restoring data loaders between here and there draws seeds
@@ -152,64 +143,3 @@ class LitLRA(L.LightningModule):
 
 def count_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-# ---------------------------------------------------------------------------------------------
-# Training data in a resumable order
-
-
-class EpochBatches(Sampler):
-    """Batches of indices for one epoch: a permutation drawn from ``(seed, epoch)`` alone, split into
-    batches (last one partial), starting at batch ``start``. Any epoch and position can be rebuilt
-    without replaying the ones before."""
-
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.epoch, self.start = 0, 0
-
-    def __len__(self) -> int:
-        return -(-self.n // self.batch_size)
-
-    def __iter__(self):
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.n, generator=gen)
-        for i in range(self.start, len(self)):
-            yield order[i * self.batch_size:(i + 1) * self.batch_size].tolist()
-
-
-class ResumableLoader(DataLoader):
-    """A training DataLoader whose ``state_dict`` is the position of the next batch it will deliver
-    (epoch, batch); Lightning saves it in checkpoints and loads it on restart (its ``_Stateful``
-    protocol). Counting delivered batches (not sampled ones) keeps worker prefetching out of it."""
-
-    def __init__(self, dataset, sampler: EpochBatches, num_workers: int = 0):
-        super().__init__(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
-                         persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(sampler.seed))
-        self.batches = sampler
-        self.epoch, self.position = 0, 0
-
-    def __iter__(self):
-        self.batches.epoch, self.batches.start = self.epoch, self.position
-        it = super().__iter__()
-        total = len(self.batches)
-        for batch in it:
-            self.position += 1
-            if self.position >= total:  # the next batch is the first of the next epoch
-                self.epoch, self.position = self.epoch + 1, 0
-            yield batch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-
-
-
-class ResumableDataModule(LRADataModule):
-    """The task's DataModule with a resumable training loader (same data; order from (seed, epoch))."""
-
-    def train_dataloader(self):
-        split = self.splits["train"]
-        return ResumableLoader(SplitDataset(split), EpochBatches(len(split), self.batch_size, self.seed),
-                               num_workers=self.num_workers)

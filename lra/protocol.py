@@ -1,7 +1,12 @@
-"""Lightning callbacks of a run: progress bar, training-only timer, best-validation selection,
-resume checkpoints, and the guard that stops diverged (NaN/inf) and stuck runs.
+"""The papers' protocol as the loop runs it: when to evaluate, checkpoint, stop and select, and
+what the outcome of a run is (docs/protocol.md).
 
-All of them keep their state in the checkpoint, so a restarted run ends with the same record.
+* :func:`callbacks` builds a run's callbacks from its spec: progress bar, training-only timer,
+  best-validation selection (after ``select_after``), resume checkpoints, early stopping on val loss,
+  and the guard that stops diverged (NaN/inf) and stuck runs. All keep their state in the checkpoint,
+  so a restarted run ends with the same record.
+* :func:`outcome` classifies a finished ``fit`` (completed, stopped early, stuck, diverged) and
+  chooses the checkpoint to test; :func:`measured` collects its steps, times and throughput.
 """
 
 from __future__ import annotations
@@ -9,12 +14,17 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from tqdm.auto import tqdm
+
+from lra.config import RunSpec
+from lra.data.base import Split
 
 
 class StepProgress(L.Callback):
@@ -98,8 +108,8 @@ class BestCheckpoint(ModelCheckpoint):
             return
         before = self.best_model_score
         super().on_validation_end(trainer, pl_module)
-        if self.best_model_score is not None and (before is None or not torch.equal(
-                torch.as_tensor(before), torch.as_tensor(self.best_model_score))):
+        # compared as numbers: a score restored from a checkpoint lives on the CPU, a new one on the GPU
+        if self.best_model_score is not None and (before is None or float(before) != float(self.best_model_score)):
             self.best_step = trainer.global_step
 
     def state_dict(self):
@@ -192,3 +202,92 @@ class RunGuard(L.Callback):
     def load_state_dict(self, state):
         self.status, self.reason, self.at_chance = state["status"], state["reason"], state["at_chance"]
         self.last_val = state.get("last_val")
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's callbacks and its outcome
+
+FINISHED = ("completed", "stopped_early", "stuck")  # statuses a rerun of the same command skips
+
+
+def label_entropy(labels) -> float:
+    p = np.bincount(np.asarray(labels)).astype(np.float64)
+    p = p[p > 0] / p.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+@dataclass
+class Callbacks:
+    """The callbacks of one run, by role (``all`` in the order the Trainer runs them)."""
+
+    timer: TrainTimer
+    guard: RunGuard
+    best: BestCheckpoint
+    resume: ResumeCheckpoint
+    stopper: EarlyStopping | None
+    all: list
+
+
+def callbacks(spec: RunSpec, val: Split, ckpt_dir: Path, extra: list | None = None) -> Callbacks:
+    tr = spec.train
+    select_after = int(math.ceil(tr.select_after * tr.max_steps))
+    best = BestCheckpoint(dirpath=ckpt_dir, filename="best", monitor=tr.monitor,
+                          mode="max" if tr.monitor.endswith("acc") else "min", save_top_k=1, save_last=False,
+                          auto_insert_metric_name=False, enable_version_counter=False, select_after=select_after)
+    resume = ResumeCheckpoint(ckpt_dir / "last.ckpt", eval_every=tr.eval_every, every_n_steps=tr.ckpt_every_steps)
+    timer = TrainTimer()
+    guard = RunGuard(baseline_loss=label_entropy(val.labels), majority_acc=val.majority_rate(),
+                     stuck_after=tr.stuck_after_steps, loss_tol=tr.stuck_loss_tol, acc_tol=tr.stuck_acc_tol)
+    stopper = None
+    if tr.patience:
+        stopper = EarlyStopping(monitor="val/loss", mode="min", patience=tr.patience, check_on_train_epoch_end=False,
+                                check_finite=False)
+    cbs = [timer, guard, best, resume, *(extra or [])]
+    if spec.progress:
+        cbs.append(StepProgress(tr.max_steps))
+    if stopper is not None:
+        cbs.append(stopper)
+    return Callbacks(timer, guard, best, resume, stopper, cbs)
+
+
+def measured(spec: RunSpec, trainer, cb: Callbacks, effective_batch: int) -> dict:
+    """Steps, training time (evaluation excluded), throughput and selection of a finished fit."""
+    steps, t = int(trainer.global_step), cb.timer.train_time_s
+    tokens = steps * effective_batch * spec.model.seq_len * (2 if spec.model.dual else 1)
+    return {"steps": steps, "steps_at_stop": steps, "train_time_s": t, "eval_time_s": cb.timer.eval_time_s,
+            "time_per_1k_steps_s": t / steps * 1000 if steps else None, "tokens_per_s": tokens / t if t else None,
+            "best_val_acc": None if cb.best.best_model_score is None else float(cb.best.best_model_score),
+            "best_ckpt": cb.best.best_model_path or None, "steps_to_best": cb.best.best_step,
+            "stuck_at_end": cb.guard.at_chance}
+
+
+@dataclass
+class Outcome:
+    """How a fit ended, before testing: the record's status fields and the checkpoint to test."""
+
+    status: str  # completed | stopped_early | stuck | failed
+    reason: str | None
+    stop_reason: str  # max_steps | early_stopping | stopped | stuck | diverged
+    stop_rule: str
+    test_ckpt: str | None  # path of the checkpoint to test; None: the model at stop
+    tested: str | None  # what the record calls it: best | last | last (no best checkpoint after select_after)
+
+    @property
+    def fields(self) -> dict:
+        return {"status": self.status, "reason": self.reason, "stop_reason": self.stop_reason,
+                "stop_rule": self.stop_rule, "tested_ckpt": self.tested}
+
+
+def outcome(spec: RunSpec, trainer, cb: Callbacks) -> Outcome:
+    tr = spec.train
+    steps = int(trainer.global_step)
+    rule = f"early stopping on val/loss, patience {tr.patience}" if tr.patience else "fixed steps"
+    early = (cb.stopper is not None and cb.stopper.stopped_epoch > 0) or (steps < tr.max_steps and trainer.should_stop)
+    stop = "max_steps" if steps >= tr.max_steps else ("early_stopping" if early else "stopped")
+    if cb.guard.status == "failed":  # diverged: nothing worth testing
+        return Outcome("failed", cb.guard.reason, "diverged", rule, None, None)
+    best = cb.best.best_model_path if tr.test_ckpt == "best" else None
+    tested = "best" if best else ("last" if tr.test_ckpt == "last" else "last (no best checkpoint after select_after)")
+    if cb.guard.status == "stuck":
+        return Outcome("stuck", cb.guard.reason, "stuck", rule, best or None, tested)
+    return Outcome("stopped_early" if early else "completed", None, stop, rule, best or None, tested)

@@ -1,9 +1,10 @@
 """One LRA run: ``python -m lra.train task=<task> attn=<name> [overrides]`` (``make lra``).
 
-Composes the config (conf/), applies the preset's attention options, prepares the data
-(generating ListOps if absent), decides the micro-batch and accumulation (lra/fit.py; a run that
-does not fit even at micro-batch 1 stops here, before training), trains with Lightning under the
-preset's stopping rule, tests the selected checkpoint and writes ``<run dir>/result.json``.
+Composes the config (conf/) and resolves it once into a typed spec (lra/config.py; a bad value is
+one line and exit code 2, before any folder exists), prepares the data (generating ListOps if
+absent), decides the micro-batch and accumulation (lra/fit.py; a run that does not fit even at
+micro-batch 1 stops here, exit code 3), trains with Lightning under the preset's protocol
+(lra/protocol.py), tests the selected checkpoint and writes ``<run dir>/result.json``.
 
 The run folder is named by preset, task, attention, seed and any other overrides, so re-running
 the same command finds the same folder: a finished run is reported and skipped (``force=true`` runs
@@ -15,289 +16,90 @@ protocol and the record.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import logging
-import math
-import os
-import re
 import shutil
 import signal
 import sys
 from pathlib import Path
 
 import hydra
-import numpy as np
+import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
 
 from lra import CONF_DIR
-from lra.config import register_resolvers
-from lra.record import git_commit, read_record, write_record
+from lra.config import ConfigError, RunSpec, load, resolve
+from lra.data import DataError, Split, load_task
+from lra.data.module import LRADataModule
+from lra.fit import FitError, Plan, plan
+from lra.loggers import make_logger
+from lra.module import LitLRA, count_params
+from lra.protocol import FINISHED, Callbacks, callbacks, measured, outcome
+from lra.record import new_record, read_record, write_record
+from lra.wandb_extras import WandbTables, log_record
 
 log = logging.getLogger("lra.train")
-register_resolvers()
-
-FINISHED = ("completed", "stopped_early", "stuck")
 
 
-def resolve_precision(precision: str, accelerator: str) -> str:
-    if precision != "auto":
-        return precision
-    return "16-mixed" if accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available()) else "32-true"
-
-
-# ---------------------------------------------------------------------------------------------
-# Config: the preset's attention options
-
-
-def _cli_option_keys(overrides) -> set[str]:
-    keys = set()
-    for o in overrides or ():
-        m = re.match(r"^[+~]*attn\.options\.([^=]+)", str(o))
-        if m:
-            keys.add(m.group(1))
-    return keys
-
-
-def finalize(cfg: DictConfig, overrides=None) -> DictConfig:
-    """Merge the preset's per-backend attention options into ``attn.options`` (in place; idempotent).
-
-    Precedence: conf/attn/<name>.yaml < ``attn_options.<backend name>`` < ``attn_options.<label>``
-    < ``protocol.<task>.attn_options.<name|label>`` < ``attn.options.*`` given on the command line
-    (``overrides``; under ``python -m lra.train`` Hydra's own list). What the preset added is kept
-    in ``attn.preset_options``, whose presence marks the config as finalized.
-    """
-    if "preset_options" in cfg.attn:
-        return cfg
-    if overrides is None and HydraConfig.initialized():
-        overrides = list(HydraConfig.get().overrides.task)
-    name, label = str(cfg.attn.name), str(cfg.attn.get("label", cfg.attn.name))
-    task_opts = OmegaConf.select(cfg, f"protocol.{cfg.task.name}.attn_options", default=None) or {}
-    tables = [cfg.get("attn_options") or {}, task_opts]
-    preset: dict = {}
-    for table in tables:
-        for key in dict.fromkeys([name, label]):
-            if key in table and table[key] is not None:
-                preset.update(OmegaConf.to_container(table[key], resolve=True))
-    cli = _cli_option_keys(overrides)
-    current = OmegaConf.to_container(cfg.attn.options, resolve=True) if cfg.attn.get("options") else {}
-    merged = {**current, **{k: v for k, v in preset.items() if k not in cli}}
-    with open_dict(cfg):
-        cfg.attn.options = merged
-        cfg.attn.preset_options = {k: v for k, v in preset.items() if k not in cli}
-    return cfg
-
-
-def uses_attn_checkpointing(cfg: DictConfig) -> bool:
-    names = set(cfg.get("attn_checkpointing") or [])
-    return str(cfg.attn.name) in names or str(cfg.attn.get("label", "")) in names
-
-
-def model_kwargs(cfg: DictConfig) -> dict:
-    m, t = cfg.model, cfg.task
-    return dict(vocab_size=int(t.vocab_size), seq_len=int(t.seq_len), num_classes=int(t.num_classes),
-                attn_name=cfg.attn.name, attn_options=OmegaConf.to_container(cfg.attn.options, resolve=True),
-                dim=m.dim, hidden=m.hidden, num_layers=m.num_layers, num_heads=m.num_heads, head_dim=m.head_dim,
-                dropout=m.dropout, head_hidden=m.head_hidden, pooling=m.pooling, dual=bool(t.dual),
-                interaction=m.interaction)
-
-
-def resume_key(cfg: DictConfig, micro_batch: int, accum_steps: int) -> str:
-    """What must be equal for a checkpoint to continue this run."""
-    train = OmegaConf.to_container(cfg.train, resolve=True)
-    train.pop("ckpt_every_steps", None)
-    key = {"train": train, "model": model_kwargs(cfg), "task": OmegaConf.to_container(cfg.task, resolve=True),
-           "seed": int(cfg.seed), "micro_batch": micro_batch, "accum_steps": accum_steps,
-           "attn_checkpointing": uses_attn_checkpointing(cfg)}
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def base_record(cfg: DictConfig) -> dict:
-    return {
-        "task": cfg.task.name, "attn": cfg.attn.label, "attn_backend": cfg.attn.name, "seed": int(cfg.seed),
-        "preset": cfg.preset, "status": "running", "reason": None, "test_acc": None, "test_loss": None,
-        "best_val_acc": None, "majority_acc": None, "steps": 0, "steps_at_stop": None, "steps_to_best": None,
-        "train_time_s": None, "time_per_1k_steps_s": None, "tokens_per_s": None,
-        "peak_mem_bytes": None, "peak_mem_estimate_bytes": None, "micro_batch": None, "accum_steps": None,
-        "effective_batch": int(cfg.train.batch_size), "hardware": cfg.hardware.name,
-        "attn_options": OmegaConf.to_container(cfg.attn.options, resolve=True),
-        "attn_impl": cfg.attn.options.get("impl"), "attn_checkpointing": uses_attn_checkpointing(cfg),
-        "config": OmegaConf.to_container(cfg, resolve=True), "git_commit": git_commit(),
-        "torch_version": torch.__version__, "device": None,
-    }
-
-
-def label_entropy(labels) -> float:
-    p = np.bincount(np.asarray(labels)).astype(np.float64)
-    p = p[p > 0] / p.sum()
-    return float(-(p * np.log(p)).sum())
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
-
-
-def _single_log_stream() -> None:
-    """Lightning adds its own console handler; under Hydra the root logger already prints (and writes
-    the run's log file), so drop Lightning's handler and every message appears once, in both places."""
-    if logging.getLogger().handlers:
-        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-            lg = logging.getLogger(name)
-            for h in list(lg.handlers):
-                lg.removeHandler(h)
-            lg.propagate = True
-
-
-def run(cfg: DictConfig) -> dict:
-    """Train (or resume), test, record. Returns the record (also on failure, with status "failed")."""
-    import lightning as L
-    from lightning.pytorch.callbacks import EarlyStopping
-
-    from lra.callbacks import BestCheckpoint, ResumeCheckpoint, RunGuard, StepProgress, TrainTimer
-    from lra.data import data_root, load_task
-    from lra.data.module import LRADataModule
-    from lra.fit import device_count, plan
-    from lra.module import LitLRA, ResumableDataModule, count_params
-
-    _single_log_stream()
-    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_dir = run_dir / "checkpoints"
+def run(spec: RunSpec) -> dict:
+    """Train (or resume), test, record. Returns the record; a failure is recorded, then raised."""
+    run_dir, ckpt_dir = spec.run_dir, spec.run_dir / "checkpoints"
     old = read_record(run_dir)
-    if old and old.get("status") in FINISHED and not cfg.force:
-        log.info("%s already holds a finished run (%s, test_acc %.4f); pass force=true to run it again",
-                 run_dir, old.get("status"), old.get("test_acc") or float("nan"))
+    if old and old.get("status") in FINISHED and not spec.force:
+        log.info("%s already holds a finished run (%s, test_acc %s); pass force=true to run it again",
+                 run_dir, old.get("status"), _fmt(old.get("test_acc")))
         return old
-    if cfg.force and ckpt_dir.exists():
-        shutil.rmtree(ckpt_dir)
-    if cfg.num_threads:
-        torch.set_num_threads(int(cfg.num_threads))
-    cfg = finalize(cfg)
-    rec = base_record(cfg)
+    _prepare(spec, ckpt_dir)
+    rec = new_record(spec)
     trainer = None
-    tr = cfg.train
-    try:
-        L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        splits = load_task(OmegaConf.to_container(cfg.task, resolve=True), data_root(cfg.data_root))
-        rec["majority_acc"] = splits["test"].majority_rate()
-        rec["split_sizes"] = {k: len(v) for k, v in splits.items()}
-
-        p = plan(cfg)  # raises FitError (micro-batch 1 does not fit) before any training
-        rec.update(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
-                   devices=p.devices, accum_source=p.source, peak_mem_estimate_bytes=p.estimate_bytes,
-                   fit_budget_bytes=p.budget_bytes, fit_seconds=p.seconds)
+    with recorded(run_dir, rec):
+        splits = _load_data(spec, rec)
+        p = plan(spec)  # raises FitError (micro-batch 1 does not fit) before any training
+        rec.update(_plan_fields(p))
         log.info("%s", p.describe())
-        key = resume_key(cfg, p.micro_batch, p.accum_steps)
-        last = ckpt_dir / "last.ckpt"
-        resume_from = None
-        if last.exists():
-            saved = torch.load(last, map_location="cpu", weights_only=False)
-            if saved.get("resume_key") != key:
-                raise RuntimeError(f"{last} belongs to a run with another configuration (or micro-batch); "
-                                   f"pass force=true to discard it and start again")
-            resume_from = int(saved.get("global_step", 0))
-            del saved
-            log.info("resuming from %s (optimizer step %d)", last, resume_from)
-        rec["resumed_from_step"] = resume_from
+        key = spec.resume_key(p.micro_batch, p.accum_steps, data_fingerprint(splits))
+        start = resume_step(ckpt_dir / "last.ckpt", key)
+        rec["resumed_from_step"] = start
         _write(run_dir, rec)  # status "running": the decision is visible before training starts
 
-        eval_bs = tr.eval_batch_size or p.micro_batch
-        dm_cls = ResumableDataModule if p.devices == 1 else LRADataModule
-        dm = dm_cls(splits, batch_size=p.micro_batch, eval_batch_size=eval_bs, seed=int(cfg.seed),
-                    num_workers=int(cfg.trainer.num_workers))
-        lit = LitLRA(model_kwargs(cfg), lr=tr.lr, warmup=tr.warmup, max_steps=tr.max_steps,
-                     weight_decay=tr.weight_decay, eps=tr.eps, grad_clip_value=tr.grad_clip_value,
-                     schedule=tr.schedule, attn_checkpointing=uses_attn_checkpointing(cfg), resume_key=key)
+        lit = LitLRA(spec.model, spec.train, resume_key=key)
         rec["num_params"] = count_params(lit)
+        cb = callbacks(spec, splits["val"], ckpt_dir, extra=[WandbTables()] if spec.logger["name"] == "wandb" else [])
+        trainer = make_trainer(spec, p, cb, make_logger(spec, run_dir, start))
+        rec.update(_device_fields(spec, trainer, p))
+        dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
+                           seed=spec.seed, num_workers=spec.hardware.num_workers)
+        trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
 
-        monitor = str(cfg.trainer.monitor)
-        select_after = int(math.ceil(float(tr.select_after or 0.0) * int(tr.max_steps)))
-        best = BestCheckpoint(dirpath=ckpt_dir, filename="best", monitor=monitor,
-                              mode="max" if monitor.endswith("acc") else "min", save_top_k=1, save_last=False,
-                              auto_insert_metric_name=False, enable_version_counter=False, select_after=select_after)
-        resume = ResumeCheckpoint(last, eval_every=int(tr.eval_every), every_n_steps=tr.ckpt_every_steps)
-        timer = TrainTimer()
-        guard = RunGuard(baseline_loss=label_entropy(splits["val"].labels), majority_acc=splits["val"].majority_rate(),
-                         stuck_after=tr.stuck_after_steps, loss_tol=tr.stuck_loss_tol, acc_tol=tr.stuck_acc_tol)
-        callbacks = [timer, guard, best, resume]
-        if cfg.logger.name == "wandb":
-            from lra.wandb_extras import WandbTables
-
-            callbacks.append(WandbTables())
-        if cfg.trainer.progress:
-            callbacks.append(StepProgress(int(tr.max_steps)))
-        stopper = None
-        if tr.patience:
-            stopper = EarlyStopping(monitor="val/loss", mode="min", patience=int(tr.patience),
-                                    check_on_train_epoch_end=False, check_finite=False)
-            callbacks.append(stopper)
-        precision = resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.accelerator))
-        trainer = L.Trainer(
-            default_root_dir=run_dir, max_steps=int(tr.max_steps), max_epochs=-1,
-            val_check_interval=int(tr.eval_every) * p.accum_steps, check_val_every_n_epoch=None,
-            accumulate_grad_batches=p.accum_steps, accelerator=cfg.trainer.accelerator,
-            devices=cfg.trainer.devices, strategy=cfg.trainer.strategy, precision=precision,
-            logger=make_logger(cfg, run_dir, resume_from), callbacks=callbacks, enable_progress_bar=False,
-            enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=int(cfg.trainer.log_every_n_steps),
-            deterministic=bool(cfg.trainer.deterministic),
-        )
-        if p.devices != device_count(cfg):
-            log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
-        device = trainer.strategy.root_device
-        rec["device"] = str(device) if device.type == "cpu" else torch.cuda.get_device_name(device)
-        rec["precision"] = precision
-        if device.type == "cpu" and cfg.preset != "quick":
-            log.warning(
-                "Training the full %s protocol on a CPU: %d steps of batch %d x %d tokens will take many hours "
-                "(the progress bar shows the ETA). For a run of a few minutes: make lra task=%s attn=%s "
-                "ARGS='experiment=quick'", cfg.preset, tr.max_steps, p.effective_batch, cfg.task.seq_len,
-                cfg.task.name, cfg.attn.label)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        trainer.fit(lit, datamodule=dm, ckpt_path=str(last) if resume_from is not None else None)
-
-        steps = int(trainer.global_step)
-        rec.update(steps=steps, steps_at_stop=steps, train_time_s=timer.train_time_s, eval_time_s=timer.eval_time_s,
-                   time_per_1k_steps_s=timer.train_time_s / steps * 1000 if steps else None,
-                   best_val_acc=_num(best.best_model_score), best_ckpt=best.best_model_path or None,
-                   steps_to_best=best.best_step, stuck_at_end=guard.at_chance)
-        tokens = steps * p.effective_batch * int(cfg.task.seq_len) * (2 if cfg.task.dual else 1)
-        rec["tokens_per_s"] = tokens / timer.train_time_s if timer.train_time_s else None
-        if device.type == "cuda":
-            rec["peak_mem_bytes"] = torch.cuda.max_memory_allocated(device)
-            if p.estimate_bytes:
-                rec["peak_mem_estimate_error"] = rec["peak_mem_bytes"] / p.estimate_bytes - 1.0
-        early = stopper is not None and stopper.stopped_epoch > 0 or (steps < tr.max_steps and trainer.should_stop)
-        rec["stop_rule"] = f"early stopping on val/loss, patience {tr.patience}" if tr.patience else "fixed steps"
-        rec["stop_reason"] = "max_steps" if steps >= tr.max_steps else ("early_stopping" if early else "stopped")
-
-        if guard.status == "failed":  # diverged: nothing worth testing
-            rec.update(status="failed", reason=guard.reason, stop_reason="diverged")
-            log.error("%s", guard.reason)
-        else:
-            use_best = str(tr.test_ckpt) == "best"
-            if str(tr.test_ckpt) not in ("best", "last"):
-                raise ValueError(f"train.test_ckpt must be 'best' or 'last', got {tr.test_ckpt!r}")
-            ckpt_path = best.best_model_path if use_best and best.best_model_path else None
-            rec["tested_ckpt"] = "best" if ckpt_path else ("last" if not use_best else
-                                                           "last (no best checkpoint after select_after)")
-            test = trainer.test(lit, datamodule=dm, ckpt_path=ckpt_path, verbose=False)
-            rec.update(test_acc=test[0]["test/acc"], test_loss=test[0]["test/loss"])
-            if guard.status == "stuck":
-                rec.update(status="stuck", reason=guard.reason, stop_reason="stuck")
-                log.warning("%s", guard.reason)
-            else:
-                rec["status"] = "stopped_early" if early else "completed"
-            if not math.isfinite(rec["test_loss"]):
+        rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p))
+        out = outcome(spec, trainer, cb)
+        rec.update(out.fields)
+        if out.status != "failed":
+            test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False)[0]
+            rec.update(test_acc=test["test/acc"], test_loss=test["test/loss"])
+            if not torch.isfinite(torch.tensor(rec["test_loss"])):
                 rec.update(status="failed", reason="non-finite test loss")
-        if guard.at_chance and rec["status"] != "stuck":
-            log.warning("the last validation was at chance level (loss %.4f, accuracy %.4f, majority %.4f): "
-                        "the run may be stuck (train.stuck_after_steps stops such runs)", *guard.last_val,
-                        guard.majority_acc)
+        _warn_about(rec, cb)
+    _finish(spec, rec, trainer)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure policy: whatever ends a run short of SIGKILL leaves a record that says why
+
+
+@contextlib.contextmanager
+def recorded(run_dir: Path, rec: dict):
+    """Record ``interrupted`` (SIGINT, SIGTERM) or ``failed`` (any exception, with its reason), then
+    re-raise; a SIGTERM leaves with exit code 143 as the shell reports a terminated process."""
+    try:
+        yield rec
     except KeyboardInterrupt:
-        rec.update(status="interrupted", reason="KeyboardInterrupt")
+        rec.update(status="interrupted", reason="KeyboardInterrupt: restart the same command to resume")
         _write(run_dir, rec)
         raise
     except SystemExit as e:  # Lightning turns SIGTERM into SIGTERMException, a SystemExit with code None
@@ -311,100 +113,162 @@ def run(cfg: DictConfig) -> dict:
         rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
         _write(run_dir, rec)
         raise
-    _write(run_dir, rec)
-    if trainer is not None and cfg.logger.name == "wandb" and trainer.is_global_zero:
-        from lra.wandb_extras import log_record
-
-        log_record(trainer.logger, rec, run_dir)
-    if not _rank_zero():
-        return rec
-    if rec["status"] in FINISHED and last.exists():
-        last.unlink()  # the run is over; best.ckpt stays
-    log.info("%s/%s seed %d: %s, test acc %s (majority %.4f), %d steps, %.1f s training -> %s",
-             rec["task"], rec["attn"], rec["seed"], rec["status"], _fmt(rec["test_acc"]), rec["majority_acc"],
-             rec["steps"], rec["train_time_s"] or 0.0, run_dir / "result.json")
-    return rec
-
-
-def _rank_zero() -> bool:
-    from lightning.pytorch.utilities import rank_zero_only
-
-    return getattr(rank_zero_only, "rank", 0) == 0
 
 
 def _write(run_dir: Path, rec: dict) -> None:
     """Only global rank zero writes the record (DDP runs one process per device)."""
-    if _rank_zero():
+    if getattr(rank_zero_only, "rank", 0) == 0:
         write_record(run_dir, rec)
 
 
-def _num(x):
-    return None if x is None else float(x)
+# ---------------------------------------------------------------------------------------------
+# The steps of a run
+
+
+def _prepare(spec: RunSpec, ckpt_dir: Path) -> None:
+    _single_log_stream()
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.force and ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)  # the checkpoints this harness wrote for the run being redone
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+
+
+def _load_data(spec: RunSpec, rec: dict) -> dict[str, Split]:
+    splits = load_task(spec.data.options, spec.data.root)
+    rec["majority_acc"] = splits["test"].majority_rate()
+    rec["split_sizes"] = {k: len(v) for k, v in splits.items()}
+    return splits
+
+
+def data_fingerprint(splits: dict[str, Split]) -> str:
+    """Sizes and a checksum of every array: a checkpoint never continues on other data."""
+    h = hashlib.blake2b(digest_size=12)
+    for name in sorted(splits):
+        for arr in (splits[name].tokens, splits[name].lengths, splits[name].labels):
+            h.update(f"{name}:{arr.dtype}:{arr.shape}".encode())
+            h.update(memoryview(arr).cast("B") if arr.flags.c_contiguous else arr.tobytes())
+    return h.hexdigest()
+
+
+def resume_step(last: Path, key: str) -> int | None:
+    """The optimizer step ``last.ckpt`` continues from (None: no checkpoint, start afresh)."""
+    if not last.exists():
+        return None
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    if saved.get("resume_key") != key:
+        raise RuntimeError(f"{last} belongs to a run with another configuration, data or micro-batch (or an older "
+                           f"harness version); pass force=true to discard it and start again")
+    log.info("resuming from %s (optimizer step %d)", last, int(saved.get("global_step", 0)))
+    return int(saved.get("global_step", 0))
+
+
+def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
+    hw, tr = spec.hardware, spec.train
+    trainer = L.Trainer(
+        default_root_dir=spec.run_dir, max_steps=tr.max_steps, max_epochs=-1,
+        val_check_interval=tr.eval_every * p.accum_steps, check_val_every_n_epoch=None,
+        accumulate_grad_batches=p.accum_steps, accelerator=hw.accelerator, devices=hw.devices_arg,
+        strategy=hw.strategy, precision=hw.precision, logger=logger, callbacks=cb.all, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=spec.log_every_n_steps,
+        deterministic=hw.deterministic, use_distributed_sampler=False)  # LRADataModule shards by rank itself
+    if trainer.world_size != p.devices:
+        log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
+    return trainer
+
+
+def _plan_fields(p: Plan) -> dict:
+    return dict(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
+                devices=p.devices, accum_source=p.source, peak_mem_estimate_bytes=p.estimate_bytes,
+                fit_budget_bytes=p.budget_bytes, fit_seconds=p.seconds)
+
+
+def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
+    device = trainer.strategy.root_device
+    if device.type == "cpu" and spec.preset != "quick":
+        log.warning("Training the full %s protocol on a CPU: %d steps of batch %d x %d tokens will take many hours "
+                    "(the progress bar shows the ETA). For a run of a few minutes: make lra task=%s attn=%s "
+                    "ARGS='experiment=quick'", spec.preset, spec.train.max_steps, p.effective_batch,
+                    spec.model.seq_len, spec.task, spec.attn.label)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+            "precision": spec.hardware.precision}
+
+
+def _peak_memory(trainer: L.Trainer, p: Plan) -> dict:
+    device = trainer.strategy.root_device
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"peak_mem_bytes": peak, **({"peak_mem_estimate_error": peak / p.estimate_bytes - 1.0}
+                                       if p.estimate_bytes else {})}
+
+
+def _warn_about(rec: dict, cb: Callbacks) -> None:
+    if rec["status"] in ("failed", "stuck"):
+        (log.error if rec["status"] == "failed" else log.warning)("%s", rec["reason"])
+    if cb.guard.at_chance and rec["status"] != "stuck":
+        log.warning("the last validation was at chance level (loss %.4f, accuracy %.4f, majority %.4f): the run "
+                    "may be stuck (train.stuck_after_steps stops such runs)", *cb.guard.last_val, cb.guard.majority_acc)
+
+
+def _finish(spec: RunSpec, rec: dict, trainer: L.Trainer | None) -> None:
+    _write(spec.run_dir, rec)
+    if trainer is not None and spec.logger["name"] == "wandb" and trainer.is_global_zero:
+        log_record(trainer.logger, rec, spec.run_dir)
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return
+    last = spec.run_dir / "checkpoints" / "last.ckpt"
+    if rec["status"] in FINISHED and last.exists():
+        last.unlink()  # the run is over; best.ckpt stays
+    log.info("%s seed %d: %s, test acc %s (majority %.4f), %d steps, %.1f s training -> %s", spec.where, spec.seed,
+             rec["status"], _fmt(rec["test_acc"]), rec["majority_acc"], rec["steps"], rec["train_time_s"] or 0.0,
+             spec.run_dir / "result.json")
+
+
+def _single_log_stream() -> None:
+    """Lightning adds its own console handler; under Hydra the root logger already prints (and writes
+    the run's log file), so drop Lightning's handler and every message appears once, in both places."""
+    if logging.getLogger().handlers:
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            lg = logging.getLogger(name)
+            for h in list(lg.handlers):
+                lg.removeHandler(h)
+            lg.propagate = True
 
 
 def _fmt(x):
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def csv_logger(run_dir: Path, resume_from: int | None):
-    """Lightning's CSVLogger, keeping the history of a resumed run.
-
-    Its writer deletes an existing metrics.csv when it starts; a resumed run keeps the rows up to the
-    step it resumes from (later rows are logged again) so curves cover the whole run.
-    """
-    import csv
-    import warnings
-
-    from lightning.pytorch.loggers import CSVLogger
-
-    path = run_dir / "metrics.csv"
-    old = []
-    if resume_from is not None and path.exists():
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            keys = list(reader.fieldnames or [])
-            old = [r for r in reader if r.get("step", "") == "" or int(float(r["step"])) <= resume_from]
-    # flush at every logging call: a killed run keeps its history up to its last checkpoint
-    logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
-    with warnings.catch_warnings():  # the run folder already holds result.json: nothing of ours is deleted
-        warnings.filterwarnings("ignore", message="Experiment logs directory")
-        writer = logger.experiment
-    if old:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(old)
-        writer.metrics_keys = keys
-    return logger
-
-
-def make_logger(cfg: DictConfig, run_dir: Path, resume_from: int | None = None):
-    if cfg.logger.name == "csv":
-        return csv_logger(run_dir, resume_from)
-    if cfg.logger.name == "wandb":
-        os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
-        from lightning.pytorch.loggers import WandbLogger
-
-        return WandbLogger(project=cfg.logger.project, save_dir=str(run_dir), group=cfg.logger.group,
-                           tags=list(cfg.logger.tags), name=f"{cfg.task.name}-{cfg.attn.label}-s{cfg.seed}",
-                           config=OmegaConf.to_container(cfg, resolve=True), mode=str(cfg.logger.mode))
-    raise ValueError(f"logger must be csv or wandb, got {cfg.logger.name!r}")
+# ---------------------------------------------------------------------------------------------
+# Entry
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
-    from lra.data import DataError
-    from lra.fit import FitError
-
+def _hydra_main(cfg: DictConfig) -> float | None:
     try:
-        rec = run(cfg)
-    except DataError as e:
+        rec = run(resolve(cfg, HydraConfig.get().runtime.output_dir))
+    except (ConfigError, DataError) as e:  # the user's to fix: one line
         log.error("%s", e)
         sys.exit(2)
     except FitError as e:
         log.error("does not fit, not training: %s", e)
         sys.exit(3)
     return rec.get("best_val_acc")  # the objective for Hydra sweepers
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
+        try:
+            load(args)  # every value checked before Hydra makes the run folder
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    _hydra_main()
 
 
 if __name__ == "__main__":

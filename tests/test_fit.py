@@ -9,18 +9,21 @@ import time
 import pytest
 import torch
 
-from lra.config import compose
-from lra.fit import (GIB, CheckpointedAttention, FitError, budget_bytes, checkpoint_attention, plan,
-                     train_step_peak)
-from lra.train import finalize, model_kwargs
+from dataclasses import replace
 
-SMALL = dict(vocab_size=16, seq_len=128, num_classes=10, dim=64, hidden=128, num_layers=2, num_heads=2, head_dim=32,
-             dropout=0.1, head_hidden=128, pooling="mean", dual=False, interaction="nli")
+from lra.config import AttnSpec, ConfigError, ModelSpec, load
+from lra.fit import GIB, FitError, plan, train_step_peak
+from lra.model import CheckpointedAttention, LRAClassifier, checkpoint_attention
+
+
+def small(attn: str, options: dict | None = None, checkpointing: bool = False, **kw) -> ModelSpec:
+    """The papers' classifier at n=128 (dim 64, 2 layers, 2 heads x 32)."""
+    kw = {"vocab_size": 16, "seq_len": 128, "num_classes": 10, **kw}
+    return ModelSpec(attn=AttnSpec(attn, options=options or {}, checkpointing=checkpointing), **kw)
 
 
 def cfg_for(tmp_path, *overrides):
-    ov = [f"runs_root={tmp_path}", *overrides]
-    return finalize(compose(ov), ov)
+    return load([f"runs_root={tmp_path}", *overrides])
 
 
 @pytest.mark.parametrize("attn,options,ckpt", [
@@ -31,39 +34,39 @@ def cfg_for(tmp_path, *overrides):
 ])
 def test_fake_estimate_equals_real_tensor_peak(attn, options, ckpt):
     """FakeTensorMode allocates nothing, yet MemTracker's peak equals the one of real CPU tensors."""
-    mk = dict(SMALL, attn_name=attn, attn_options=options)
-    fake = train_step_peak(mk, 4, fake=True, cuda_sdpa=False, attn_checkpointing=ckpt)
-    real = train_step_peak(mk, 4, fake=False, attn_checkpointing=ckpt)
+    mk = small(attn, options, ckpt)
+    fake = train_step_peak(mk, 4, fake=True, cuda_sdpa=False)
+    real = train_step_peak(mk, 4, fake=False)
     assert fake == pytest.approx(real, rel=0.01)
     assert fake > 4 * 2 * 2 * 128 * 128 * 4  # at least one fp32 score matrix per layer is counted
 
 
 def test_estimate_grows_with_batch_and_length():
-    mk = dict(SMALL, attn_name="softmax", attn_options={"impl": "materialized"})
+    mk = small("softmax", {"impl": "materialized"})
     by_batch = [train_step_peak(mk, b) for b in (1, 2, 4, 8)]
     assert by_batch == sorted(by_batch) and len(set(by_batch)) == 4
-    by_len = [train_step_peak(dict(mk, seq_len=n), 2) for n in (64, 128, 256)]
+    by_len = [train_step_peak(replace(mk, seq_len=n), 2) for n in (64, 128, 256)]
     assert by_len == sorted(by_len) and len(set(by_len)) == 3
     # quadratic in n for the materialised matrix, (almost) linear for the CUDA fused kernel
-    fused = dict(SMALL, attn_name="softmax", attn_options={"impl": "fused"})
-    f = [train_step_peak(dict(fused, seq_len=n), 2) for n in (256, 512)]
-    m = [train_step_peak(dict(mk, seq_len=n), 2) for n in (256, 512)]
+    fused = small("softmax", {"impl": "fused"})
+    f = [train_step_peak(replace(fused, seq_len=n), 2) for n in (256, 512)]
+    m = [train_step_peak(replace(mk, seq_len=n), 2) for n in (256, 512)]
     assert m[1] / m[0] > 3.0 and f[1] / f[0] < 2.5
 
 
 def test_fused_sdpa_is_estimated_as_the_cuda_kernel():
     """CPU SDPA with dropout materialises n x n; the estimate uses CUDA's memory-efficient kernel."""
-    mk = dict(SMALL, seq_len=512, attn_name="softmax", attn_options={"impl": "fused"})
+    mk = small("softmax", {"impl": "fused"}, seq_len=512)
     cuda = train_step_peak(mk, 2)
     cpu = train_step_peak(mk, 2, cuda_sdpa=False)
-    materialized = train_step_peak(dict(mk, attn_options={"impl": "materialized"}), 2)
+    materialized = train_step_peak(small("softmax", {"impl": "materialized"}, seq_len=512), 2)
     assert cuda < 0.5 * cpu and cpu == pytest.approx(materialized, rel=0.05)
 
 
 def test_estimate_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    train_step_peak(dict(SMALL, attn_name="skeinformer", attn_options={"num_features": 16}), 2)
+    train_step_peak(small("skeinformer", {"num_features": 16}), 2)
     assert torch.equal(before, torch.get_rng_state())
 
 
@@ -81,11 +84,9 @@ def test_checkpointed_attention_same_result_less_memory():
     b = CheckpointedAttention(inner)(q, k, v, mask)
     gb = torch.autograd.grad(b.square().sum(), (q, k, v))
     assert torch.equal(a, b) and all(torch.allclose(x, y) for x, y in zip(ga, gb))
-    mk = dict(SMALL, seq_len=512, attn_name="softmax", attn_options={"impl": "materialized"})
-    assert train_step_peak(mk, 2, attn_checkpointing=True) < 0.8 * train_step_peak(mk, 2)
-    from lra.model import LRAClassifier
-
-    m = checkpoint_attention(LRAClassifier(**dict(SMALL, attn_name="softmax", attn_options={})))
+    mk = small("softmax", {"impl": "materialized"}, seq_len=512)
+    assert train_step_peak(replace(mk, attn=replace(mk.attn, checkpointing=True)), 2) < 0.8 * train_step_peak(mk, 2)
+    m = checkpoint_attention(LRAClassifier(**small("softmax").kwargs()))
     assert sum(isinstance(x, CheckpointedAttention) for x in m.modules()) == 2
 
 
@@ -108,7 +109,7 @@ def test_listops_table4_shape_on_v100(tmp_path):
 
 
 def test_decision_is_cached(tmp_path):
-    ov = [f"fit.cache_dir={tmp_path}/cache", "attn=skeinformer", "+attn.options.num_features=32",
+    ov = [f"fit.cache_dir={tmp_path}/cache", "attn=skeinformer", "attn.options.num_features=32",
           "experiment=quick", "hardware=v100_16gb"]
     first = plan(cfg_for(tmp_path, *ov))
     t0 = time.perf_counter()
@@ -153,25 +154,25 @@ def test_effective_batch_constant_across_devices(tmp_path):
     m = plan(cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c", "experiment=quick", "hardware=v100_16gb",
                      "trainer.devices=2"))
     assert m.micro_batch * m.accum_steps * 2 == 32 and m.devices == 2
-    with pytest.raises(ValueError, match="not divisible"):
-        plan(cfg_for(tmp_path, "experiment=quick", "trainer.devices=3"))
-    with pytest.raises(ValueError, match="must divide"):
-        plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=5"))
+    with pytest.raises(ConfigError, match=r"train.batch_size=32 .*a multiple of the 3 devices"):
+        cfg_for(tmp_path, "experiment=quick", "trainer.devices=3")
+    with pytest.raises(ConfigError, match=r"hardware.micro_batch=5 .*a divisor of the per-device batch 32"):
+        cfg_for(tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=5")
 
 
 def test_profiles(tmp_path):
     v100 = cfg_for(tmp_path, "hardware=v100_16gb").hardware
     a100 = cfg_for(tmp_path, "hardware=a100_40gb").hardware
     h100 = cfg_for(tmp_path, "hardware=h100_80gb").hardware
-    assert 13 * GIB < budget_bytes(v100) < 15 * GIB < budget_bytes(a100) < budget_bytes(h100) < 80 * GIB
-    assert budget_bytes(cfg_for(tmp_path, "hardware=cpu").hardware) is None
+    assert 13 * GIB < v100.budget_bytes < 15 * GIB < a100.budget_bytes < h100.budget_bytes < 80 * GIB
+    assert cfg_for(tmp_path, "hardware=cpu").hardware.budget_bytes is None
     assert cfg_for(tmp_path).hardware.name == "v100_16gb"  # the papers' GPU is the default
     auto = cfg_for(tmp_path, "hardware=auto", "experiment=quick")
     if not torch.cuda.is_available():  # auto without CUDA: no budget, no fitting
-        assert budget_bytes(auto.hardware) is None
+        assert auto.hardware.budget_bytes is None
         assert plan(auto).accum_steps == 1 and "no memory budget" in plan(auto).source
     else:
-        assert budget_bytes(auto.hardware) is not None
+        assert auto.hardware.budget_bytes is not None
 
 
 def test_make_fit_prints_the_decision(tmp_path):
@@ -195,7 +196,7 @@ def test_table_lists_every_cell(tmp_path):
 
 
 def test_model_kwargs_follow_the_preset(tmp_path):
-    mk = model_kwargs(cfg_for(tmp_path, "attn=softmax", "experiment=skeinformer_paper"))
+    mk = cfg_for(tmp_path, "attn=softmax", "experiment=skeinformer_paper").model.kwargs()
     assert mk["attn_options"]["impl"] == "materialized" and mk["seq_len"] == 2048
 
 

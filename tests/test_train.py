@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from lra.config import compose
-from lra.record import REQUIRED, write_json_atomic
+from lra.config import compose, load
+from lra.files import write_json
+from lra.record import REQUIRED
 
 TINY = ["experiment=quick", "protocol.listops.data.n_train=256", "protocol.listops.data.n_val=64",
         "protocol.listops.data.n_test=64", "train.max_steps=12", "train.eval_every=5", "num_threads=1"]
@@ -78,13 +79,13 @@ def test_config_composes_paper_protocol_by_default():
 
 
 def test_softmax_nodrop_config():
-    cfg = compose(["attn=softmax_nodrop"])
-    assert cfg.attn.name == "softmax" and cfg.attn.options.dropout == 0.0 and cfg.attn.label == "softmax_nodrop"
+    attn = load(["attn=softmax_nodrop"]).attn
+    assert attn.name == "softmax" and attn.options["dropout"] == 0.0 and attn.label == "softmax_nodrop"
 
 
 def test_atomic_json_never_half_written(tmp_path):
     target = tmp_path / "result.json"
-    write_json_atomic(target, {"a": 1})
+    write_json(target, {"a": 1})
     with pytest.raises(TypeError):
-        write_json_atomic(target, {"a": object()})
+        write_json(target, {"a": object()})
     assert json.loads(target.read_text()) == {"a": 1} and len(list(tmp_path.iterdir())) == 1

@@ -1,8 +1,8 @@
 """``python -m lra.data task=<task> [overrides]`` (``make data``): prepare and cache a task's data.
 
-Generates what can be generated offline (ListOps; see the task's loader), tokenises through the
-cache, and prints the split sizes. Tasks that cannot be generated explain where to get the files.
-Takes the same overrides as ``lra.train`` (e.g. ``experiment=quick`` prepares the quick data).
+Generates what can be generated offline (ListOps, Pathfinder), tokenises through the cache, and
+prints the split sizes. Tasks that cannot be generated explain where to get the files. Takes the
+same overrides as ``lra.train`` (e.g. ``experiment=quick`` prepares the quick data).
 """
 
 from __future__ import annotations
@@ -11,27 +11,37 @@ import logging
 import sys
 import time
 
-from omegaconf import OmegaConf
+from lra.config import ConfigError, load
+from lra.data import DataError, load_task
+
+USAGE = """usage: python -m lra.data task=<task> [hydra overrides ...]   (make data task=<task>)
+
+Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/).
+  python -m lra.data task=listops                      # generate the official ListOps distribution
+  python -m lra.data task=pathfinder experiment=quick  # the quick preset's small Pathfinder set
+  python -m lra.data task=text                         # IMDB: says where to put aclImdb_v1.tar.gz"""
 
 
 def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
     log = logging.getLogger("lra.data")
-    from lra.config import compose
-    from lra.data import DataError, data_root, load_task
-
-    cfg = compose(argv)
+    unknown = [a for a in argv if a.startswith("-")]
     t0 = time.perf_counter()
-    root = data_root(cfg.data_root)
     try:
-        splits = load_task(OmegaConf.to_container(cfg.task, resolve=True), root)
-    except DataError as e:
+        if unknown:
+            raise ConfigError(f"unknown argument {unknown[0]!r}; python -m lra.data --help lists the options")
+        spec = load(argv)
+        splits = load_task(spec.data.options, spec.data.root)
+    except (ConfigError, DataError) as e:
         log.error("%s", e)
         return 2
     for name, s in splits.items():
-        log.info("%s %s: %d examples, tokens %s, majority class %.1f%%", cfg.task.name, name, len(s),
+        log.info("%s %s: %d examples, tokens %s, majority class %.1f%%", spec.task, name, len(s),
                  tuple(s.tokens.shape), 100 * s.majority_rate())
-    log.info("ready in %.1f s under %s", time.perf_counter() - t0, root)
+    log.info("ready in %.1f s under %s", time.perf_counter() - t0, spec.data.root)
     return 0
 
 

@@ -1,0 +1,123 @@
+"""Resolving a run's config once (lra/config.py): every config composes, attention options are
+typed config nodes for every backend, and a bad value is one line before any work starts."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import attention
+from lra import CONF_DIR
+from lra.config import ConfigError, attn_configs, compose, load
+
+NAMES = attention.available()
+
+
+@pytest.mark.parametrize("group", ["task", "experiment", "hardware", "logger", "model", "trainer"])
+def test_every_config_file_composes_and_resolves(group, tmp_path):
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        overrides = [f"{group}={path.stem}", f"runs_root={tmp_path}"]
+        cfg = compose(overrides)
+        if group == "task" and path.stem != "listops":
+            continue  # readers need data to check task.path; their composition is what is tested here
+        spec = load(overrides)
+        assert spec.config["preset"] == cfg.preset
+
+
+@pytest.mark.parametrize("name", attn_configs())
+def test_every_attention_config_resolves_under_every_preset(name):
+    for preset in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper", "quick"):
+        spec = load([f"attn={name}", f"experiment={preset}"])
+        assert spec.attn.label == name and set(spec.attn.options) == set(attention.option_defaults(spec.attn.name))
+
+
+def _bad_value(info: dict):
+    """A value outside what the option's checks allow (None where its range says nothing)."""
+    rng = info["range"]
+    if rng.startswith("one of"):
+        return "not_a_choice" if info["type"] == "str" else None
+    if rng.startswith(("integer [", "[")):
+        lo = rng.split("[", 1)[1].split(",")[0]
+        return None if lo == "-inf" else (int(float(lo)) - 1 if rng.startswith("integer") else float(lo) - 1.0)
+    if rng.startswith(("integer (", "(")):
+        lo = rng.split("(", 1)[1].split(",")[0]
+        return None if lo == "-inf" else (int(float(lo)) if rng.startswith("integer") else float(lo))
+    return None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_attention_options_without_plus_typed_and_range_checked(name):
+    info = attention.option_info(name)
+    with pytest.raises(ConfigError, match=rf"attn.options.no_such_option.*{name}"):
+        load([f"attn={name}", "experiment=quick", "attn.options.no_such_option=1"])
+    if not info:
+        assert attention.option_defaults(name) == {}, name  # none, vmean: nothing to set
+        return
+    opt, spec_info = next(iter(info.items()))
+    default = spec_info["default"]
+    spec = load([f"attn={name}", "experiment=quick", f"attn.options.{opt}={'null' if default is None else default}"])
+    assert spec.attn.options[opt] == default
+    checked = [(o, _bad_value(i)) for o, i in info.items() if _bad_value(i) is not None]
+    assert checked or name in ("softmax_nodrop",), f"{name}: no option with a checked range"
+    for o, bad in checked[:2]:
+        with pytest.raises(ConfigError, match=rf"'{o}'={bad!r}"):
+            load([f"attn={name}", "experiment=quick", f"attn.options.{o}={bad}"])
+
+
+def test_option_precedence_backend_variant_preset_task_command_line():
+    # registry default < variant base_options < preset attn_options < command line
+    assert load(["attn=softmax", "experiment=quick"]).attn.options == {"dropout": 0.1, "impl": "fused", "causal": False}
+    assert load(["attn=softmax_nodrop", "experiment=quick"]).attn.options["dropout"] == 0.0
+    paper = load(["attn=softmax_nodrop", "experiment=skeinformer_paper"]).attn
+    assert paper.options["impl"] == "materialized" and paper.preset_options == {"impl": "materialized"}
+    cli = load(["attn=softmax_nodrop", "experiment=skeinformer_paper", "attn.options.impl=fused",
+                "attn.options.dropout=0.2"]).attn
+    assert (cli.options["impl"], cli.options["dropout"], cli.preset_options) == ("fused", 0.2, {})
+    # protocol.<task>.attn_options beats the preset-wide table (the Nyströmformer preset's YOSO hash bits)
+    assert load(["attn=yoso", "experiment=nystromformer_paper", "task=image"]).attn.options["hash_bits"] == 10
+
+
+def test_describe_shows_type_default_range_and_meaning():
+    text = str(attention.describe("skeinformer"))
+    assert "num_features: int = 256  integer [1, inf]" in text and "pilot rows" in text
+    assert attention.describe("skeinformer")["options"]["num_features"] == 256  # still a dict for programs
+
+
+@pytest.mark.parametrize("override,key", [
+    ("seed=1.5", "seed=1.5"), ("train.max_steps=0", "train.max_steps=0"), ("train.eval_every=0", "train.eval_every=0"),
+    ("train.batch_size=0", "train.batch_size=0"), ("train.test_ckpt=middle", "train.test_ckpt='middle'"),
+    ("+task.path=/nonexistent/listops", "task.path='/nonexistent/listops'"), ("trainer.num_workers=-1", "trainer.num_workers=-1"),
+    ("+train.bogus=1", "train.bogus"), ("trainer.precision=fp8", "trainer.precision='fp8'"),
+    ("attn.options.impl=flash", "'impl'='flash'"), ("hardware.micro_batch=5", "hardware.micro_batch=5"),
+])
+def test_bad_values_are_one_line_naming_key_and_value(override, key):
+    with pytest.raises(ConfigError) as e:
+        load(["experiment=quick", override])
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_train_refuses_bad_input_before_any_folder_exists(tmp_path):
+    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
+    for bad in ("seed=1.5", "attn=skeinformer attn.options.num_features=0", "attn=linformer attn.options.nope=3"):
+        proc = subprocess.run([sys.executable, "-m", "lra.train", "experiment=quick", *bad.split()], env=env,
+                              capture_output=True, text=True, timeout=120)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_fit_cli_takes_options_without_plus_and_rejects_bad_ones(tmp_path):
+    env = {**os.environ, "LRA_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"}
+
+    def fit(*args):
+        return subprocess.run([sys.executable, "-m", "lra.fit", "task=listops", "experiment=quick", "hardware=cpu", *args],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    ok = fit("attn=nystrom", "attn.options.landmarks=16")
+    assert ok.returncode == 0 and "'landmarks': 16" in ok.stdout, ok.stderr
+    unknown = fit("attn=nystrom", "attn.options.landmark=16")
+    assert unknown.returncode == 2 and "attn.options.landmark" in unknown.stderr and "landmarks" in unknown.stderr
+    out_of_range = fit("attn=nystrom", "attn.options.landmarks=0")
+    assert out_of_range.returncode == 2 and "'landmarks'=0" in out_of_range.stderr

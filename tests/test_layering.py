@@ -1,0 +1,81 @@
+"""The design contracts of lra/ (DESIGN.md): imports point one way, no cycles, an entry point a
+newcomer reads in one screen."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from lra import REPO_ROOT
+
+LAYERS = ["lra.config", "lra.model", "lra.fit", "lra.module", "lra.train"]  # each may import only those before it
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every lra module -> the lra modules it imports, at top level or inside functions."""
+    modules = {_module_name(p): p for p in (REPO_ROOT / "lra").rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            # a submodule importing from its own package (``from lra.data import listops`` in lra.data.x) is not
+            # a dependency on the package's __init__ worth a cycle: Python initialises packages first
+            found |= {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+        graph[name] = found
+    return graph
+
+
+def _cycle(graph):
+    state = {}
+
+    def visit(n, path):
+        state[n] = "open"
+        for m in sorted(graph[n]):
+            if state.get(m) == "open":
+                return path + [n, m]
+            if m not in state and (c := visit(m, path + [n])):
+                return c
+        state[n] = "done"
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n, [])):
+            return c
+    return None
+
+
+def test_no_import_cycle_among_lra_modules():
+    graph = _imports()
+    assert len(graph) > 20
+    cycle = _cycle({n: {m for m in deps if m != "lra"} for n, deps in graph.items()})
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_layers_import_one_way():
+    graph = _imports()
+    for i, name in enumerate(LAYERS):
+        later = set(LAYERS[i + 1:])
+        assert not graph[name] & later, f"{name} imports {sorted(graph[name] & later)}, a later layer"
+    for name, deps in graph.items():
+        if name != "lra.train":
+            assert "lra.train" not in deps, f"{name} imports the entry point"
+
+
+@pytest.mark.parametrize("path,limit", [("lra/train.py", 60)])
+def test_entry_point_functions_are_short(path, limit):
+    tree = ast.parse((REPO_ROOT / path).read_text())
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    longest = max(lengths, key=lengths.get)
+    assert lengths[longest] <= limit, f"{path}:{longest} has {lengths[longest]} lines"
+    assert lengths["run"] <= 50
