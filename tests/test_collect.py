@@ -15,6 +15,7 @@ import pytest
 from lra.collect import collect, main
 from lra.collect.records import load_runs
 from lra.collect.render import to_latex, to_markdown
+from lra.config import attn_configs
 from lra.files import write_atomic, write_text
 from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results
 
@@ -407,8 +408,7 @@ def test_paper_results_are_consistent_and_sourced():
         p = g.pivot(index="attn", columns="task", values="value")
         assert ((p.drop(columns="average").mean(axis=1) - p["average"]).abs() < 0.01).all(), (paper, table)
     # every attention named in the papers is a config we can run
-    conf = {p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "attn").glob("*.yaml")}
-    assert set(df["attn"]) <= conf
+    assert set(df["attn"]) <= set(attn_configs())
 
 
 def test_paper_results_match_lra_facts():
