@@ -12,7 +12,7 @@ import pytest
 from lra.data import release
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
-from lra.data.tasks import limit_examples
+from lra.data.registry import limit_examples
 
 
 def splits(n=1000, L=1024):

@@ -18,7 +18,7 @@ from scipy import ndimage
 from lra.data import DataError
 from lra.data import pathfinder as pf
 from lra.data import pathfinder_gen as gen
-from lra.data.tasks import load_task
+from lra.data import load_task
 
 HARD = "curv_contour_length_14"
 

@@ -10,7 +10,7 @@ import pytest
 
 from lra.data import DataError
 from lra.data import listops as lo
-from lra.data.tasks import load_listops
+from lra.data.listops import load as load_listops
 
 
 @pytest.mark.parametrize("src,value", [

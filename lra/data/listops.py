@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.data.base import DataError, Split
+from lra.data.base import DataError, Split, data_workers
+from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.registry import register_task
 
 log = logging.getLogger(__name__)
 
@@ -281,3 +283,40 @@ def find_dir(root: Path, dirname: str) -> Path | None:
         if all((cand / f"basic_{s}.tsv").exists() for s in SPLITS):
             return cand
     return None
+
+
+# ------------------------------------------------------------------------------ loader
+def prepare(cfg: dict, root: Path, progress: bool = True) -> Path:
+    """The ListOps folder, generated (seeded, official distribution) if absent and allowed."""
+    params = GeneratorParams(**cfg.get("generator", {}))
+    folder = find_dir(root, cfg["dirname"])
+    if folder is not None:
+        stamp = folder / "GENERATED.json"
+        if not stamp.exists():
+            return folder  # official release files: use as they are
+        if json.loads(stamp.read_text()).get("params") == asdict(params):
+            return folder
+        log.warning("%s was generated with other parameters; regenerating", folder)
+    target = root / cfg["dirname"]
+    if not cfg.get("generate", True):
+        raise DataError(
+            f"ListOps data not found: looked for basic_{{train,val,test}}.tsv in {target} (and under "
+            f"{root}/lra_release/). Generate it with `make data task=listops`, or point LRA_DATA at a folder "
+            f"holding listops-1000/ from the LRA release (lra_release.gz).")
+    log.warning("ListOps data not found under %s: generating the official distribution (seed %d, %d/%d/%d) "
+                "into %s", root, params.seed, params.n_train, params.n_val, params.n_test, target)
+    return write_dataset(target, params, workers=data_workers(), progress=progress)
+
+
+@register_task("listops")
+def load(cfg: dict, root: Path) -> dict[str, Split]:
+    folder = prepare(cfg, root)
+    paths = {s: folder / f"basic_{s}.tsv" for s in SPLITS}
+    key = {"task": "listops", "max_length": cfg["max_length"], "seq_len": cfg["seq_len"],
+           "vocab": VOCAB, "sources": source_fingerprint(paths.values())}
+
+    def build():
+        return {s: tokenize_split(read_tsv(p), p, cfg["max_length"], cfg["seq_len"], data_workers())
+                for s, p in paths.items()}
+
+    return cached_splits(root, "listops", key, build)

@@ -38,9 +38,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from lra.data.base import DataError, Split
+from lra.data.base import DataError, Split, data_workers
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.pathfinder_gen import DIFFICULTIES, GeneratorParams, write_dataset
+from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, member_prefix, natural_key, \
     release_archives, walk
 
@@ -331,3 +332,9 @@ def load(cfg: dict, root: Path, workers: int = 1, progress: bool = True) -> dict
         return assemble(records, results, res, str(where), split_seed)
 
     return cached_splits(root, "pathfinder", key, build)
+
+
+@register_task("pathfinder")
+def load_with_all_cores(cfg: dict, root: Path) -> dict[str, Split]:
+    """The registered loader: images decoded by up to 8 processes (``load`` defaults to one)."""
+    return load(cfg, root, workers=data_workers())

@@ -35,6 +35,7 @@ import numpy as np
 
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,7 @@ def check_dev_split(value) -> str:
     return value
 
 
+@register_task("text")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     dev_split = check_dev_split(cfg.get("dev_split", "carve"))
     explicit = explicit_path(cfg)
