@@ -99,3 +99,44 @@ def test_iter_tar_streams_only_wanted_members(tmp_path):
     p.write_bytes(b"\x1f\x8b garbage")
     with pytest.raises(DataError, match="cannot read this archive"):
         list(release.iter_tar(p, lambda n: True, progress=False))
+
+
+def _tar_bytes(n=5):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for i in range(n):
+            data = bytes([65 + i]) * (300 + 700 * i)
+            info = tarfile.TarInfo(f"d/f{i}.bin")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("how", ["cut after a member", "cut inside a member", "no end block", "garbage after",
+                                 "gzip of a cut tar"])
+def test_iter_tar_refuses_archives_tarfile_reads_quietly(tmp_path, how):
+    """Whatever reads through iter_tar (Text, Retrieval, Pathfinder, Image archives) gets a DataError
+    naming the file instead of the members before the damage."""
+    import gzip
+    data = _tar_bytes()
+    members_end = -(-len(data.rstrip(b"\0")) // 512) * 512
+    bad = {"cut after a member": data[:512 * 2],  # header + data of f0, nothing more
+           "cut inside a member": data[:512 * 4],
+           "no end block": data[:members_end],
+           "garbage after": data[:members_end] + b"\x01" * 512 + b"\0" * 1024,
+           "gzip of a cut tar": gzip.compress(data[:512 * 2])}[how]
+    path = tmp_path / ("a.tar.gz" if "gzip" in how else "a.tar")
+    path.write_bytes(bad)
+    with pytest.raises(DataError) as e:
+        list(n for n, f in release.iter_tar(path, lambda n: True, progress=False))
+    assert str(path) in str(e.value)
+
+
+def test_iter_tar_reads_whole_archives_with_one_or_two_end_blocks(tmp_path):
+    data = _tar_bytes()
+    members_end = -(-len(data.rstrip(b"\0")) // 512) * 512
+    for i, blob in enumerate((data, data[:members_end + 512], data[:members_end + 1024])):
+        path = tmp_path / f"{i}.tar"
+        path.write_bytes(blob)
+        got = {n: f.read() for n, f in release.iter_tar(path, lambda n: True, progress=False)}
+        assert sorted(got) == [f"d/f{k}.bin" for k in range(5)] and got["d/f4.bin"] == b"E" * 3100

@@ -224,15 +224,26 @@ def test_release_archive_gives_the_same_arrays(tmp_path):
 
 
 def test_empty_and_unreadable_pngs_are_skipped_and_counted(tmp_path, caplog):
-    files, _, _ = official_files(n=60)
+    files, _, _ = official_files(n=200)
     files["imgs/0/sample_3.png"] = b""
     files["imgs/1/sample_5.png"] = b"not a png"
     write_files(tmp_path / "pathfinder32" / HARD, files)
     with caplog.at_level(logging.WARNING):
         s = pf.load(cfg(), tmp_path, progress=False)
-    assert sum(len(x) for x in s.values()) == 58
-    assert "skipped 2 of 60 images: 1 empty (e.g. imgs/0/sample_3.png), 1 unreadable (e.g. imgs/1/sample_5.png)" \
+    assert sum(len(x) for x in s.values()) == 198  # 2 of 200 = 1%: the most tolerated
+    assert "skipped 2 of 200 images: 1 empty (e.g. imgs/0/sample_3.png), 1 unreadable (e.g. imgs/1/sample_5.png)" \
         in caplog.text
+
+
+def test_more_than_one_percent_unreadable_is_an_error(tmp_path):
+    """5 of 100 (5%) unreadable passed before (the limit was max(10, 1%)); docs/data.md says > 1% is an error."""
+    files, _, _ = official_files(n=100)
+    for i in range(5):
+        files[f"imgs/0/sample_{i}.png"] = b"not a png"
+    folder = write_files(tmp_path / "pathfinder32" / HARD, files)
+    with pytest.raises(DataError) as e:
+        pf.load(cfg(), tmp_path, progress=False)
+    assert str(folder) in str(e.value) and "5 of 100 images cannot be used" in str(e.value)
 
 
 def test_many_missing_images_is_an_error_naming_the_folder(tmp_path):

@@ -252,7 +252,7 @@ def assemble(records, results, res: int, where: str, split_seed: int) -> dict[st
     n_skip = len(records) - len(ok)
     if n_skip:
         detail = ", ".join(f"{len(v)} {k} (e.g. {v[0]})" for k, v in skipped.items())
-        if n_skip > max(10, MAX_SKIPPED * len(records)):
+        if n_skip > MAX_SKIPPED * len(records):  # docs/data.md: more than 1% is an error, however few images
             raise DataError(f"{where}: {n_skip} of {len(records)} images cannot be used: {detail}. The data is "
                             f"incomplete or damaged: copy or unpack it again.")
         log.warning("Pathfinder: skipped %d of %d images: %s", n_skip, len(records), detail)

@@ -192,9 +192,9 @@ def read_tar(path: Path, progress: bool = True) -> Rows:
     for name, f in iter_tar(path, lambda n: _TAR_MEMBER.search(n) is not None, progress=progress):
         m = _TAR_MEMBER.search(name)
         out[m.group(1)].append((CLASSES.index(m.group(2)), f.read()))
-    empty = [s for s in SPLITS if not out[s]]
+    empty = [f"{s}/{c}" for s in SPLITS for lab, c in enumerate(CLASSES) if not any(x == lab for x, _ in out[s])]
     if empty:
-        raise DataError(f"{path}: no aclImdb/{empty[0]}/{{pos,neg}}/*.txt members; this is not (or not all of) "
+        raise DataError(f"{path}: no aclImdb/{empty[0]}/*.txt members; this is not (or not all of) "
                         f"the IMDB release {IMDB_URL}")
     return out
 
