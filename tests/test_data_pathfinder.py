@@ -298,6 +298,28 @@ def test_generated_when_absent_regenerated_when_params_change(tmp_path):
     assert pf.locate(tmp_path, None, 32, HARD) is None
 
 
+def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_replaced(tmp_path):
+    c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
+    pf.load(c, tmp_path, progress=False)
+    folder = tmp_path / "pf-small" / "pathfinder32" / HARD
+    (folder / "NOTES.txt").write_text("mine")
+    old_meta = (folder / "metadata" / "0.npy").read_bytes()
+    pf.load({**c, "generator": {"seed": 2, "chunk": 1000}}, tmp_path, progress=False)
+    assert (folder / "NOTES.txt").read_text() == "mine"
+    assert (folder / "metadata" / "0.npy").read_bytes() != old_meta
+    assert json.loads((folder / "GENERATED.json").read_text())["params"]["seed"] == 2
+    assert sorted(p.name for p in folder.parent.iterdir()) == [HARD]  # no temp or old folder left
+    # a folder at the generation target without GENERATED.json (here: images without metadata) is the user's
+    mine = tmp_path / "root" / "pathfinder32" / HARD
+    (mine / "imgs" / "0").mkdir(parents=True)
+    (mine / "imgs" / "0" / "sample_0.png").write_bytes(b"user image")
+    with pytest.raises(DataError) as e:
+        pf.load(cfg(generate=True, n_images=20), tmp_path / "root", progress=False)
+    assert str(mine) in str(e.value) and "left as it is" in str(e.value)
+    assert (mine / "imgs" / "0" / "sample_0.png").read_bytes() == b"user image"
+    assert sorted(p.name for p in mine.rglob("*")) == ["0", "imgs", "sample_0.png"]
+
+
 def test_missing_without_generation_explains(tmp_path):
     with pytest.raises(DataError) as e:
         pf.load(cfg(), tmp_path, progress=False)
