@@ -12,7 +12,7 @@ import pytest
 from lra.data import release
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
-from lra.data.tasks import limit_examples
+from lra.data.registry import limit_examples
 
 
 def splits(n=1000, L=1024):
@@ -99,3 +99,105 @@ def test_iter_tar_streams_only_wanted_members(tmp_path):
     p.write_bytes(b"\x1f\x8b garbage")
     with pytest.raises(DataError, match="cannot read this archive"):
         list(release.iter_tar(p, lambda n: True, progress=False))
+
+
+def _tar_bytes(n=5):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for i in range(n):
+            data = bytes([65 + i]) * (300 + 700 * i)
+            info = tarfile.TarInfo(f"d/f{i}.bin")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("how", ["cut after a member", "cut inside a member", "no end block", "garbage after",
+                                 "gzip of a cut tar"])
+def test_iter_tar_refuses_archives_tarfile_reads_quietly(tmp_path, how):
+    """Whatever reads through iter_tar (Text, Retrieval, Pathfinder, Image archives) gets a DataError
+    naming the file instead of the members before the damage."""
+    import gzip
+    data = _tar_bytes()
+    members_end = -(-len(data.rstrip(b"\0")) // 512) * 512
+    bad = {"cut after a member": data[:512 * 2],  # header + data of f0, nothing more
+           "cut inside a member": data[:512 * 4],
+           "no end block": data[:members_end],
+           "garbage after": data[:members_end] + b"\x01" * 512 + b"\0" * 1024,
+           "gzip of a cut tar": gzip.compress(data[:512 * 2])}[how]
+    path = tmp_path / ("a.tar.gz" if "gzip" in how else "a.tar")
+    path.write_bytes(bad)
+    with pytest.raises(DataError) as e:
+        list(n for n, f in release.iter_tar(path, lambda n: True, progress=False))
+    assert str(path) in str(e.value)
+
+
+def test_iter_tar_reads_whole_archives_with_one_or_two_end_blocks(tmp_path):
+    data = _tar_bytes()
+    members_end = -(-len(data.rstrip(b"\0")) // 512) * 512
+    for i, blob in enumerate((data, data[:members_end + 512], data[:members_end + 1024])):
+        path = tmp_path / f"{i}.tar"
+        path.write_bytes(blob)
+        got = {n: f.read() for n, f in release.iter_tar(path, lambda n: True, progress=False)}
+        assert sorted(got) == [f"d/f{k}.bin" for k in range(5)] and got["d/f4.bin"] == b"E" * 3100
+
+
+def _truncate(path, keep):
+    data = path.read_bytes()
+    path.write_bytes(data[:keep(len(data))])
+
+
+@pytest.mark.parametrize("damage", [
+    lambda e: _truncate(e / "train.tokens.npy", lambda n: n - 10),        # cut inside the data
+    lambda e: _truncate(e / "val.labels.npy", lambda n: 60),              # cut inside the header
+    lambda e: (e / "test.lengths.npy").write_bytes(b""),
+    lambda e: (e / "train.lengths.npy").unlink(),
+    lambda e: _truncate(e / "meta.json", lambda n: n // 2),               # partial JSON
+    lambda e: (e / "meta.json").write_text("[1, 2]"),
+    lambda e: (e / "meta.json").unlink(),
+    lambda e: np.save(e / "val.tokens.npy", np.zeros((7, 8), np.uint8)),  # fewer rows than meta.json says
+    lambda e: np.save(e / "val.tokens.npy", np.zeros((10, 9), np.uint8)),  # other shape, same rows
+], ids=["npy-data", "npy-header", "npy-empty", "npy-missing", "meta-partial", "meta-wrong", "meta-missing",
+        "rows", "shape"])
+def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, caplog, damage):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return splits(10, 8)
+
+    first = {k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels")))
+             for k, v in cached_splits(tmp_path, "demo", {"x": 3}, build).items()}  # copies, not the mapped files
+    (entry,) = (tmp_path / "cache").iterdir()
+    damage(entry)
+    with caplog.at_level("WARNING"):
+        again = cached_splits(tmp_path, "demo", {"x": 3}, build)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(calls) == 2 and len(warnings) == 1 and "damaged" in warnings[0].getMessage()
+    assert str(entry) in warnings[0].getMessage()
+    for s in ("train", "val", "test"):
+        assert np.array_equal(first[s].tokens, again[s].tokens) and np.array_equal(first[s].lengths, again[s].lengths)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [entry.name]  # no temp or old folder left
+    caplog.clear()
+    cached_splits(tmp_path, "demo", {"x": 3}, build)
+    assert len(calls) == 2 and not caplog.records
+
+
+def test_fingerprint_follows_every_array_and_not_the_storage(tmp_path):
+    from lra.data import fingerprint
+    base = splits(50, 16)
+    fp = fingerprint(base)
+    assert len(fp) == 16 and fp == fingerprint(splits(50, 16))
+    stored = cached_splits(tmp_path, "demo", {"x": 4}, lambda: base)  # memory-mapped copies: same data
+    assert isinstance(stored["train"].tokens, np.memmap) and fingerprint(stored) == fp
+    assert fingerprint(stored, chunk_bytes=100) == fp  # chunking does not change the hash
+    for split in ("train", "val", "test"):
+        for field in ("tokens", "lengths", "labels"):
+            changed = {k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels")))
+                       for k, v in base.items()}
+            a = getattr(changed[split], field)
+            a.flat[-1] += 1
+            assert fingerprint(changed) != fp, (split, field)
+    assert fingerprint({k: v for k, v in base.items() if k != "test"}) != fp
+    cast = {k: Split(v.tokens.astype(np.int16), v.lengths, v.labels) for k, v in base.items()}
+    assert fingerprint(cast) != fp  # another dtype is another cache format: a resume should notice

@@ -18,7 +18,7 @@ from scipy import ndimage
 from lra.data import DataError
 from lra.data import pathfinder as pf
 from lra.data import pathfinder_gen as gen
-from lra.data.tasks import load_task
+from lra.data import load_task
 
 HARD = "curv_contour_length_14"
 
@@ -224,15 +224,26 @@ def test_release_archive_gives_the_same_arrays(tmp_path):
 
 
 def test_empty_and_unreadable_pngs_are_skipped_and_counted(tmp_path, caplog):
-    files, _, _ = official_files(n=60)
+    files, _, _ = official_files(n=200)
     files["imgs/0/sample_3.png"] = b""
     files["imgs/1/sample_5.png"] = b"not a png"
     write_files(tmp_path / "pathfinder32" / HARD, files)
     with caplog.at_level(logging.WARNING):
         s = pf.load(cfg(), tmp_path, progress=False)
-    assert sum(len(x) for x in s.values()) == 58
-    assert "skipped 2 of 60 images: 1 empty (e.g. imgs/0/sample_3.png), 1 unreadable (e.g. imgs/1/sample_5.png)" \
+    assert sum(len(x) for x in s.values()) == 198  # 2 of 200 = 1%: the most tolerated
+    assert "skipped 2 of 200 images: 1 empty (e.g. imgs/0/sample_3.png), 1 unreadable (e.g. imgs/1/sample_5.png)" \
         in caplog.text
+
+
+def test_more_than_one_percent_unreadable_is_an_error(tmp_path):
+    """5 of 100 (5%) unreadable passed before (the limit was max(10, 1%)); docs/data.md says > 1% is an error."""
+    files, _, _ = official_files(n=100)
+    for i in range(5):
+        files[f"imgs/0/sample_{i}.png"] = b"not a png"
+    folder = write_files(tmp_path / "pathfinder32" / HARD, files)
+    with pytest.raises(DataError) as e:
+        pf.load(cfg(), tmp_path, progress=False)
+    assert str(folder) in str(e.value) and "5 of 100 images cannot be used" in str(e.value)
 
 
 def test_many_missing_images_is_an_error_naming_the_folder(tmp_path):
@@ -285,6 +296,28 @@ def test_generated_when_absent_regenerated_when_params_change(tmp_path):
     assert not np.array_equal(np.asarray(first["train"].tokens), np.asarray(other["train"].tokens))
     # a generated set is never mistaken for official data by the search
     assert pf.locate(tmp_path, None, 32, HARD) is None
+
+
+def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_replaced(tmp_path):
+    c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
+    pf.load(c, tmp_path, progress=False)
+    folder = tmp_path / "pf-small" / "pathfinder32" / HARD
+    (folder / "NOTES.txt").write_text("mine")
+    old_meta = (folder / "metadata" / "0.npy").read_bytes()
+    pf.load({**c, "generator": {"seed": 2, "chunk": 1000}}, tmp_path, progress=False)
+    assert (folder / "NOTES.txt").read_text() == "mine"
+    assert (folder / "metadata" / "0.npy").read_bytes() != old_meta
+    assert json.loads((folder / "GENERATED.json").read_text())["params"]["seed"] == 2
+    assert sorted(p.name for p in folder.parent.iterdir()) == [HARD]  # no temp or old folder left
+    # a folder at the generation target without GENERATED.json (here: images without metadata) is the user's
+    mine = tmp_path / "root" / "pathfinder32" / HARD
+    (mine / "imgs" / "0").mkdir(parents=True)
+    (mine / "imgs" / "0" / "sample_0.png").write_bytes(b"user image")
+    with pytest.raises(DataError) as e:
+        pf.load(cfg(generate=True, n_images=20), tmp_path / "root", progress=False)
+    assert str(mine) in str(e.value) and "left as it is" in str(e.value)
+    assert (mine / "imgs" / "0" / "sample_0.png").read_bytes() == b"user image"
+    assert sorted(p.name for p in mine.rglob("*")) == ["0", "imgs", "sample_0.png"]
 
 
 def test_missing_without_generation_explains(tmp_path):

@@ -201,3 +201,41 @@ def test_real_imdb_loads(tmp_path):
     assert tr.tokens.shape == (25_000, 4096) and tr.lengths.max() == 4000 and te.lengths.max() == 4000
     assert tr.tokens[:, 4000:].max() == 0 and tr.tokens.min() == 0 and tr.tokens.max() <= 256
     assert (tr.lengths == 4000).sum() > 0 and tr.lengths.min() > 0
+
+
+def test_plain_tar_cut_at_any_block_boundary_is_named(tmp_path):
+    """tarfile stops quietly where a plain tar is cut at a 512-byte boundary; every such cut before the
+    end-of-archive block must be an error naming the file, and a cut inside the trailing zero padding
+    (all members whole) must read like the whole archive."""
+    src = write_acl(tmp_path / "src")
+    whole = tmp_path / "aclImdb_v1.tar"
+    with tarfile.open(whole, "w") as tf:
+        tf.add(src, arcname="aclImdb")
+    data = whole.read_bytes()
+    members_end = -(-len(data.rstrip(b"\0")) // 512) * 512  # where the end-of-archive block starts
+    full = tx.read_tar(whole, progress=False)
+    assert sum(len(v) for v in full.values()) == 10
+    bad = tmp_path / "cut" / "aclImdb_v1.tar"
+    bad.parent.mkdir()
+    for cut in range(512, len(data), 512):
+        bad.write_bytes(data[:cut])
+        if cut < members_end + 512:
+            with pytest.raises(DataError) as e:
+                tx.read_tar(bad, progress=False)
+            assert str(bad) in str(e.value) and "download it again" in str(e.value), cut
+        else:
+            assert tx.read_tar(bad, progress=False) == full
+    bad.write_bytes(data[:members_end + 512])
+    assert tx.load(cfg(path=str(bad)), tmp_path / "root", progress=False)["train"].labels.size > 0
+    bad.write_bytes(data[:members_end])
+    with pytest.raises(DataError, match="without the end-of-archive block"):
+        tx.load(cfg(path=str(bad)), tmp_path / "root", progress=False)
+
+
+def test_archive_missing_one_class_is_named(tmp_path):
+    src = write_acl(tmp_path / "src")
+    arch = tmp_path / "aclImdb_v1.tar.gz"
+    with tarfile.open(arch, "w:gz") as tf:
+        tf.add(src, arcname="aclImdb", filter=lambda ti: None if "/train/neg" in ti.name else ti)
+    with pytest.raises(DataError, match=r"no aclImdb/train/neg/\*\.txt members"):
+        tx.read_tar(arch, progress=False)

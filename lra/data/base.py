@@ -15,6 +15,11 @@ class DataError(RuntimeError):
     """Missing, partial or malformed data. The message says where we looked and what to do."""
 
 
+def data_workers() -> int:
+    """Processes for generating and tokenising data: the machine's cores, at most 8."""
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
 def data_root(configured: str | os.PathLike | None = None) -> Path:
     """`LRA_DATA` if set, else the configured path, else ``<repo>/data``."""
     env = os.environ.get("LRA_DATA")

@@ -36,6 +36,7 @@ import numpy as np
 
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,7 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"then run `make data task=image`.")
 
 
+@register_task("image")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     method = str(cfg.get("grayscale", "luminance"))
     to_gray(np.zeros((1, 3), np.uint8), method)  # validate early

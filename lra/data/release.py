@@ -114,6 +114,40 @@ class _Progress:
         self.f.close()
 
 
+class _Tail:
+    """The tar byte stream as tarfile reads it, counting bytes and where the last non-zero byte ends, so
+    that after the last member we can tell a proper end (zero blocks) from a cut or damaged archive."""
+
+    def __init__(self, f):
+        self.f, self.pos, self.data_end = f, 0, 0
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.f.read(n)
+        stripped = len(b.rstrip(b"\0"))
+        if stripped:
+            self.data_end = self.pos + stripped
+        self.pos += len(b)
+        return b
+
+
+class TruncatedArchive(tarfile.TarError):
+    pass
+
+
+def _check_end(tail: _Tail, offset: int) -> None:
+    """tarfile stops quietly at a missing, short or damaged header, so a cut archive looks complete. A
+    whole one ends, where the next header would be, with zero blocks (at least one, 512 bytes) and
+    nothing but zeros after them."""
+    while tail.read(1 << 20):  # the rest (for gzip this also checks the length and CRC)
+        pass
+    if tail.pos - offset < tarfile.BLOCKSIZE:
+        raise TruncatedArchive(f"it ends at byte {tail.pos} without the end-of-archive block, inside or right "
+                               f"after a member")
+    if tail.data_end > offset:
+        raise TruncatedArchive(f"the members stop at byte {offset} but data follows up to byte {tail.data_end} "
+                               f"(a damaged header)")
+
+
 _ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 
 
@@ -154,9 +188,10 @@ def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
     """Stream ``path`` (tar, tar.gz, or the LRA ``.gz``) once, yielding ``(member name, file object)``
     for every regular file ``wanted(name)`` accepts. A file object is valid until the next item.
 
-    A truncated or corrupt archive raises :class:`DataError` naming it. (tarfile alone stops silently
-    at a truncated header, so gzip archives are decompressed here, where a short stream or a bad CRC
-    is an error, and read to their end.)
+    A truncated or corrupt archive raises :class:`DataError` naming it, after the members before the
+    damage were handed over (callers build into the cache only once the whole pass is done). tarfile
+    alone stops silently at a cut or damaged header, so gzip is decompressed here (a short stream or a
+    bad CRC is an error) and the tar stream must end with zero blocks (:func:`_check_end`).
     """
     path = Path(path)
     bar = None
@@ -168,16 +203,15 @@ def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
     try:
         magic = raw.f.read(2)
         raw.f.seek(0)
-        gz = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else None
-        with tarfile.open(fileobj=gz or raw, mode="r|" if gz else "r|*") as tf:
+        tail = _Tail(gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw)
+        with tarfile.open(fileobj=tail, mode="r|") as tf:
             for m in tf:
                 name = m.name[2:] if m.name.startswith("./") else m.name
                 if m.isfile() and wanted(name):
                     f = tf.extractfile(m)
                     if f is not None:
                         yield name, _Member(f, path)
-        while gz is not None and gz.read(1 << 20):  # the rest (tar padding): checks length and CRC
-            pass
+            _check_end(tail, tf.offset)
     except _ARCHIVE_ERRORS as e:
         raise archive_error(path, e) from None
     finally:

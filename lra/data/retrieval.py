@@ -30,6 +30,7 @@ import numpy as np
 
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, release_archives, walk
 from lra.data.text import encode_bytes
 
@@ -148,6 +149,7 @@ def read_archive(path: Path, max_length: int, progress: bool) -> dict:
     return got
 
 
+@register_task("retrieval")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     explicit = explicit_path(cfg)
     found, notes = locate(root, explicit)

@@ -35,6 +35,7 @@ import numpy as np
 
 from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
 
 log = logging.getLogger(__name__)
@@ -191,9 +192,9 @@ def read_tar(path: Path, progress: bool = True) -> Rows:
     for name, f in iter_tar(path, lambda n: _TAR_MEMBER.search(n) is not None, progress=progress):
         m = _TAR_MEMBER.search(name)
         out[m.group(1)].append((CLASSES.index(m.group(2)), f.read()))
-    empty = [s for s in SPLITS if not out[s]]
+    empty = [f"{s}/{c}" for s in SPLITS for lab, c in enumerate(CLASSES) if not any(x == lab for x, _ in out[s])]
     if empty:
-        raise DataError(f"{path}: no aclImdb/{empty[0]}/{{pos,neg}}/*.txt members; this is not (or not all of) "
+        raise DataError(f"{path}: no aclImdb/{empty[0]}/*.txt members; this is not (or not all of) "
                         f"the IMDB release {IMDB_URL}")
     return out
 
@@ -304,6 +305,7 @@ def check_dev_split(value) -> str:
     return value
 
 
+@register_task("text")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     dev_split = check_dev_split(cfg.get("dev_split", "carve"))
     explicit = explicit_path(cfg)
