@@ -15,7 +15,7 @@ import pytest
 from lra.collect import collect, main
 from lra.collect.records import load_runs
 from lra.collect.render import to_latex, to_markdown, write_atomic, write_text
-from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results
+from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results, summary
 
 SPEC = {s.key: s for s in TABLES}
 
@@ -440,3 +440,75 @@ def test_paper_results_are_package_data():
     assert PAPER_CSV == root / "lra" / "paper_results.csv" and PAPER_CSV.is_file()
     text = (root / "pyproject.toml").read_text()
     assert re.search(r'\[tool\.setuptools\.package-data\]\s*lra = \[[^\]]*"\*\.csv"', text)
+
+
+# ----------------------------------------------------------------------------- bad input on the command line
+def test_out_that_is_a_file_is_one_line_error(tmp_path, capsys):
+    make_record(tmp_path / "runs", "softmax", 0)
+    (tmp_path / "afile").write_text("mine\n")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        assert main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--no-plots"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(tmp_path / "afile") in err and "not a folder" in err
+    assert (tmp_path / "afile").read_text() == "mine\n"  # the user's file is untouched
+
+
+def test_unknown_preset_is_one_line_error_listing_the_presets(tmp_path, capsys):
+    make_record(tmp_path / "runs", "softmax", 0)
+    make_record(tmp_path / "runs", "softmax", 0, preset="skeinformer_paper")
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--preset", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--preset nosuch" in err and "presets found: quick, skeinformer_paper" in err
+    assert not (tmp_path / "o").exists()  # nothing written before the error
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--preset", "quick",
+                 "--no-plots"]) == 0
+    assert (tmp_path / "o" / "quick").is_dir() and not (tmp_path / "o" / "skeinformer_paper").exists()
+
+
+# ----------------------------------------------------------------------------- values that cannot be
+def test_impossible_values_are_excluded_and_reported(tmp_path):
+    make_record(tmp_path, "softmax", 0, steps=600, train_time_s=120.0, time_per_1k_steps_s=200.0,
+                tokens_per_s=1000.0, peak_mem_estimate_bytes=2 ** 30)
+    make_record(tmp_path, "softmax", 1, steps=1000, train_time_s=240.0, time_per_1k_steps_s=240.0,
+                tokens_per_s=3000.0, peak_mem_estimate_bytes=2 ** 31)
+    make_record(tmp_path, "softmax", 2, steps=-5, train_time_s=-1.0, time_per_1k_steps_s=0.0,
+                tokens_per_s=-3.0, peak_mem_bytes=-1, peak_mem_estimate_bytes=float("inf"))
+    make_record(tmp_path, "softmax", 3, time_per_1k_steps_s=-200.0, tokens_per_s=None, peak_mem_estimate_bytes=None)
+    runs, issues = load_runs(tmp_path)
+    bad = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
+    assert set(bad) == {"quick/listops/softmax/seed2", "quick/listops/softmax/seed3"}  # a null optional is fine
+    for text in ("steps -5.0 negative", "train_time_s -1.0 negative", "time_per_1k_steps_s 0.0 not positive",
+                 "tokens_per_s -3.0 not positive", "peak_mem_bytes -1.0 negative", "peak_mem_estimate_bytes inf"):
+        assert text in bad["quick/listops/softmax/seed2"], text
+    assert "time_per_1k_steps_s -200.0 not positive" in bad["quick/listops/softmax/seed3"]
+    s = summary(runs).iloc[0]
+    assert s["steps_mean"] == pytest.approx((600 + 1000 + 600) / 3) and s["steps_n"] == 3
+    assert s["train_time_s_mean"] == pytest.approx(160.0) and s["time_per_1k_steps_s_n"] == 2
+    assert s["time_per_1k_steps_s_mean"] == pytest.approx(220.0)
+    assert s["tokens_per_s_mean"] == pytest.approx(2000.0) and s["tokens_per_s_n"] == 2
+    assert s["peak_mem_bytes_n"] == 3 and s["peak_mem_estimate_bytes_mean"] == pytest.approx(1.5 * 2 ** 30)
+    assert s["test_acc_n"] == 4  # the other metrics of those runs still count
+
+
+def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.3)
+    make_record(tmp_path, "softmax", 1, test_acc=0.5)
+    make_record(tmp_path, "softmax", 1.5, test_acc=0.99)                 # folder seed1.5, record seed 1.5
+    odd = make_record(tmp_path, "softmax", 2.5, test_acc=0.98)           # folder seed2.5, record says seed 2
+    rec = json.loads((odd / "result.json").read_text())
+    (odd / "result.json").write_text(json.dumps({**rec, "seed": 2}))
+    make_record(tmp_path, "softmax", 3, test_acc=0.97)
+    bad = make_record(tmp_path, "none", 4, test_acc=0.1)                 # folder seed4, record seed 4.25
+    (bad / "result.json").write_text(json.dumps({**json.loads((bad / "result.json").read_text()), "seed": 4.25}))
+    res = collect(tmp_path, tmp_path / "out", plots=False)
+    unusable = {i.path: i.detail for i in issues_of(res.issues, "unusable")}
+    assert set(unusable) == {"quick/listops/softmax/seed1.5", "quick/listops/softmax/seed2.5",
+                             "quick/listops/none/seed4"}
+    assert "'seed1.5' names a seed that is not an integer" in unusable["quick/listops/softmax/seed1.5"]
+    assert "seed 4.25 is not an integer" in unusable["quick/listops/none/seed4"]
+    c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
+    assert c.n == 3 and c.mean == pytest.approx((30 + 50 + 97) / 3)
+    assert cell(res.tables[("quick", "yoso_table3")], "none").empty  # its only run is not counted
+    failed = pd.read_csv(tmp_path / "out" / "failed.csv")
+    assert "seeds are integers" in " ".join(failed["reason"])
