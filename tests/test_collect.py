@@ -512,3 +512,85 @@ def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     assert cell(res.tables[("quick", "yoso_table3")], "none").empty  # its only run is not counted
     failed = pd.read_csv(tmp_path / "out" / "failed.csv")
     assert "seeds are integers" in " ".join(failed["reason"])
+
+
+# ----------------------------------------------------------------------------- figures
+LONG = "protocol.listops.data.n_test=64,protocol.listops.data.n_train=256,train.lr=0.001"
+
+
+def test_curves_against_steps_and_time_with_full_labels(tmp_path):
+    from lra.plots import curves_figure
+
+    for seed in (0, 1):
+        make_record(tmp_path, "softmax", seed, time_per_1k_steps_s=100.0 * (seed + 1))
+        make_record(tmp_path, "softmax", seed, sub=LONG)
+    make_record(tmp_path, "none", 0, time_per_1k_steps_s=None)  # no time: drawn against steps only
+    runs, _ = load_runs(tmp_path)
+    fig, notes = curves_figure(runs, tmp_path, "quick", "listops")
+    (acc_step, acc_time), (loss_step, loss_time) = fig.axes[0:2], fig.axes[2:4]
+    labels = [t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts()]
+    assert f"softmax [{LONG}] (2 seeds)" in labels and "none (1 seeds)" in labels  # never cut
+    assert acc_step.get_ylabel() == "validation accuracy (%)" and "optimizer step" in loss_step.get_xlabel()
+    assert "training time" in loss_time.get_xlabel()
+    soft = {ax: next(l for l in ax.get_lines() if l.get_color() == acc_step.get_lines()[1].get_color())
+            for ax in (acc_step, acc_time)}
+    assert list(soft[acc_step].get_xdata()) == [149, 299, 449, 599]
+    # time = step x the seeds' mean time per step (100 and 200 s per 1k steps), in seconds here
+    assert soft[acc_time].get_xdata() == pytest.approx([s * 0.15 for s in (149, 299, 449, 599)])
+    assert soft[acc_step].get_ydata() == pytest.approx([100 * (0.2 + 0.05 * i + 0.005) for i in range(4)])
+    assert len(acc_step.get_lines()) == 3 and len(acc_time.get_lines()) == 2
+    assert [p for p, _ in notes] == ["quick/listops/none/seed0"]
+
+
+def _points(ax):
+    import numpy as np
+
+    return np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())
+                           and c.get_offsets().shape[1] == 2 and type(c).__name__ == "PathCollection"])
+
+
+def test_cpu_runs_plot_the_memory_estimate_and_say_so(tmp_path):
+    from lra.plots import efficiency_figure, lra_chart_data, lra_chart_figure
+
+    make_record(tmp_path, "softmax", 0, device="cpu", peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
+    make_record(tmp_path, "none", 0, peak_mem_bytes=2 ** 30, peak_mem_estimate_bytes=5 * 2 ** 30)
+    runs, _ = load_runs(tmp_path)
+    summ = summary(runs)
+    fig = efficiency_figure(summ, "quick", "listops")
+    mem_ax = fig.axes[1]
+    assert sorted(_points(mem_ax)[:, 0]) == [1.0, 3.0]  # measured where present, else the estimate (GB)
+    assert "measured (peak_mem_bytes)" in mem_ax.get_xlabel() and "estimated (peak_mem_estimate_bytes)" in \
+        mem_ax.get_xlabel()
+    d, unit = lra_chart_data(summ, "quick")
+    got = {r.row: (r.mem / 2 ** 30, r.mem_src) for r in d.itertuples()}
+    assert got == {"softmax": (3.0, "estimated"), "none": (1.0, "measured")}
+    assert unit == "steps/s"  # these records carry no tokens_per_s
+    fig, _ = lra_chart_figure(summ, "quick")
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "memory estimated (peak_mem_estimate_bytes)" in texts and "memory measured (peak_mem_bytes)" in texts
+
+
+def test_lra_chart_averages_tasks_and_uses_throughput(tmp_path):
+    from lra.plots import lra_chart_data
+
+    for task, acc, tok in (("listops", 0.4, 1000.0), ("text", 0.6, 3000.0)):
+        for seed in (0, 1):
+            make_record(tmp_path, "softmax", seed, task=task, test_acc=acc + 0.02 * seed, tokens_per_s=tok,
+                        peak_mem_bytes=(2 if task == "text" else 1) * 2 ** 30)
+    make_record(tmp_path, "none", 0, task="listops", test_acc=0.2, tokens_per_s=9000.0, time_per_1k_steps_s=50.0)
+    runs, _ = load_runs(tmp_path)
+    d, unit = lra_chart_data(summary(runs), "quick")
+    assert unit == "tokens/s"
+    soft = d.set_index("row").loc["softmax"]
+    assert soft["acc"] == pytest.approx(51.0) and soft["speed"] == pytest.approx(2000.0)
+    assert soft["mem"] == 2 * 2 ** 30 and soft["tasks"] == 2 and soft["of"] == 2  # the largest peak of its tasks
+    none = d.set_index("row").loc["none"]
+    assert none["acc"] == pytest.approx(20.0) and none["tasks"] == 1
+    # one run without throughput: every point falls back to steps/s = 1000 / time per 1k steps
+    make_record(tmp_path, "performer", 0, tokens_per_s=None, time_per_1k_steps_s=250.0)
+    runs, _ = load_runs(tmp_path)
+    d, unit = lra_chart_data(summary(runs), "quick")
+    assert unit == "steps/s" and d.set_index("row").loc["performer", "speed"] == pytest.approx(4.0)
+    res = collect(tmp_path, tmp_path / "out")
+    assert (tmp_path / "out" / "quick" / "lra_chart.png").is_file()
+    assert (tmp_path / "out" / "quick" / "lra_chart.pdf") in res.files
