@@ -13,7 +13,7 @@ finished runs by preset × task × attention, and writes under ``--out`` (defaul
     <preset>/summary.csv     mean/std/n of every metric per task × attention
     <preset>/<table>.{csv,tex,md}, <preset>/tables.md
                              Skeinformer Tables 1-4, Skyformer Tables 1-2, YOSO Table 3
-    <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}
+    <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}, <preset>/lra_chart.{png,pdf}
 
 Presets (``quick``, ``skeinformer_paper`` ...) are never mixed in one table. ``--compare skeinformer``
 adds the paper's number and our delta to every cell of that paper's tables (numbers in
