@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import csv
 import math
-import textwrap
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +41,18 @@ MEASURED, ESTIMATED = "measured", "estimated"
 
 
 def label(key: str, width: int = 90) -> str:
-    """A legend label: the full row key, wrapped at ``width`` characters (override tags can be long)."""
-    return "\n".join(textwrap.wrap(key, width, break_on_hyphens=False, break_long_words=True)) or key
+    """A legend label: the full row key, wrapped at ``width`` characters (override tags can be long).
+
+    Lines break after a comma or a space (between overrides), inside a word only if it is too long."""
+    lines, line = [], ""
+    for token in re.split(r"(?<=[, ])", key):
+        while len(token) > width:  # one override longer than a line
+            lines, line, token = lines + ([line] if line else []) + [token[:width]], "", token[width:]
+        if line and len(line) + len(token) > width:
+            lines.append(line)
+            line = ""
+        line += token
+    return "\n".join(lines + [line] if line else lines) or key  # "".join(lines) gives the key back
 
 
 def colours(keys) -> dict:
@@ -99,6 +109,11 @@ def save(fig: Figure, stem: Path) -> list[Path]:
 def _time_unit(seconds: float) -> tuple[float, str]:
     """(divisor, name) so that the largest time reads in s, min or h."""
     return (3600.0, "h") if seconds > 2 * 3600 else (60.0, "min") if seconds > 120 else (1.0, "s")
+
+
+def _mem_unit(largest: float) -> tuple[float, str]:
+    """(divisor, name): GB = 2^30 bytes, or MB = 2^20 bytes when every value is under 1 GB (tiny runs)."""
+    return (2.0 ** 20, "MB") if math.isfinite(largest) and largest < GB else (float(GB), "GB")
 
 
 def _legend_below(fig: Figure, handles, labels, title: str):
@@ -228,11 +243,13 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
     used = [f"{mark} {src} ({field})" for mark, src, field in (("●", MEASURED, "peak_mem_bytes"),
                                                                  ("○", ESTIMATED, "peak_mem_estimate_bytes"))
             if src in mem_src]
-    mem_label = "peak memory (GB = 2^30 bytes): " + (", ".join(used) if used else "none recorded")
+    m_div, m_unit = _mem_unit(float(np.nanmax(mem)) if np.isfinite(mem).any() else math.nan)
+    mem_label = (f"peak memory ({m_unit} = 2^{int(math.log2(m_div))} bytes)\n"
+                 + ("\n".join(used) if used else "none recorded"))
     panels = ((axes[0], s["time_per_1k_steps_s_mean"].to_numpy(dtype=float) / 60,
                s["time_per_1k_steps_s_std"].to_numpy(dtype=float) / 60, ["measured"] * len(s),
                "training time per 1k steps (min)"),
-              (axes[1], mem / GB, mem_sd / GB, mem_src, mem_label))
+              (axes[1], mem / m_div, mem_sd / m_div, mem_src, mem_label))
     for ax, x, x_sd, src, xlabel in panels:
         ok = np.isfinite(x)
         if ok.any():
@@ -318,9 +335,10 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     ax.grid(alpha=0.3)
     size_handles = []
     if math.isfinite(top) and top > 0:
+        m_div, m_unit = _mem_unit(top)
         for frac in (1.0, 0.5, 0.25):
             size_handles.append(Line2D([], [], ls="", marker="o", mfc="0.85", mec="0.4",
-                                       ms=math.sqrt(1600 * frac), label=f"{top * frac / GB:.3g} GB"))
+                                       ms=math.sqrt(1600 * frac), label=f"{top * frac / m_div:.3g} {m_unit}"))
     leg_handles = _source_handles(set(d["mem_src"])) + size_handles
     if leg_handles:
         ax.legend(handles=leg_handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, labelspacing=2.6,

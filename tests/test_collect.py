@@ -528,7 +528,7 @@ def test_curves_against_steps_and_time_with_full_labels(tmp_path):
     runs, _ = load_runs(tmp_path)
     fig, notes = curves_figure(runs, tmp_path, "quick", "listops")
     (acc_step, acc_time), (loss_step, loss_time) = fig.axes[0:2], fig.axes[2:4]
-    labels = [t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts()]
+    labels = [t.get_text().replace("\n", "") for t in fig.legends[0].get_texts()]
     assert f"softmax [{LONG}] (2 seeds)" in labels and "none (1 seeds)" in labels  # never cut
     assert acc_step.get_ylabel() == "validation accuracy (%)" and "optimizer step" in loss_step.get_xlabel()
     assert "training time" in loss_time.get_xlabel()
