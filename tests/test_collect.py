@@ -15,9 +15,9 @@ import pytest
 from lra.collect import collect, main
 from lra.collect.records import load_runs
 from lra.collect.render import to_latex, to_markdown
+from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results, summary
 from lra.config import attn_configs
 from lra.files import write_atomic, write_text
-from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results
 
 SPEC = {s.key: s for s in TABLES}
 
@@ -441,3 +441,157 @@ def test_paper_results_are_package_data():
     assert PAPER_CSV == root / "lra" / "paper_results.csv" and PAPER_CSV.is_file()
     text = (root / "pyproject.toml").read_text()
     assert re.search(r'\[tool\.setuptools\.package-data\]\s*lra = \[[^\]]*"\*\.csv"', text)
+
+
+# ----------------------------------------------------------------------------- bad input on the command line
+def test_out_that_is_a_file_is_one_line_error(tmp_path, capsys):
+    make_record(tmp_path / "runs", "softmax", 0)
+    (tmp_path / "afile").write_text("mine\n")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        assert main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--no-plots"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(tmp_path / "afile") in err and "not a folder" in err
+    assert (tmp_path / "afile").read_text() == "mine\n"  # the user's file is untouched
+
+
+def test_unknown_preset_is_one_line_error_listing_the_presets(tmp_path, capsys):
+    make_record(tmp_path / "runs", "softmax", 0)
+    make_record(tmp_path / "runs", "softmax", 0, preset="skeinformer_paper")
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--preset", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--preset nosuch" in err and "presets found: quick, skeinformer_paper" in err
+    assert not (tmp_path / "o").exists()  # nothing written before the error
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--preset", "quick",
+                 "--no-plots"]) == 0
+    assert (tmp_path / "o" / "quick").is_dir() and not (tmp_path / "o" / "skeinformer_paper").exists()
+
+
+# ----------------------------------------------------------------------------- values that cannot be
+def test_impossible_values_are_excluded_and_reported(tmp_path):
+    make_record(tmp_path, "softmax", 0, steps=600, train_time_s=120.0, time_per_1k_steps_s=200.0,
+                tokens_per_s=1000.0, peak_mem_estimate_bytes=2 ** 30)
+    make_record(tmp_path, "softmax", 1, steps=1000, train_time_s=240.0, time_per_1k_steps_s=240.0,
+                tokens_per_s=3000.0, peak_mem_estimate_bytes=2 ** 31)
+    make_record(tmp_path, "softmax", 2, steps=-5, train_time_s=-1.0, time_per_1k_steps_s=0.0,
+                tokens_per_s=-3.0, peak_mem_bytes=-1, peak_mem_estimate_bytes=float("inf"))
+    make_record(tmp_path, "softmax", 3, time_per_1k_steps_s=-200.0, tokens_per_s=None, peak_mem_estimate_bytes=None)
+    runs, issues = load_runs(tmp_path)
+    bad = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
+    assert set(bad) == {"quick/listops/softmax/seed2", "quick/listops/softmax/seed3"}  # a null optional is fine
+    for text in ("steps -5.0 negative", "train_time_s -1.0 negative", "time_per_1k_steps_s 0.0 not positive",
+                 "tokens_per_s -3.0 not positive", "peak_mem_bytes -1.0 negative", "peak_mem_estimate_bytes inf"):
+        assert text in bad["quick/listops/softmax/seed2"], text
+    assert "time_per_1k_steps_s -200.0 not positive" in bad["quick/listops/softmax/seed3"]
+    s = summary(runs).iloc[0]
+    assert s["steps_mean"] == pytest.approx((600 + 1000 + 600) / 3) and s["steps_n"] == 3
+    assert s["train_time_s_mean"] == pytest.approx(160.0) and s["time_per_1k_steps_s_n"] == 2
+    assert s["time_per_1k_steps_s_mean"] == pytest.approx(220.0)
+    assert s["tokens_per_s_mean"] == pytest.approx(2000.0) and s["tokens_per_s_n"] == 2
+    assert s["peak_mem_bytes_n"] == 3 and s["peak_mem_estimate_bytes_mean"] == pytest.approx(1.5 * 2 ** 30)
+    assert s["test_acc_n"] == 4  # the other metrics of those runs still count
+
+
+def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
+    make_record(tmp_path, "softmax", 0, test_acc=0.3)
+    make_record(tmp_path, "softmax", 1, test_acc=0.5)
+    make_record(tmp_path, "softmax", 1.5, test_acc=0.99)                 # folder seed1.5, record seed 1.5
+    odd = make_record(tmp_path, "softmax", 2.5, test_acc=0.98)           # folder seed2.5, record says seed 2
+    rec = json.loads((odd / "result.json").read_text())
+    (odd / "result.json").write_text(json.dumps({**rec, "seed": 2}))
+    make_record(tmp_path, "softmax", 3, test_acc=0.97)
+    bad = make_record(tmp_path, "none", 4, test_acc=0.1)                 # folder seed4, record seed 4.25
+    (bad / "result.json").write_text(json.dumps({**json.loads((bad / "result.json").read_text()), "seed": 4.25}))
+    res = collect(tmp_path, tmp_path / "out", plots=False)
+    unusable = {i.path: i.detail for i in issues_of(res.issues, "unusable")}
+    assert set(unusable) == {"quick/listops/softmax/seed1.5", "quick/listops/softmax/seed2.5",
+                             "quick/listops/none/seed4"}
+    assert "'seed1.5' names a seed that is not an integer" in unusable["quick/listops/softmax/seed1.5"]
+    assert "seed 4.25 is not an integer" in unusable["quick/listops/none/seed4"]
+    c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
+    assert c.n == 3 and c.mean == pytest.approx((30 + 50 + 97) / 3)
+    assert cell(res.tables[("quick", "yoso_table3")], "none").empty  # its only run is not counted
+    failed = pd.read_csv(tmp_path / "out" / "failed.csv")
+    assert "seeds are integers" in " ".join(failed["reason"])
+
+
+# ----------------------------------------------------------------------------- figures
+LONG = "protocol.listops.data.n_test=64,protocol.listops.data.n_train=256,train.lr=0.001"
+
+
+def test_curves_against_steps_and_time_with_full_labels(tmp_path):
+    from lra.plots import curves_figure
+
+    for seed in (0, 1):
+        make_record(tmp_path, "softmax", seed, time_per_1k_steps_s=100.0 * (seed + 1))
+        make_record(tmp_path, "softmax", seed, sub=LONG)
+    make_record(tmp_path, "none", 0, time_per_1k_steps_s=None)  # no time: drawn against steps only
+    runs, _ = load_runs(tmp_path)
+    fig, notes = curves_figure(runs, tmp_path, "quick", "listops")
+    (acc_step, acc_time), (loss_step, loss_time) = fig.axes[0:2], fig.axes[2:4]
+    labels = [t.get_text().replace("\n", "") for t in fig.legends[0].get_texts()]
+    assert f"softmax [{LONG}] (2 seeds)" in labels and "none (1 seeds)" in labels  # never cut
+    assert acc_step.get_ylabel() == "validation accuracy (%)" and "optimizer step" in loss_step.get_xlabel()
+    assert "training time" in loss_time.get_xlabel()
+    soft = {ax: next(l for l in ax.get_lines() if l.get_color() == acc_step.get_lines()[1].get_color())
+            for ax in (acc_step, acc_time)}
+    assert list(soft[acc_step].get_xdata()) == [149, 299, 449, 599]
+    # time = step x the seeds' mean time per step (100 and 200 s per 1k steps), in seconds here
+    assert soft[acc_time].get_xdata() == pytest.approx([s * 0.15 for s in (149, 299, 449, 599)])
+    assert soft[acc_step].get_ydata() == pytest.approx([100 * (0.2 + 0.05 * i + 0.005) for i in range(4)])
+    assert len(acc_step.get_lines()) == 3 and len(acc_time.get_lines()) == 2
+    assert [p for p, _ in notes] == ["quick/listops/none/seed0"]
+
+
+def _points(ax):
+    import numpy as np
+
+    return np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())
+                           and c.get_offsets().shape[1] == 2 and type(c).__name__ == "PathCollection"])
+
+
+def test_cpu_runs_plot_the_memory_estimate_and_say_so(tmp_path):
+    from lra.plots import efficiency_figure, lra_chart_data, lra_chart_figure
+
+    make_record(tmp_path, "softmax", 0, device="cpu", peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
+    make_record(tmp_path, "none", 0, peak_mem_bytes=2 ** 30, peak_mem_estimate_bytes=5 * 2 ** 30)
+    runs, _ = load_runs(tmp_path)
+    summ = summary(runs)
+    fig = efficiency_figure(summ, "quick", "listops")
+    mem_ax = fig.axes[1]
+    assert sorted(_points(mem_ax)[:, 0]) == [1.0, 3.0]  # measured where present, else the estimate (GB)
+    assert "measured (peak_mem_bytes)" in mem_ax.get_xlabel() and "estimated (peak_mem_estimate_bytes)" in \
+        mem_ax.get_xlabel()
+    d, unit = lra_chart_data(summ, "quick")
+    got = {r.row: (r.mem / 2 ** 30, r.mem_src) for r in d.itertuples()}
+    assert got == {"softmax": (3.0, "estimated"), "none": (1.0, "measured")}
+    assert unit == "steps/s"  # these records carry no tokens_per_s
+    fig, _ = lra_chart_figure(summ, "quick")
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "memory estimated (peak_mem_estimate_bytes)" in texts and "memory measured (peak_mem_bytes)" in texts
+
+
+def test_lra_chart_averages_tasks_and_uses_throughput(tmp_path):
+    from lra.plots import lra_chart_data
+
+    for task, acc, tok in (("listops", 0.4, 1000.0), ("text", 0.6, 3000.0)):
+        for seed in (0, 1):
+            make_record(tmp_path, "softmax", seed, task=task, test_acc=acc + 0.02 * seed, tokens_per_s=tok,
+                        peak_mem_bytes=(2 if task == "text" else 1) * 2 ** 30)
+    make_record(tmp_path, "none", 0, task="listops", test_acc=0.2, tokens_per_s=9000.0, time_per_1k_steps_s=50.0)
+    runs, _ = load_runs(tmp_path)
+    d, unit = lra_chart_data(summary(runs), "quick")
+    assert unit == "tokens/s"
+    soft = d.set_index("row").loc["softmax"]
+    assert soft["acc"] == pytest.approx(51.0) and soft["speed"] == pytest.approx(2000.0)
+    assert soft["mem"] == 2 * 2 ** 30 and soft["tasks"] == 2 and soft["of"] == 2  # the largest peak of its tasks
+    none = d.set_index("row").loc["none"]
+    assert none["acc"] == pytest.approx(20.0) and none["tasks"] == 1
+    # one run without throughput: every point falls back to steps/s = 1000 / time per 1k steps
+    make_record(tmp_path, "performer", 0, tokens_per_s=None, time_per_1k_steps_s=250.0)
+    runs, _ = load_runs(tmp_path)
+    d, unit = lra_chart_data(summary(runs), "quick")
+    assert unit == "steps/s" and d.set_index("row").loc["performer", "speed"] == pytest.approx(4.0)
+    res = collect(tmp_path, tmp_path / "out")
+    assert (tmp_path / "out" / "quick" / "lra_chart.png").is_file()
+    assert (tmp_path / "out" / "quick" / "lra_chart.pdf") in res.files

@@ -43,6 +43,13 @@ def images(nb) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
+def own_figure(nb):
+    """The outputs of the cell that draws its own figure from runs.csv (not a rendered file)."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and 'pd.read_csv(TABLES / "runs.csv")' in c.source
+                and "plt.subplots" in c.source)
+    return cell.get("outputs", [])
+
+
 def test_notebooks_are_stored_without_outputs():
     for name in ("results.ipynb", "approx.ipynb"):
         nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
@@ -63,13 +70,19 @@ def test_results_notebook_on_synthetic_records(tmp_path, monkeypatch):
     assert "4 finished and counted; presets: quick" in text
     assert "Skeinformer Table 1" in text and "YOSO Table 3" in text and "**40.50 ± 0.71 (2)**" in text
     assert "OutOfMemoryError" in text
-    assert images(nb) == 2  # curves and efficiency for listops
+    # rendered: curves and efficiency for listops, the LRA chart; plus the figure drawn from runs.csv
+    assert images(nb) == 4
+    own = own_figure(nb)
+    assert "figure from runs.csv: 4 runs, test_acc per task x attention" in text
+    assert sum("image/png" in o.get("data", {}) for o in own) == 1
 
 
 def test_results_notebook_without_collector_output(tmp_path, monkeypatch):
     monkeypatch.setenv("LRA_TABLES", str(tmp_path / "not_there"))
-    text = text_of(execute("results.ipynb"))
+    nb = execute("results.ipynb")
+    text = text_of(nb)
     assert f"No collector output at {tmp_path / 'not_there'}" in text and "make tables" in text
+    assert images(nb) == 0 and not own_figure(nb)
 
 
 def _synthetic_approx(path: Path):
@@ -130,7 +143,7 @@ def test_results_notebook_on_real_quick_runs(tmp_path, monkeypatch):
     nb = execute("results.ipynb")
     text = text_of(nb)
     assert "4 run records, 4 finished and counted; presets: quick" in text and "Skeinformer Table 4" in text
-    assert images(nb) == 2
+    assert images(nb) == 4 and "figure from runs.csv: 4 runs" in text
 
 
 @pytest.mark.slow

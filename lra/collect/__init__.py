@@ -13,7 +13,7 @@ finished runs by preset × task × attention, and writes under ``--out`` (defaul
     <preset>/summary.csv     mean/std/n of every metric per task × attention
     <preset>/<table>.{csv,tex,md}, <preset>/tables.md
                              Skeinformer Tables 1-4, Skyformer Tables 1-2, YOSO Table 3
-    <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}
+    <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}, <preset>/lra_chart.{png,pdf}
 
 Presets (``quick``, ``skeinformer_paper`` ...) are never mixed in one table. ``--compare skeinformer``
 adds the paper's number and our delta to every cell of that paper's tables (numbers in
@@ -40,6 +40,10 @@ from lra.collect.tables import PAPERS, TABLES, build, summary
 FORMATS = ("csv", "tex", "md")
 
 
+class CollectError(ValueError):
+    """Bad input found before anything is written; its message is the one line shown to the user."""
+
+
 @dataclass
 class Result:
     out: Path
@@ -61,6 +65,10 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
     runs, issues = load_runs(runs_root, exclude=(out,))
     res = Result(out, runs, issues)
     all_presets = sorted(set(runs["preset"]))
+    unknown = sorted(set(presets or ()) - set(all_presets))
+    if unknown:  # a typo would otherwise give no tables and no word about it
+        raise CollectError(f"--preset {', '.join(unknown)}: no run records of that preset under {runs_root}; "
+                           f"presets found: {', '.join(all_presets) or '(none)'}")
     chosen = [p for p in all_presets if presets is None or p in presets]
     summ = summary(runs)
 
@@ -131,6 +139,14 @@ def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
     return "\n".join(lines)
 
 
+def out_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be the output folder (it, or the nearest existing parent, is no folder)."""
+    for p in (out, *out.parents):
+        if p.exists():
+            return None if p.is_dir() else f"{p} is a file, not a folder; pass a folder (created if missing)"
+    return None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m lra.collect", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,9 +178,18 @@ def main(argv=None) -> int:
         print(f"lra.collect: no runs folder at {root}. Train first (make lra task=listops attn=softmax "
               f"ARGS='experiment=quick') or pass --runs DIR.", file=sys.stderr)
         return 1
+    out = args.out if args.out is not None else root / "tables"
+    problem = out_problem(out)
+    if problem:
+        print(f"lra.collect: --out {out}: {problem}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
-    res = collect(root, args.out, args.formats, args.compare_papers, args.preset, args.drop_empty,
-                  plots=not args.no_plots)
+    try:
+        res = collect(root, out, args.formats, args.compare_papers, args.preset, args.drop_empty,
+                      plots=not args.no_plots)
+    except CollectError as e:
+        print(f"lra.collect: {e}", file=sys.stderr)
+        return 2
     runs = res.runs
     ok = runs["usable"] & runs["kept"]
     print(f"read {len(runs)} run records under {root}: {int(ok.sum())} finished and counted, "

@@ -11,9 +11,12 @@ Bad input is reported, never fatal and never averaged silently:
 * two records for the same preset, task, attention, variant and seed: the newest finished one is kept
   (finished beats failed, then the newer ``result.json`` modification time, then the path), the
   others are listed as ``duplicate`` with the path of the one kept;
-* a metric that is NaN, infinite, null, not a number, or (for accuracies) outside [0, 1] in a
-  finished run: set to missing and listed as ``nan_metric``; means count only finite values, and
-  every table cell shows how many seeds it averages.
+* a metric that is NaN, infinite, null, not a number, or impossible (an accuracy outside [0, 1], a
+  negative step count, time or memory, a time per step or throughput that is not positive) in a
+  finished run: set to missing and listed as ``nan_metric``; means count only valid values, and
+  every table cell shows how many seeds it averages;
+* a seed that is not an integer (record field or ``seed<N>`` folder, e.g. ``seed1.5``): the run is not
+  counted (``unusable``), since it is no seed of the plain row.
 
 Runs whose status is not ``completed``, ``stopped_early`` or ``stuck`` (failed, interrupted, still
 ``running`` ...) never enter a mean; they are listed with their reason in the failed-runs table.
@@ -40,8 +43,13 @@ UNFINISHED_REASON = {"running": "status 'running': still training, or killed bef
 RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints", ".sweep_job.json")
 SKIP_DIRS = (".hydra", "checkpoints", "wandb", "__pycache__")
 NUMERIC = ("seed", "test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
-           "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch", "test_loss")
+           "time_per_1k_steps_s", "tokens_per_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch",
+           "accum_steps", "effective_batch", "test_loss")
 ACCURACIES = ("test_acc", "best_val_acc", "majority_acc")
+# Values that cannot be: counts, times, memory and losses are never negative; a time per step, a
+# throughput or a batch is never zero either (it would put a run at infinite speed in the figures).
+NON_NEGATIVE = ("steps", "train_time_s", "eval_time_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "test_loss")
+POSITIVE = ("time_per_1k_steps_s", "tokens_per_s", "micro_batch", "accum_steps", "effective_batch")
 # Metrics a finished run must have; a missing one is reported (peak memory only off the CPU).
 EXPECTED = ("test_acc", "best_val_acc", "steps", "train_time_s", "time_per_1k_steps_s", "micro_batch",
             "accum_steps", "peak_mem_bytes")
@@ -49,6 +57,8 @@ TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware"
 COLUMNS = ("path", "preset", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
            "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit")
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
+# seed1.5, seed1e3 ...: a seed folder whose seed is a number but no integer
+_BAD_SEED_DIR = re.compile(r"^seed([-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+))$")
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,31 @@ def _number(x) -> tuple[float, str | None]:
     return v, None
 
 
+def _impossible(key: str, v: float) -> str | None:
+    """Why a finite value of field ``key`` cannot be, or None."""
+    if key in ACCURACIES and not 0.0 <= v <= 1.0:
+        return f"{v!r} outside [0, 1]"
+    if key in NON_NEGATIVE and v < 0:
+        return f"{v!r} negative"
+    if key in POSITIVE and v <= 0:
+        return f"{v!r} not positive"
+    return None
+
+
+def _seed_problem(raw_seed, rel: str) -> str | None:
+    """Why this run's seed is no integer seed (record field or a ``seed1.5`` folder), or None."""
+    for part in rel.split("/"):
+        if _BAD_SEED_DIR.match(part):
+            return f"run folder {part!r} names a seed that is not an integer"
+    if isinstance(raw_seed, bool):
+        return f"seed {raw_seed!r} is not an integer"
+    if isinstance(raw_seed, (int, float, str)):
+        v, problem = _number(raw_seed)
+        if problem is None and v != int(v):
+            return f"seed {raw_seed!r} is not an integer"
+    return None
+
+
 def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
     """One record in the current schema's field names and units (accuracies as fractions)."""
     issues: list[Issue] = []
@@ -181,14 +216,17 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
     bad = []
     for key in NUMERIC:
         v, problem = _number(rec.get(key))
-        if problem is None and key in ACCURACIES and not 0.0 <= v <= 1.0:
-            v, problem = math.nan, f"{v!r} outside [0, 1]"
+        if problem is None:
+            problem = _impossible(key, v)
+            v = v if problem is None else math.nan
         out[key] = v
-        if usable and problem is not None and key in rec and key in EXPECTED:
+        if not usable or problem is None or key not in rec:
+            continue
+        if key in EXPECTED or key == "seed":
             if key == "peak_mem_bytes" and problem == "null" and str(rec.get("device", "")).startswith("cpu"):
                 continue  # the contract: no measured peak memory on a CPU
             bad.append(f"{key} {problem}")
-        elif usable and problem is not None and key in ("seed",):
+        elif problem != "null":  # optional fields (throughput, memory estimate) may be null, never wrong
             bad.append(f"{key} {problem}")
     if bad:
         issues.append(Issue(rel, "nan_metric", "finished run with " + ", ".join(bad)
@@ -201,6 +239,12 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
     elif usable and not math.isfinite(out["seed"]):
         usable = False
         why = "finished run without a seed: cannot be told apart from other seeds"
+        out["reason"] = out["reason"] or why
+        issues.append(Issue(rel, "unusable", why))
+    elif usable and (seed_problem := _seed_problem(rec.get("seed"), rel)):
+        # seeds are integers (lra.train rejects others): a seed1.5 run is no seed of the plain row
+        usable = False
+        why = f"{seed_problem}: not counted (seeds are integers)"
         out["reason"] = out["reason"] or why
         issues.append(Issue(rel, "unusable", why))
     out["preset"] = out["preset"] or "unknown"

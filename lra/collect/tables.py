@@ -255,7 +255,8 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per preset × task × attention (× variant): seeds, and mean/std/n of every metric."""
     ok = runs[runs["usable"] & runs["kept"]]
     fields = ["test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
-              "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch"]
+              "time_per_1k_steps_s", "tokens_per_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch",
+              "accum_steps", "effective_batch"]
     rows = []
     for (preset, task, attn, variant), g in ok.groupby(["preset", "task", "attn", "variant"], sort=True):
         r = {"preset": preset, "task": task, "attn": attn, "variant": variant, "row": row_key(attn, variant),
