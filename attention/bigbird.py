@@ -19,7 +19,10 @@ Randomness (``redraw``): ``"fixed"`` (default) draws a seed from torch's RNG at 
 buffer, saved with the model) and derives the pattern for each block count from it, so the pattern
 is the same for every call, in train and in eval, like the Skyformer/Skeinformer code (which reseeds
 numpy on every call); ``"per_call"`` draws a new pattern from torch's RNG on every forward (HF
-BigBird in training). The same pattern logic runs in train and eval in both modes.
+BigBird in training). The same pattern logic runs in train and eval in both modes. With
+``"fixed"`` the pattern for ``max_len`` is drawn at construction (and again when a state dict is
+loaded) into buffers, so forward holds no Python-side state and torch.compile traces it as one
+graph; another length redraws its pattern from the seed in Python (exact, but a graph break).
 
 Deviations: any n (internal padding; HF and the papers' port need n % 64 == 0 and fall back to full
 attention for short inputs); padding may sit anywhere (padded keys masked everywhere, including
@@ -91,6 +94,10 @@ def pattern_indices(nb: int, num_heads: int, window_blocks: int, random_blocks: 
     return idx.masked_fill(~valid, 0), valid
 
 
+def _redraw_after_load(module: "BigBirdAttention", incompatible_keys) -> None:
+    module._draw_fixed_pattern()  # the loaded seed defines the pattern
+
+
 @register("bigbird")
 class BigBirdAttention(AttentionBackend):
     """BigBird ITC: global, sliding-window and random key blocks."""
@@ -104,18 +111,31 @@ class BigBirdAttention(AttentionBackend):
         super().__init__(num_heads, head_dim, max_len, options)
         if options.redraw == "fixed":
             self.register_buffer("pattern_seed", torch.randint(0, 2**62, ()))
-        self._cache: dict = {}
+            # The pattern for max_len (the harness pads every batch to it) is drawn once into buffers
+            # that follow the module's device: forward reads them instead of seeding a generator,
+            # so torch.compile traces it as one graph. Not saved: they are redrawn from the seed.
+            self.register_buffer("fixed_idx", None, persistent=False)
+            self.register_buffer("fixed_valid", None, persistent=False)
+            self._draw_fixed_pattern()
+            self.register_load_state_dict_post_hook(_redraw_after_load)
+
+    def _seeded_pattern(self, nb: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        o = self.options
+        gen = torch.Generator().manual_seed(int(self.pattern_seed) + nb)
+        return pattern_indices(nb, self.num_heads, o.window_blocks, o.random_blocks, generator=gen, device=device)
+
+    def _draw_fixed_pattern(self) -> None:
+        nb = math.ceil(self.max_len / self.options.block_size)
+        if nb > 2:
+            self.fixed_idx, self.fixed_valid = self._seeded_pattern(nb, self.pattern_seed.device)
 
     def _pattern(self, nb: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         o = self.options
         if o.redraw == "per_call":
             return pattern_indices(nb, self.num_heads, o.window_blocks, o.random_blocks, device=device)
-        key = (int(self.pattern_seed), nb, str(device))
-        if key not in self._cache:
-            gen = torch.Generator().manual_seed(int(self.pattern_seed) + nb)
-            self._cache[key] = pattern_indices(nb, self.num_heads, o.window_blocks, o.random_blocks,
-                                               generator=gen, device=device)
-        return self._cache[key]
+        if self.fixed_idx is not None and self.fixed_idx.shape[1] == nb - 2:
+            return self.fixed_idx.to(device), self.fixed_valid.to(device)
+        return self._seeded_pattern(nb, device)  # a length other than max_len: drawn again (eager only)
 
     def block_layout(self, n: int, device=None) -> torch.Tensor:
         """(heads, nb, nb) bool block adjacency used for sequences of length n; with

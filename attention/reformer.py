@@ -23,7 +23,9 @@ the self-exclusion rule).
 
 Randomness (``redraw``): ``"per_call"`` (default, the paper: new hashes every forward) draws the
 rotations from torch's RNG each call; ``"fixed"`` derives them from a seed drawn at construction
-(a buffer), the same for every call.
+(a buffer), the same for every call; those for ``max_len`` are drawn at construction (and again
+when a state dict is loaded) into a buffer, so torch.compile traces forward as one graph (another
+length redraws from the seed in Python: exact, but a graph break).
 
 Deviations: the attention of the LRA papers (HF ``LSHSelfAttention``) projects X itself with one
 shared query-key matrix; here the model's Q serves as the shared QK and K is unused. No causal mode,
@@ -69,6 +71,10 @@ def chunk_order(buckets: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.
     return perm, perm.argsort(dim=-1) // chunk
 
 
+def _redraw_after_load(module: "ReformerAttention", incompatible_keys) -> None:
+    module._draw_fixed_rotations()  # the loaded seed defines the rotations
+
+
 @register("reformer")
 class ReformerAttention(AttentionBackend):
     """Reformer: shared-QK LSH attention with multi-round hashing."""
@@ -82,6 +88,19 @@ class ReformerAttention(AttentionBackend):
         super().__init__(num_heads, head_dim, max_len, options)
         if options.redraw == "fixed":
             self.register_buffer("hash_seed", torch.randint(0, 2**62, ()))
+            # The rotations for max_len (the harness pads every batch to it) live in a buffer that
+            # follows the module's device, so forward seeds no generator and torch.compile traces it
+            # as one graph. Not saved: redrawn from the seed, also when a state dict is loaded.
+            self.register_buffer("fixed_rotations", None, persistent=False)
+            self._draw_fixed_rotations()
+            self.register_load_state_dict_post_hook(_redraw_after_load)
+
+    def _seeded_rotations(self, n_buckets: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(int(self.hash_seed) + n_buckets)
+        return torch.randn((self.head_dim, self.options.n_hashes, n_buckets // 2), generator=gen)
+
+    def _draw_fixed_rotations(self) -> None:
+        self.fixed_rotations = self._seeded_rotations(self.geometry(self.max_len)[2]).to(self.hash_seed.device)
 
     def geometry(self, n: int) -> tuple[int, int, int]:
         """(chunk length, number of chunks, number of buckets) for sequences of length n."""
@@ -95,8 +114,9 @@ class ReformerAttention(AttentionBackend):
         shape = (self.head_dim, self.options.n_hashes, n_buckets // 2)
         if self.options.redraw == "per_call":
             return torch.randn(shape, device=device)
-        gen = torch.Generator().manual_seed(int(self.hash_seed) + n_buckets)
-        return torch.randn(shape, generator=gen).to(device)
+        if self.fixed_rotations.shape == shape:
+            return self.fixed_rotations.to(device)
+        return self._seeded_rotations(n_buckets).to(device)  # a length other than max_len (eager only)
 
     def forward(self, q, k, v, mask=None):
         b, h, n, d = q.shape

@@ -47,6 +47,7 @@ class Capabilities:
     target: str = "softmax"  # what the method approximates or computes ("softmax", "gaussian", ...)
     shared_qk: bool = False  # ties K to Q (Reformer): k receives no gradient
     uses_qk: bool = True  # False for backends that never look at q, k (none, vmean)
+    compiles: bool = True  # traces as one graph, no recompiles when padding changes; False: the harness runs it eager
     notes: str = ""
 
 

@@ -57,8 +57,12 @@ Deviations from the paper and the public code (LRA_FACTS §6, peers §5), all de
   * Computed in at least float32 with autocast off (half inputs are upcast; the iteration needs
     the range), as the papers' LRA code ran attention in float32.
 Randomness: landmarks come from torch's global RNG every call (``redraw="per_call"``, as the public
-code, in eval too) or from a generator seeded once at construction (``redraw="fixed"``: the same
-input gives the same landmarks on every call). A sample without real tokens is treated as all real.
+code, in eval too) or from uniforms drawn once at construction from a seed saved with the module
+(``redraw="fixed"``): one key per position of Q and of K and head, shared by the batch, so a sample
+gets the same landmarks on every call, wherever it sits in the batch and on any device (with
+``replacement=True``, d uniforms per head pick the ⌊u·m⌋-th real row). The uniforms are a buffer
+(redrawn when a state dict is loaded), so torch.compile traces forward as one graph.
+A sample without real tokens is treated as all real.
 """
 
 from __future__ import annotations
@@ -127,19 +131,28 @@ class SkyformerOptions:
 
 
 def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: bool = False,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniform landmark rows among the real rows of each sample.
 
     real: bool (batch, N), True where a row may be chosen. Returns ``idx`` int64 (batch, heads, d')
     and ``valid`` bool (batch, heads, d'), d' = d (with replacement) or min(d, N) (without); slots
     beyond a sample's real-row count are marked invalid (they point at padded rows).
+    ``uniforms``: given U(0, 1) draws instead of torch's RNG (``redraw="fixed"``): one key per row,
+    (heads, N), without replacement (the d real rows with the largest keys); (heads, d) with
+    replacement (draw j is the ⌊u_j·m⌋-th of the sample's m real rows).
     """
     b, big_n = real.shape
     if replacement:
-        probs = real.to(torch.float32)[:, None, :].expand(b, heads, big_n).reshape(b * heads, big_n)
-        idx = torch.multinomial(probs, d, replacement=True, generator=generator).view(b, heads, d)
+        if uniforms is None:
+            probs = real.to(torch.float32)[:, None, :].expand(b, heads, big_n).reshape(b * heads, big_n)
+            idx = torch.multinomial(probs, d, replacement=True).view(b, heads, d)
+        else:
+            m = real.sum(-1)[:, None, None]  # (b,1,1), at least 1
+            rank = torch.minimum((uniforms * m).long(), m - 1)  # (b, heads, d)
+            real_first = torch.argsort((~real).to(torch.uint8), dim=-1, stable=True)  # real rows in order
+            idx = real_first.gather(1, rank.flatten(1)).view(b, heads, d)
         return idx, torch.ones_like(idx, dtype=torch.bool)
-    u = torch.rand(b, heads, big_n, generator=generator, device=real.device)
+    u = torch.rand(b, heads, big_n, device=real.device) if uniforms is None else uniforms.expand(b, heads, big_n)
     u = torch.where(real[:, None, :], u, -1.0)  # padded rows lose to every real one
     idx = u.topk(min(d, big_n), dim=-1).indices
     return idx, real[:, None, :].expand(b, heads, big_n).gather(-1, idx)
@@ -152,6 +165,10 @@ def newton_schulz_inverse(a: torch.Tensor, iters: int, init: str = "identity") -
     else:
         z = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
     return hyperpower_iterations(a, z, iters)
+
+
+def _redraw_after_load(module: "Skyformer", incompatible_keys) -> None:
+    module._draw_uniforms()  # the loaded seed defines the landmarks
 
 
 @register("skyformer")
@@ -169,11 +186,29 @@ class Skyformer(AttentionBackend):
         # redraw="fixed": the landmark generator's seed, drawn once and saved with the module
         seed = torch.randint(0, 2**62, (1,)) if fixed else torch.empty(0, dtype=torch.int64)
         self.register_buffer("landmark_seed", seed, persistent=fixed)
+        if fixed:  # the uniforms it gives, in a buffer that follows the device; redrawn, not saved
+            self.register_buffer("landmark_uniforms", None, persistent=False)
+            self._draw_uniforms()
+            self.register_load_state_dict_post_hook(_redraw_after_load)
 
-    def _generator(self, device) -> torch.Generator | None:
+    def _draw_uniforms(self) -> None:
+        o = self.options
+        shape = (self.num_heads, o.num_landmarks) if o.replacement else (self.num_heads, 2, self.max_len)
+        gen = torch.Generator().manual_seed(int(self.landmark_seed.item()))
+        self.landmark_uniforms = torch.rand(shape, generator=gen).to(self.landmark_seed.device)
+
+    def fixed_uniforms(self, n: int) -> torch.Tensor | None:
+        """The uniforms ``sample_landmarks`` uses for length n (``redraw="fixed"``), else None.
+
+        Without replacement, one key per row of [Q; K]: position i of Q and of K keeps its key for
+        every n ≤ max_len (keys of Q rows at [0, n), of K rows at [max_len, max_len + n))."""
         if self.options.redraw != "fixed":
             return None
-        return torch.Generator(device=device).manual_seed(int(self.landmark_seed.item()))
+        if self.options.replacement:
+            return self.landmark_uniforms
+        if n > self.max_len:
+            raise ValueError(f"skyformer: sequence length {n} exceeds max_len={self.max_len}")
+        return self.landmark_uniforms[:, :, :n].flatten(1)
 
     def forward(self, q, k, v, mask=None):
         with torch.autocast(q.device.type, enabled=False):  # the inverse needs at least float32
@@ -193,7 +228,7 @@ class Skyformer(AttentionBackend):
 
         x = torch.cat([q, k], dim=2)  # (b, h, 2n, p)
         idx, valid = sample_landmarks(torch.cat([real, real], dim=1), h, o.num_landmarks,
-                                      replacement=o.replacement, generator=self._generator(q.device))
+                                      replacement=o.replacement, uniforms=self.fixed_uniforms(n))
         land = x.gather(2, idx[..., None].expand(-1, -1, -1, p))  # (b, h, d, p)
         vf = valid.to(work)
         q_f = gaussian_kernel(q, land) * vf[:, :, None, :]  # (b, h, n, d)

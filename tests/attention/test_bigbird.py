@@ -93,6 +93,17 @@ def test_fixed_pattern_same_in_train_eval_and_after_reload():
     assert not torch.equal(layout[0], layout[1]), "heads draw their own random blocks"
 
 
+def test_fixed_pattern_buffer_is_the_seeded_draw():
+    """The pattern kept for max_len (what forward reads, compile-friendly) is the one the seed gives
+    at that length in a module with another max_len (drawn in Python there), and it follows a load."""
+    long = attention.build("bigbird", num_heads=H, head_dim=D, max_len=512, block_size=16)
+    short = attention.build("bigbird", num_heads=H, head_dim=D, max_len=256, block_size=16)
+    assert not torch.equal(long.block_layout(256), short.block_layout(256))
+    short.load_state_dict(long.state_dict())
+    assert short.fixed_idx.shape[1] == 256 // 16 - 2 and long.fixed_idx.shape[1] == 512 // 16 - 2
+    assert torch.equal(short.block_layout(256), long.block_layout(256))
+
+
 def test_per_call_pattern_changes_between_calls():
     m = attention.build("bigbird", num_heads=H, head_dim=D, max_len=512, block_size=16, redraw="per_call")
     q, k, v = qkv(n=512)

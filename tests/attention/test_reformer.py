@@ -133,6 +133,17 @@ def test_per_call_redraw_and_fixed():
     assert "hash_seed" in f.state_dict()
 
 
+def test_fixed_rotations_buffer_is_the_seeded_draw():
+    """The rotations kept for max_len (what forward reads) are those the seed gives at that length in
+    a module with another max_len (drawn in Python there), and they follow a load."""
+    long = attention.build("reformer", num_heads=H, head_dim=D, max_len=256, bucket_size=16, redraw="fixed")
+    short = attention.build("reformer", num_heads=H, head_dim=D, max_len=128, bucket_size=16, redraw="fixed")
+    assert not torch.equal(long.draw_rotations(128), short.draw_rotations(128))
+    short.load_state_dict(long.state_dict())
+    assert short.fixed_rotations.shape[-1] == 4 and long.fixed_rotations.shape[-1] == 8
+    assert torch.equal(short.draw_rotations(128), long.draw_rotations(128))
+
+
 def test_memory_linear_in_n():
     sizes = {}
     for n in (2048, 4096):

@@ -95,7 +95,7 @@ def test_skyformer_equals_nystrom_formula_on_its_landmarks():
     m = build("skyformer", num_landmarks=40, redraw="fixed", inverse="exact", gamma=0.1)
     out = m(q, k, v, mask)
     real2 = torch.cat([mask, mask], 1)
-    idx, valid = sample_landmarks(real2, H, 40, generator=m._generator(q.device))
+    idx, valid = sample_landmarks(real2, H, 40, uniforms=m.fixed_uniforms(q.shape[2]))
     assert valid.all()
     for h in range(H):  # the reference takes one head at a time
         lm = [idx[b, h] for b in range(q.shape[0])]
@@ -194,6 +194,34 @@ def test_landmarks_only_among_real_rows():
             assert len(chosen) == min(200, n_real) == len(set(chosen.tolist()))  # no duplicates
     idx, valid = sample_landmarks(real2, H, 500, replacement=True)
     assert valid.all() and real2.gather(1, idx.flatten(1)).all()
+
+
+def test_fixed_uniforms_pick_real_rows_uniformly_with_replacement():
+    """redraw="fixed", replacement=True: the ⌊u·m⌋-th real row, i.e. uniform over each sample's real rows."""
+    mask = masks()["middle"]
+    real2 = torch.cat([mask, mask], 1)
+    torch.manual_seed(0)
+    u = torch.rand(1, 20000)
+    idx, _ = sample_landmarks(real2, 1, 20000, replacement=True, uniforms=u)
+    for b in range(2):
+        rows = real2[b].nonzero().flatten()
+        counts = torch.bincount(idx[b, 0], minlength=real2.shape[1]).double()
+        assert counts[~real2[b]].sum() == 0
+        expected = 20000 / len(rows)
+        assert (counts[rows] - expected).abs().max() < 5 * math.sqrt(expected)
+        # the rank is read off the uniform: the smallest u takes the first real row
+        assert idx[b, 0, u[0].argmin()] == rows[0] and idx[b, 0, u[0].argmax()] == rows[-1]
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_fixed_landmarks_do_not_depend_on_batch_position(replacement):
+    q, k, v = qkv(dtype=torch.float64)
+    mask = masks()["middle"]
+    torch.manual_seed(0)
+    m = build("skyformer", num_landmarks=24, redraw="fixed", replacement=replacement)
+    both = m(q, k, v, mask)
+    second = m(q[1:], k[1:], v[1:], mask[1:])
+    torch.testing.assert_close(second[0], both[1], atol=1e-12, rtol=1e-10)
 
 
 def test_skyformer_redraw_policy():
