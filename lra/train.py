@@ -17,7 +17,6 @@ protocol and the record.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import shutil
 import signal
@@ -33,7 +32,7 @@ from omegaconf import DictConfig
 
 from lra import CONF_DIR
 from lra.config import ConfigError, RunSpec, load, resolve
-from lra.data import DataError, Split, load_task
+from lra.data import DataError, Split, fingerprint, load_task
 from lra.data.module import LRADataModule
 from lra.fit import FitError, Plan, plan
 from lra.loggers import make_logger
@@ -61,7 +60,7 @@ def run(spec: RunSpec) -> dict:
         p = plan(spec)  # raises FitError (micro-batch 1 does not fit) before any training
         rec.update(_plan_fields(p))
         log.info("%s", p.describe())
-        key = spec.resume_key(p.micro_batch, p.accum_steps, data_fingerprint(splits))
+        key = spec.resume_key(p.micro_batch, p.accum_steps, fingerprint(splits))
         start = resume_step(ckpt_dir / "last.ckpt", key)
         rec["resumed_from_step"] = start
         _write(run_dir, rec)  # status "running": the decision is visible before training starts
@@ -140,16 +139,6 @@ def _load_data(spec: RunSpec, rec: dict) -> dict[str, Split]:
     rec["majority_acc"] = splits["test"].majority_rate()
     rec["split_sizes"] = {k: len(v) for k, v in splits.items()}
     return splits
-
-
-def data_fingerprint(splits: dict[str, Split]) -> str:
-    """Sizes and a checksum of every array: a checkpoint never continues on other data."""
-    h = hashlib.blake2b(digest_size=12)
-    for name in sorted(splits):
-        for arr in (splits[name].tokens, splits[name].lengths, splits[name].labels):
-            h.update(f"{name}:{arr.dtype}:{arr.shape}".encode())
-            h.update(memoryview(arr).cast("B") if arr.flags.c_contiguous else arr.tobytes())
-    return h.hexdigest()
 
 
 def resume_step(last: Path, key: str) -> int | None:

@@ -34,7 +34,8 @@ import pandas as pd
 
 from lra import REPO_ROOT
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
-from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown, write_text
+from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
+from lra.files import write_text
 from lra.collect.tables import PAPERS, TABLES, build, summary
 
 FORMATS = ("csv", "tex", "md")
