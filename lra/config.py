@@ -385,8 +385,10 @@ class RunSpec:
         interval, logger, progress bar; the data by the fingerprint of its arrays)."""
         train = dataclasses.asdict(self.train)
         train.pop("ckpt_every_steps")
+        # how the data was obtained (generated, downloaded) is not what it is: the fingerprint says that
+        task = {k: v for k, v in self.data.options.items() if k not in ("generate", "download")}
         key = {"version": RESUME_KEY_VERSION, "train": train, "model": self.model.kwargs(),
-               "checkpointing": self.attn.checkpointing, "task": self.data.options, "data": data_fingerprint,
+               "checkpointing": self.attn.checkpointing, "task": task, "data": data_fingerprint,
                "seed": self.seed, "micro_batch": micro_batch, "accum_steps": accum_steps,
                "devices": self.hardware.devices, "precision": self.hardware.precision}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

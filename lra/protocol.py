@@ -134,9 +134,13 @@ class ResumeCheckpoint(Checkpoint):
 
     def _save(self, trainer):
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        trainer.save_checkpoint(tmp, weights_only=False)
-        if trainer.is_global_zero:
-            os.replace(tmp, self.path)
+        try:
+            trainer.save_checkpoint(tmp, weights_only=False)
+            if trainer.is_global_zero:
+                os.replace(tmp, self.path)
+        except BaseException:  # disk full, a signal: the previous last.ckpt stays, no temporary file
+            tmp.unlink(missing_ok=True)
+            raise
         trainer.strategy.barrier("lra-resume-checkpoint")
         self._last_step = trainer.global_step
 

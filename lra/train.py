@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import hydra
@@ -28,6 +30,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from lra import CONF_DIR
@@ -39,6 +42,7 @@ from lra.loggers import make_logger
 from lra.module import LitLRA, count_params
 from lra.protocol import FINISHED, Callbacks, callbacks, measured, outcome
 from lra.record import new_record, read_record, write_record
+from lra.runlock import EXIT_LOCKED, RunLocked, hold
 from lra.wandb_extras import WandbTables, log_record
 
 log = logging.getLogger("lra.train")
@@ -47,13 +51,19 @@ log = logging.getLogger("lra.train")
 def run(spec: RunSpec) -> dict:
     """Train (or resume), test, record. Returns the record; a failure is recorded, then raised."""
     run_dir, ckpt_dir = spec.run_dir, spec.run_dir / "checkpoints"
-    old = read_record(run_dir)
-    if old and old.get("status") in FINISHED and not spec.force:
-        log.info("%s already holds a finished run (%s, test_acc %s); pass force=true to run it again",
-                 run_dir, old.get("status"), _fmt(old.get("test_acc")))
-        return old
-    _prepare(spec, ckpt_dir)
-    rec = new_record(spec)
+    with owned(run_dir):
+        old = _finished_record(spec)
+        if old is not None:
+            return old
+        _prepare(spec, ckpt_dir)
+        rec = new_record(spec)
+        trainer = _train_and_test(spec, rec, run_dir, ckpt_dir)
+        _finish(spec, rec, trainer)
+    return rec
+
+
+def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> L.Trainer:
+    """The run's named steps, under the failure policy; fills ``rec`` in as it goes."""
     trainer = None
     with recorded(run_dir, rec):
         splits = _load_data(spec, rec)
@@ -83,35 +93,69 @@ def run(spec: RunSpec) -> dict:
             if not torch.isfinite(torch.tensor(rec["test_loss"])):
                 rec.update(status="failed", reason="non-finite test loss")
         _warn_about(rec, cb)
-    _finish(spec, rec, trainer)
-    return rec
+    return trainer
 
 
 # ---------------------------------------------------------------------------------------------
 # Failure policy: whatever ends a run short of SIGKILL leaves a record that says why
 
 
+class Interrupted(SystemExit):
+    """SIGINT or SIGTERM, raised where the main process was; its code is 128 + the signal."""
+
+
+class RunError(RuntimeError):
+    """The run cannot go on until the user acts (a damaged record or checkpoint, another config)."""
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(128 + signum)
+
+
 @contextlib.contextmanager
 def recorded(run_dir: Path, rec: dict):
-    """Record ``interrupted`` (SIGINT, SIGTERM) or ``failed`` (any exception, with its reason), then
-    re-raise; a SIGTERM leaves with exit code 143 as the shell reports a terminated process."""
+    """The failure policy: SIGINT/SIGTERM become ``interrupted`` (exit 130/143), any exception
+    ``failed`` with its reason; the record is written, then the exception goes on. Signals are turned
+    into exceptions here (loader workers ignore them), so a signal to the whole process group ends
+    the run as cleanly as one to this process."""
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield rec
-    except KeyboardInterrupt:
-        rec.update(status="interrupted", reason="KeyboardInterrupt: restart the same command to resume")
-        _write(run_dir, rec)
+    except BaseException as e:
+        code = _interrupt_code(e)
+        if code is not None:
+            name = signal.Signals(code - 128).name if code > 128 else type(e).__name__
+            rec.update(status="interrupted", reason=f"{name}: run the same command again to resume from the last "
+                                                     f"checkpoint")
+        else:
+            rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
+        _write_or_keep(run_dir, rec)
+        if code is not None and not isinstance(e, Interrupted):
+            raise Interrupted(code) from e
         raise
-    except SystemExit as e:  # Lightning turns SIGTERM into SIGTERMException, a SystemExit with code None
-        rec.update(status="interrupted", reason=f"{type(e).__name__}: restart the same command to resume from "
-                                                f"the last checkpoint")
-        _write(run_dir, rec)
-        if type(e).__name__ == "SIGTERMException":
-            raise SystemExit(128 + signal.SIGTERM) from e
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure must leave a record saying why
-        rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
-        _write(run_dir, rec)
-        raise
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def _interrupt_code(e: BaseException) -> int | None:
+    """128 + signal for an interruption, the exit code of another SystemExit, None for a failure."""
+    if isinstance(e, Interrupted):
+        return int(e.code)
+    if isinstance(e, SIGTERMException):  # Lightning's own SIGTERM handling
+        return 128 + signal.SIGTERM
+    if isinstance(e, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    return (e.code if isinstance(e.code, int) else 1) if isinstance(e, SystemExit) else None
+
+
+@contextlib.contextmanager
+def owned(run_dir: Path):
+    """Global rank zero owns the run folder (lra/runlock.py); the other DDP ranks share its run."""
+    with hold(run_dir) if getattr(rank_zero_only, "rank", 0) == 0 else contextlib.nullcontext():
+        yield
 
 
 def _write(run_dir: Path, rec: dict) -> None:
@@ -120,8 +164,33 @@ def _write(run_dir: Path, rec: dict) -> None:
         write_record(run_dir, rec)
 
 
+def _write_or_keep(run_dir: Path, rec: dict) -> None:
+    """Write the record of a run that is ending badly; if even that fails (disk full), say so and leave
+    the previous record as it was (records are replaced atomically, never half-written)."""
+    try:
+        _write(run_dir, rec)
+    except OSError as e:
+        log.error("could not write %s (%s): the previous record is left as it was", run_dir / "result.json", e)
+
+
 # ---------------------------------------------------------------------------------------------
 # The steps of a run
+
+
+def _finished_record(spec: RunSpec) -> dict | None:
+    """The record of a finished run in this folder (None: nothing to skip)."""
+    try:
+        old = read_record(spec.run_dir)
+    except ValueError as e:
+        if not spec.force:
+            raise RunError(f"{spec.run_dir / 'result.json'} is not a readable run record ({e}); pass force=true "
+                           f"to run again and replace it") from None
+        return None
+    if old and old.get("status") in FINISHED and not spec.force:
+        log.info("%s already holds a finished run (%s, test_acc %s); pass force=true to run it again",
+                 spec.run_dir, old.get("status"), _fmt(old.get("test_acc")))
+        return old
+    return None
 
 
 def _prepare(spec: RunSpec, ckpt_dir: Path) -> None:
@@ -145,10 +214,14 @@ def resume_step(last: Path, key: str) -> int | None:
     """The optimizer step ``last.ckpt`` continues from (None: no checkpoint, start afresh)."""
     if not last.exists():
         return None
-    saved = torch.load(last, map_location="cpu", weights_only=False)
+    try:
+        saved = torch.load(last, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - truncated or not a checkpoint: say which file, not the zip error
+        raise RunError(f"{last} cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); it is damaged: pass "
+                       f"force=true to discard the run's checkpoints and start again") from None
     if saved.get("resume_key") != key:
-        raise RuntimeError(f"{last} belongs to a run with another configuration, data or micro-batch (or an older "
-                           f"harness version); pass force=true to discard it and start again")
+        raise RunError(f"{last} belongs to a run with another configuration, data or micro-batch (or an older "
+                       f"harness version); pass force=true to discard it and start again")
     log.info("resuming from %s (optimizer step %d)", last, int(saved.get("global_step", 0)))
     return int(saved.get("global_step", 0))
 
@@ -240,24 +313,46 @@ def _fmt(x):
 def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         rec = run(resolve(cfg, HydraConfig.get().runtime.output_dir))
-    except (ConfigError, DataError) as e:  # the user's to fix: one line
-        log.error("%s", e)
-        sys.exit(2)
+    except (ConfigError, DataError, RunError) as e:  # the user's to fix: one line
+        _exit(2, "%s", e)
     except FitError as e:
-        log.error("does not fit, not training: %s", e)
-        sys.exit(3)
+        _exit(3, "does not fit, not training: %s", e)
+    except RunLocked as e:
+        _exit(EXIT_LOCKED, "%s", e)
+    except OSError as e:  # disk full, a read-only folder: the environment's, not a harness bug
+        _exit(1, "%s: %s (the run's record says where it stopped)", type(e).__name__, e)
     return rec.get("best_val_acc")  # the objective for Hydra sweepers
+
+
+def _exit(code: int, fmt: str, *args) -> None:
+    log.error(fmt, *args)
+    sys.exit(code)
+
+
+def check_writable(folder: Path) -> None:
+    """Hydra writes the run folder before any of our code runs: refuse a runs root we cannot write."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        ok = os.access(folder, os.W_OK | os.X_OK)
+    except OSError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"runs_root={str(folder)!r} cannot be written: set LRA_RUNS (or runs_root=) to a folder "
+                          f"you can write")
 
 
 def main() -> None:
     args = sys.argv[1:]
-    if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
-        try:
-            load(args)  # every value checked before Hydra makes the run folder
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    _hydra_main()
+    try:
+        if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
+            spec = load(args)  # every value checked before Hydra makes the run folder
+            check_writable(Path(spec.config["runs_root"]))
+        _hydra_main()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before the run started: nothing to record
+        sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == "__main__":

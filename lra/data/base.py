@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,3 +59,10 @@ class Split:
         """Share of the most frequent label (the accuracy of always guessing it)."""
         counts = np.bincount(np.asarray(self.labels))
         return float(counts.max() / counts.sum()) if counts.sum() else float("nan")
+
+
+def worker_pool(workers: int):
+    """A process pool for data preparation. Workers come from a fresh forkserver process, not from a
+    fork of this one: a fork copies locks that another thread holds at that instant (a logging or
+    stdout lock while the output pipe is full, torch's thread pools) and such a worker waits forever."""
+    return mp.get_context("forkserver").Pool(workers)

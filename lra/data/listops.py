@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.data.base import DataError, Split, data_workers
+from lra.data.base import DataError, Split, data_workers, worker_pool
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path
@@ -158,8 +157,7 @@ def generate(params: GeneratorParams, workers: int | None = None, progress: bool
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=total, desc="generating ListOps", unit="tree")
-    ctx = mp.get_context("fork") if workers > 1 else None
-    pool = ctx.Pool(workers) if ctx else None
+    pool = worker_pool(workers) if workers > 1 else None
     try:
         index = 0
         while len(rows) < total:
@@ -324,7 +322,7 @@ def tokenize_split(rows, path: Path, max_length: int, seq_len: int, workers: int
     """Token matrix (N, seq_len) uint8 padded with 0, first ``max_length`` tokens of each row kept."""
     n = len(rows)
     if workers > 1 and n > 2000:
-        with mp.get_context("fork").Pool(workers) as pool:
+        with worker_pool(workers) as pool:
             done = pool.map(_tokenize_rows, [rows[i::workers] for i in range(workers)])
         ids = [None] * n
         for w, part in enumerate(done):

@@ -17,12 +17,22 @@ Batches are gathered with one fancy-index per batch, so the loader costs microse
 
 from __future__ import annotations
 
+import signal
+
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lra.data.base import Split
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers leave SIGINT/SIGTERM to the main process: a signal sent to the whole process
+    group (timeout, SLURM, Kubernetes, Ctrl-C) then stops the run cleanly, as ``interrupted``, instead
+    of killing a worker under the loader ("DataLoader worker ... killed by signal")."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class SplitDataset(Dataset):
@@ -80,7 +90,7 @@ class ResumableLoader(DataLoader):
 
     def __init__(self, dataset, sampler: EpochBatches, num_workers: int = 0, pin_memory: bool = False):
         super().__init__(dataset, sampler=sampler, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         generator=torch.Generator().manual_seed(sampler.seed))
+                         generator=torch.Generator().manual_seed(sampler.seed), worker_init_fn=ignore_stop_signals)
         self.batches = sampler
         self.epoch, self.position = 0, 0
 
@@ -124,7 +134,8 @@ class LRADataModule(L.LightningDataModule):
             return ResumableLoader(SplitDataset(data), batches, self.num_workers, self.pin_memory)
         # evaluation loaders start afresh each time: no persistent workers holding RNG or file state
         return DataLoader(SplitDataset(data), sampler=batches, batch_size=None, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory)
+                          pin_memory=self.pin_memory, worker_init_fn=ignore_stop_signals,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
         return self._loader("train", True)

@@ -31,14 +31,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-import multiprocessing as mp
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from lra.data.base import DataError, Split, data_workers
+from lra.data.base import DataError, Split, data_workers, worker_pool
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.pathfinder_gen import DIFFICULTIES, GeneratorParams, write_dataset
 from lra.data.registry import register_task
@@ -225,7 +224,7 @@ def _run(fn, jobs, workers, progress, total, desc):
     out = []
     try:
         if workers > 1 and len(jobs) > 1:
-            with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            with worker_pool(min(workers, len(jobs))) as pool:
                 for part in pool.imap(fn, jobs):
                     out += part
                     if bar:

@@ -45,7 +45,6 @@ import io
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
 import shutil
 import tempfile
@@ -58,7 +57,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from lra.data.base import DataError
+from lra.data.base import DataError, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +466,7 @@ def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = N
     positives = 0
     try:
         if workers > 1 and len(jobs) > 1:
-            with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            with worker_pool(min(workers, len(jobs))) as pool:
                 for _, count, pos in pool.imap_unordered(_write_chunk, jobs):
                     positives += pos
                     if bar:

@@ -1,0 +1,181 @@
+"""Never lose a run: SIGTERM/SIGINT to the whole process group (loader workers included) ends a run as
+``interrupted`` and the same command resumes it to the uninterrupted record; a run folder has one
+owner; damaged records and checkpoints, disk full and unwritable roots are one-line errors."""
+
+import csv
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lra.config import load
+from tests.test_resume import CLOSE, RESUME, SAME
+from tests.test_train import TINY
+
+
+def _env(tmp_path, runs):
+    return {**os.environ, "LRA_DATA": str(tmp_path / f"data-{runs}"), "LRA_RUNS": str(tmp_path / runs),
+            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+
+
+def _popen(tmp_path, runs, *extra):
+    # a session of its own: the signal goes to the whole process group, as timeout/SLURM/Kubernetes send it
+    return subprocess.Popen([sys.executable, "-m", "lra.train", *RESUME, *extra], env=_env(tmp_path, runs),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _record(tmp_path, runs):
+    return json.loads(next((tmp_path / runs).rglob("result.json")).read_text())
+
+
+def _finish(proc):
+    out, _ = proc.communicate(timeout=600)
+    return proc.returncode, out
+
+
+def _signal_group_at_checkpoint(tmp_path, runs, proc, sig, min_step=9):
+    deadline, step = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None and step is None:
+        last = next((tmp_path / runs).rglob("last.ckpt"), None) if (tmp_path / runs).exists() else None
+        try:
+            s = torch.load(last, map_location="cpu", weights_only=False)["global_step"] if last else None
+        except Exception:  # noqa: BLE001 - being replaced right now
+            s = None
+        if s is not None and s >= min_step:
+            step = s
+            os.killpg(proc.pid, sig)
+        time.sleep(0.05)
+    rc, out = _finish(proc)
+    assert step is not None, f"no checkpoint at step >= {min_step}:\n{out[-3000:]}"
+    return rc, out
+
+
+@pytest.mark.parametrize("workers", [2, pytest.param(0, marks=pytest.mark.slow)])
+def test_sigterm_to_process_group_then_rerun_matches_uninterrupted(tmp_path, workers):
+    extra = [f"trainer.num_workers={workers}"]
+    ref = _popen(tmp_path, "ref", *extra)
+    rc, out = _signal_group_at_checkpoint(tmp_path, "runs", _popen(tmp_path, "runs", *extra), signal.SIGTERM)
+    assert rc == 143, out[-3000:]
+    assert "killed by signal" not in out and "Traceback" not in out
+    stopped = _record(tmp_path, "runs")
+    assert stopped["status"] == "interrupted" and stopped["reason"].startswith("SIGTERM")
+    assert not list((tmp_path / "runs").rglob("*.tmp"))
+    rc, out = _finish(_popen(tmp_path, "runs", *extra))
+    assert rc == 0 and "resuming from" in out, out[-3000:]
+    rc, out = _finish(ref)
+    assert rc == 0, out[-3000:]
+    resumed, reference = _record(tmp_path, "runs"), _record(tmp_path, "ref")
+    for k in SAME:
+        assert resumed[k] == reference[k], (k, resumed[k], reference[k])
+    for k in CLOSE:
+        assert resumed[k] == reference[k], (k, resumed[k], reference[k])  # exact: same RNG streams, same data
+
+
+def test_worker_count_does_not_change_the_run(tmp_path):
+    """Every loader has its own generator: 0 and 2 workers draw the same dropout and give one record."""
+    runs = {}
+    for w in (0, 2):
+        rc, out = _finish(subprocess.Popen([sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false",
+                                            f"trainer.num_workers={w}"], env=_env(tmp_path, f"w{w}"),
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        assert rc == 0, out[-3000:]
+        runs[w] = _record(tmp_path, f"w{w}")
+    for k in ("test_acc", "test_loss", "best_val_acc", "steps", "steps_to_best"):
+        assert runs[0][k] == runs[2][k], k
+
+
+def test_sigint_to_process_group_is_interrupted_130(tmp_path):
+    rc, out = _signal_group_at_checkpoint(tmp_path, "runs", _popen(tmp_path, "runs", "trainer.num_workers=2"),
+                                          signal.SIGINT)
+    assert rc == 130 and "Traceback" not in out, out[-3000:]
+    assert _record(tmp_path, "runs")["status"] == "interrupted"
+
+
+def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
+    log = open(tmp_path / "first.log", "w")  # not a pipe: nobody reads it while the second command runs
+    first = subprocess.Popen([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=400", "train.patience=null"],
+                             env=_env(tmp_path, "runs"), stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "runs").rglob("last.ckpt")):  # training, lock held
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=400", "train.patience=null"],
+                            env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 75, second.stdout[-2000:] + second.stderr[-2000:]
+    assert f"pid {first.pid}" in second.stdout + second.stderr and "in use by" in second.stdout + second.stderr
+    assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    log.close()
+    with open(next((tmp_path / "runs").rglob("metrics.csv")), newline="") as f:
+        rows = [tuple(r.items()) for r in csv.DictReader(f)]
+    assert len(rows) == len(set(rows)) and rows
+    # the lock does not outlive its holder: the same command now reports the finished run
+    again = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=400", "train.patience=null"],
+                           env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "already holds a finished run" in again.stdout + again.stderr
+
+
+def _train(tmp_path, *overrides):
+    from lra.train import run
+
+    return run(load([*TINY, "trainer.progress=false", f"data_root={tmp_path / 'data'}",
+                     f"runs_root={tmp_path / 'runs'}", f"fit.cache_dir={tmp_path / 'cache'}", *overrides],
+                    run_dir=tmp_path / "run"))
+
+
+def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tmp_path, monkeypatch):
+    import lightning.pytorch.trainer.trainer as trainer_mod
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "save_checkpoint", full)
+    with pytest.raises(OSError):
+        _train(tmp_path, "train.eval_every=4")
+    rec = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert rec["status"] == "failed" and "No space left" in rec["reason"]
+    assert not list((tmp_path / "run").rglob("*.tmp"))
+    # when the record cannot be written either, the previous one stays as it was
+    import lra.files
+
+    before = (tmp_path / "run" / "result.json").read_bytes()
+    monkeypatch.setattr(lra.files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(OSError):
+        _train(tmp_path, "train.eval_every=4", "force=true")
+    assert (tmp_path / "run" / "result.json").read_bytes() == before
+    assert not list((tmp_path / "run").rglob("*.tmp"))
+
+
+def _cli(tmp_path, *extra):
+    return subprocess.run([sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", *extra],
+                          env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
+
+
+def test_damaged_record_and_checkpoint_are_one_line_errors(tmp_path):
+    assert _cli(tmp_path, "train.max_steps=40", "train.eval_every=5").returncode == 0
+    run_dir = next((tmp_path / "runs").rglob("result.json")).parent
+    (run_dir / "result.json").write_text('{"status": "compl')
+    bad = _cli(tmp_path, "train.max_steps=40", "train.eval_every=5")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode == 2 and "result.json is not a readable run record" in out and "Traceback" not in out
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    (run_dir / "result.json").write_text('{"status": "interrupted"}')
+    bad = _cli(tmp_path, "train.max_steps=40", "train.eval_every=5")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode == 2 and "last.ckpt cannot be read" in out and "force=true" in out
+    assert "Traceback" not in out
+    ok = _cli(tmp_path, "train.max_steps=40", "train.eval_every=5", "force=true")
+    assert ok.returncode == 0 and json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+
+
+def test_unwritable_runs_root_is_one_line_before_anything(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    bad = _cli(tmp_path, f"runs_root={blocker}/runs")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: runs_root=")
+    assert len(bad.stderr.strip().splitlines()) == 1 and blocker.read_text() == "not a folder"
