@@ -29,6 +29,7 @@ from typing import IO, Iterable
 import numpy as np
 
 from lra.data.base import DataError, Split
+from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, release_archives, walk
@@ -124,7 +125,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"  - the HF mirror: hf download OpenNLPLab/lra --repo-type dataset --local-dir {root}/OpenNLPLab-lra "
         f"(the files are in data/aan/)\n"
         f"  - or copy the three .tsv files into {root}/tsv_data/\n"
-        f"then run `make data task=retrieval`.")
+        f"then run `make data task=retrieval`.\n"
+        f"{download.hint('retrieval', root)}")
 
 
 def read_archive(path: Path, max_length: int, progress: bool) -> dict:
@@ -151,8 +153,12 @@ def read_archive(path: Path, max_length: int, progress: bool) -> dict:
 
 @register_task("retrieval")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
+    fetch = download.requested(cfg)
     explicit = explicit_path(cfg)
     found, notes = locate(root, explicit)
+    if found is None and fetch:
+        download.fetch("retrieval", root, explicit, progress)
+        found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)
     kind, where = found

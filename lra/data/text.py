@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from lra.data.base import DataError, Split
+from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
@@ -150,7 +151,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"unpacked, it goes to {root}/aclImdb/)\n"
         f"  - hf download stanfordnlp/imdb --repo-type dataset --local-dir {root}/imdb\n"
         f"  - python -c \"import datasets; datasets.load_dataset('stanfordnlp/imdb').save_to_disk('{root}/imdb')\"\n"
-        f"then run `make data task=text` (or set LRA_DATA to the folder holding them).")
+        f"then run `make data task=text` (or set LRA_DATA to the folder holding them).\n"
+        f"{download.hint('text', root)}")
 
 
 # ------------------------------------------------------------------------------ readers
@@ -308,8 +310,12 @@ def check_dev_split(value) -> str:
 @register_task("text")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     dev_split = check_dev_split(cfg.get("dev_split", "carve"))
+    fetch = download.requested(cfg)
     explicit = explicit_path(cfg)
     src, notes = locate(root, explicit)
+    if src is None and fetch:
+        download.fetch("text", root, explicit, progress)
+        src, notes = locate(root, explicit)
     if src is None:
         raise missing_error(root, explicit, notes)
     max_length, seq_len = int(cfg["max_length"]), int(cfg["seq_len"])
