@@ -249,8 +249,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"unpacked, it is {root}/cifar-10-batches-py/)\n"
         f"  - hf download uoft-cs/cifar10 --repo-type dataset --local-dir {root}/cifar10\n"
         f"  - python -c \"import datasets; datasets.load_dataset('uoft-cs/cifar10').save_to_disk('{root}/cifar10')\"\n"
-        f"then run `make data task=image`.\n"
-        f"{download.hint('image', root)}")
+        f"{download.hint('image', root)}\n"
+        f"then run `make data task=image`.")
 
 
 @register_task("image")

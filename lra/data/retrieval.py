@@ -125,8 +125,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"  - the HF mirror: hf download OpenNLPLab/lra --repo-type dataset --local-dir {root}/OpenNLPLab-lra "
         f"(the files are in data/aan/)\n"
         f"  - or copy the three .tsv files into {root}/tsv_data/\n"
-        f"then run `make data task=retrieval`.\n"
-        f"{download.hint('retrieval', root)}")
+        f"{download.hint('retrieval', root)}\n"
+        f"then run `make data task=retrieval`.")
 
 
 def read_archive(path: Path, max_length: int, progress: bool) -> dict:

@@ -151,8 +151,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"unpacked, it goes to {root}/aclImdb/)\n"
         f"  - hf download stanfordnlp/imdb --repo-type dataset --local-dir {root}/imdb\n"
         f"  - python -c \"import datasets; datasets.load_dataset('stanfordnlp/imdb').save_to_disk('{root}/imdb')\"\n"
-        f"then run `make data task=text` (or set LRA_DATA to the folder holding them).\n"
-        f"{download.hint('text', root)}")
+        f"{download.hint('text', root)}\n"
+        f"then run `make data task=text` (or set LRA_DATA to the folder holding them).")
 
 
 # ------------------------------------------------------------------------------ readers
