@@ -269,3 +269,19 @@ def test_make_data_reaches_the_download(tmp_path, tiny, monkeypatch, caplog):
     assert (tmp_path / "data" / download.SOURCES["retrieval"].folder / download.STAMP).is_file()
     assert data_main.main(["task=image"]) == 2  # off by default: the message, exit code 2
     assert "task.download=true" in caplog.text
+
+
+def test_a_damaged_download_of_ours_is_replaced(tmp_path, tiny):
+    """A stamped folder the reader refuses (a TSV deleted) is ours: the next download=true replaces it."""
+    root = tmp_path / "data"
+    load_task({**TASKS["retrieval"], "download": True}, root)
+    folder = root / download.SOURCES["retrieval"].folder
+    (folder / AAN_NAMES["test"]).unlink()
+    (folder / "extra.txt").write_text("left by hand")
+    with pytest.raises(DataError, match="not found"):
+        load_task(dict(TASKS["retrieval"]), root)
+    got = load_task({**TASKS["retrieval"], "download": True}, root)
+    assert len(got["test"]) == len(AAN["test"]) and (folder / AAN_NAMES["test"]).is_file()
+    assert _left_over(root) == []
+    aside = [p for p in root.iterdir() if p.name.startswith(".replaced-")]
+    assert len(aside) == 1 and (aside[0] / "extra.txt").read_text() == "left by hand"  # moved aside, not deleted

@@ -234,11 +234,11 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def _replace(final: Path, out: Path, tmp: Path) -> None:
-    """``out`` becomes ``final`` in one rename; an earlier download of ours there is moved aside first."""
-    if final.exists():  # ours (it has the stamp) but the reader refused it: damaged
-        old = tmp / "old"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
+    """``out`` becomes ``final`` in one rename. An earlier download there (stamped, but refused by the reader:
+    damaged) is moved aside, not deleted: files may have been added to it by hand."""
+    if final.exists():
+        aside = final.with_name(f".replaced-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.replace(final, aside)
+        log.warning("%s was incomplete; moved to %s (delete it once nothing there is needed)", final, aside)
     os.replace(out, final)
-    shutil.rmtree(tmp)
+    shutil.rmtree(tmp)  # only the dot folder this module made (its cache and partial files)

@@ -11,7 +11,8 @@ Sources, searched under ``task.path`` if set, else under the data root (first fo
 4. A saved HF dataset (``DatasetDict.save_to_disk``, read with ``datasets.load_from_disk``) with the
    same columns, path mentioning ``cifar``.
 
-CIFAR-10 is not in ``lra_release.gz`` and cannot be generated.
+CIFAR-10 is not in ``lra_release.gz`` and cannot be generated. With ``task.download=true`` a missing
+CIFAR-10 is fetched from the Hub as format 4 (``lra/data/download.py``).
 
 Grayscale (``task.grayscale``): ``luminance`` (default) = round(0.299 R + 0.587 G + 0.114 B), the
 ITU-R 601 weights; ``tf`` reproduces the LRA pipeline bit for bit (TF's ``rgb_to_grayscale``:

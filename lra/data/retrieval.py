@@ -9,6 +9,8 @@ Files: ``new_aan_pairs.{train,eval,test}.tsv``, searched (first found wins) in
    ``aan/``, or the files dropped anywhere;
 3. the release archive ``lra_release.gz`` under the data root: the three members are streamed out.
 
+With ``task.download=true``, missing files are fetched from the HF mirror (``lra/data/download.py``).
+
 Format (LRA_FACTS §3): no header; five tab-separated fields ``label id1 id2 text1 text2``; the label
 may be written as a float (``1.0``). Quotes are ordinary characters (LRA reads with
 ``use_quote_delim=False``), so a line is split on tabs and never parsed with CSV quoting. The text

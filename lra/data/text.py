@@ -10,7 +10,8 @@ Sources, searched under ``task.path`` if set, else under the data root (first fo
    or the ``datasets`` cache folder holding ``imdb-train.arrow`` and ``imdb-test.arrow``.
 
 Formats 3 and 4 are recognised by name only in folders whose path mentions ``imdb`` (``task.path``
-lifts that rule). IMDB is not in ``lra_release.gz`` and cannot be generated.
+lifts that rule). IMDB is not in ``lra_release.gz`` and cannot be generated. With ``task.download=true`` a
+missing IMDB is fetched from the Hub as format 4 (``lra/data/download.py``).
 
 Tokens (LRA_FACTS §3, the LRA ``ByteTextEncoder``): the UTF-8 bytes of the raw review (``<br />``
 tags kept, no lower-casing), id = byte + 1, 0 = padding; the first ``max_length`` bytes (4000, or
