@@ -11,7 +11,8 @@ Sources, searched under ``task.path`` if set, else under the data root (first fo
 4. A saved HF dataset (``DatasetDict.save_to_disk``, read with ``datasets.load_from_disk``) with the
    same columns, path mentioning ``cifar``.
 
-CIFAR-10 is not in ``lra_release.gz`` and cannot be generated.
+CIFAR-10 is not in ``lra_release.gz`` and cannot be generated. With ``task.download=true`` a missing
+CIFAR-10 is fetched from the Hub as format 4 (``lra/data/download.py``).
 
 Grayscale (``task.grayscale``): ``luminance`` (default) = round(0.299 R + 0.587 G + 0.114 B), the
 ITU-R 601 weights; ``tf`` reproduces the LRA pipeline bit for bit (TF's ``rgb_to_grayscale``:
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from lra.data.base import DataError, Split
+from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
@@ -248,6 +250,7 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"unpacked, it is {root}/cifar-10-batches-py/)\n"
         f"  - hf download uoft-cs/cifar10 --repo-type dataset --local-dir {root}/cifar10\n"
         f"  - python -c \"import datasets; datasets.load_dataset('uoft-cs/cifar10').save_to_disk('{root}/cifar10')\"\n"
+        f"{download.hint('image', root)}\n"
         f"then run `make data task=image`.")
 
 
@@ -256,8 +259,12 @@ def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     method = str(cfg.get("grayscale", "luminance"))
     to_gray(np.zeros((1, 3), np.uint8), method)  # validate early
     val_fraction = float(cfg.get("val_fraction", 0.1))
+    fetch = download.requested(cfg)
     explicit = explicit_path(cfg)
     found, notes = locate(root, explicit)
+    if found is None and fetch:
+        download.fetch("image", root, explicit, progress)
+        found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)
     kind, where, extra = found

@@ -9,6 +9,8 @@ Files: ``new_aan_pairs.{train,eval,test}.tsv``, searched (first found wins) in
    ``aan/``, or the files dropped anywhere;
 3. the release archive ``lra_release.gz`` under the data root: the three members are streamed out.
 
+With ``task.download=true``, missing files are fetched from the HF mirror (``lra/data/download.py``).
+
 Format (LRA_FACTS §3): no header; five tab-separated fields ``label id1 id2 text1 text2``; the label
 may be written as a float (``1.0``). Quotes are ordinary characters (LRA reads with
 ``use_quote_delim=False``), so a line is split on tabs and never parsed with CSV quoting. The text
@@ -29,6 +31,7 @@ from typing import IO, Iterable
 import numpy as np
 
 from lra.data.base import DataError, Split
+from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, release_archives, walk
@@ -124,6 +127,7 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"  - the HF mirror: hf download OpenNLPLab/lra --repo-type dataset --local-dir {root}/OpenNLPLab-lra "
         f"(the files are in data/aan/)\n"
         f"  - or copy the three .tsv files into {root}/tsv_data/\n"
+        f"{download.hint('retrieval', root)}\n"
         f"then run `make data task=retrieval`.")
 
 
@@ -151,8 +155,12 @@ def read_archive(path: Path, max_length: int, progress: bool) -> dict:
 
 @register_task("retrieval")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
+    fetch = download.requested(cfg)
     explicit = explicit_path(cfg)
     found, notes = locate(root, explicit)
+    if found is None and fetch:
+        download.fetch("retrieval", root, explicit, progress)
+        found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)
     kind, where = found

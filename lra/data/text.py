@@ -10,7 +10,8 @@ Sources, searched under ``task.path`` if set, else under the data root (first fo
    or the ``datasets`` cache folder holding ``imdb-train.arrow`` and ``imdb-test.arrow``.
 
 Formats 3 and 4 are recognised by name only in folders whose path mentions ``imdb`` (``task.path``
-lifts that rule). IMDB is not in ``lra_release.gz`` and cannot be generated.
+lifts that rule). IMDB is not in ``lra_release.gz`` and cannot be generated. With ``task.download=true`` a
+missing IMDB is fetched from the Hub as format 4 (``lra/data/download.py``).
 
 Tokens (LRA_FACTS §3, the LRA ``ByteTextEncoder``): the UTF-8 bytes of the raw review (``<br />``
 tags kept, no lower-casing), id = byte + 1, 0 = padding; the first ``max_length`` bytes (4000, or
@@ -34,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from lra.data.base import DataError, Split
+from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
@@ -150,6 +152,7 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"unpacked, it goes to {root}/aclImdb/)\n"
         f"  - hf download stanfordnlp/imdb --repo-type dataset --local-dir {root}/imdb\n"
         f"  - python -c \"import datasets; datasets.load_dataset('stanfordnlp/imdb').save_to_disk('{root}/imdb')\"\n"
+        f"{download.hint('text', root)}\n"
         f"then run `make data task=text` (or set LRA_DATA to the folder holding them).")
 
 
@@ -308,8 +311,12 @@ def check_dev_split(value) -> str:
 @register_task("text")
 def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     dev_split = check_dev_split(cfg.get("dev_split", "carve"))
+    fetch = download.requested(cfg)
     explicit = explicit_path(cfg)
     src, notes = locate(root, explicit)
+    if src is None and fetch:
+        download.fetch("text", root, explicit, progress)
+        src, notes = locate(root, explicit)
     if src is None:
         raise missing_error(root, explicit, notes)
     max_length, seq_len = int(cfg["max_length"]), int(cfg["seq_len"])

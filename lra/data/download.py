@@ -1,0 +1,244 @@
+"""Data on request (``task.download=true``): fetch IMDB, CIFAR-10 and the AAN pairs from the Hugging Face
+Hub at pinned revisions, into the data root, in a layout the readers already know.
+
+Off by default: a run never touches the network unless asked. Called by the Text, Image and Retrieval
+loaders only when their search of the data root found nothing (so it never replaces the user's data).
+
+How (the libraries made for it):
+
+- IMDB (``stanfordnlp/imdb``) and CIFAR-10 (``uoft-cs/cifar10``): ``datasets.load_dataset`` at the
+  pinned revision, train and test written with ``DatasetDict.save_to_disk`` (the readers' ``hf_disk``
+  format; the folder name mentions imdb / cifar, as the readers require).
+- AAN (``OpenNLPLab/lra``, ``data/aan/``): the three raw TSVs streamed byte for byte through fsspec's
+  ``hf://`` filesystem (huggingface_hub), never through a CSV parser (quotes in these files are text).
+
+Safety: everything is written under ``<root>/.download-<folder>/`` (a dot folder, which no reader
+enters), checked (rows per split; for the TSVs also bytes, and SHA-256 where the Hub reports one),
+stamped with ``DOWNLOADED.json``, then renamed to ``<root>/<folder>/`` in one step. An interruption
+leaves only the dot folder; the next try reuses what is complete there (the ``datasets`` download
+cache; whole TSVs, and a partial TSV continues from its last byte) and rebuilds the rest.
+
+``LRA_HUB=/some/folder`` (or ``hub=``) reads ``<folder>/<owner>/<name>/`` instead of the Hub: an
+offline mirror (e.g. made with ``hf download <repo> --repo-type dataset --local-dir``) and what the
+tests use, through the same code path. The revision then is whatever the mirror holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lra.data.base import DataError
+
+log = logging.getLogger(__name__)
+
+HUB_ENV = "LRA_HUB"
+STAMP = "DOWNLOADED.json"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo: str  # Hub dataset repository
+    revision: str  # full commit hash: the bytes never change under us
+    folder: str  # final folder under the data root
+    rows: dict  # split -> rows the pinned revision holds (the size check)
+    files: dict = field(default_factory=dict)  # split -> file in the repo, copied raw; empty: load_dataset
+
+    def location(self, hub: str | None) -> str:
+        """Where to read the repository: the local mirror folder, or the Hub."""
+        return str(Path(hub) / self.repo) if hub else self.repo
+
+
+# The one table of what is fetched. Revisions: the commits other projects pin (research/data.md Q4 and
+# public code); row counts: IMDB 25k/25k, CIFAR-10 50k/10k, AAN as released (LRA_FACTS §3).
+SOURCES: dict[str, HubSource] = {
+    "text": HubSource("stanfordnlp/imdb", "e6281661ce1c48d982bc483cf8a173c1bbeb5d31", "hf-stanfordnlp-imdb",
+                      {"train": 25_000, "test": 25_000}),
+    "image": HubSource("uoft-cs/cifar10", "0b2714987fa478483af9968de7c934580d0bb9a2", "hf-uoft-cs-cifar10",
+                       {"train": 50_000, "test": 10_000}),
+    "retrieval": HubSource("OpenNLPLab/lra", "6cb133c44f406da743661488df9e977b87d98775", "hf-OpenNLPLab-lra-aan",
+                           {"train": 147_086, "val": 18_090, "test": 17_437},
+                           {"train": "data/aan/new_aan_pairs.train.tsv", "val": "data/aan/new_aan_pairs.eval.tsv",
+                            "test": "data/aan/new_aan_pairs.test.tsv"}),
+}
+
+
+def requested(cfg: dict) -> bool:
+    """``task.download`` checked before any work: true or false."""
+    value = cfg.get("download", False)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if not isinstance(value, bool):
+        raise DataError(f"task.download={value!r}: must be true (fetch missing data from the Hugging Face Hub) "
+                        f"or false")
+    return value
+
+
+def hint(task: str, root: Path) -> str:
+    """The line the readers' missing-data messages add."""
+    src = SOURCES[task]
+    return (f"  - or let the harness fetch it: make data task={task} ARGS='task.download=true' (or add "
+            f"task.download=true to a run): HF {src.repo} at revision {src.revision[:12]}, into {root}/{src.folder}/")
+
+
+def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = True,
+          hub: str | None = None) -> Path:
+    """Download ``task``'s data into ``<root>/<folder>/`` (see the module docstring); return that folder."""
+    src = SOURCES[task]
+    root = Path(root)
+    if explicit is not None:
+        raise DataError(f"task.download=true fetches into the data root, but task.path={explicit} is set: unset "
+                        f"task.path, or put the data at task.path yourself")
+    hub = hub or os.environ.get(HUB_ENV) or None
+    final, tmp = root / src.folder, root / f".download-{src.folder}"
+    if final.exists() and not (final / STAMP).is_file():
+        raise DataError(f"{final} exists but was not written by task.download (no {STAMP}) and the reader did not "
+                        f"accept it: move it away, or point task.path at it")
+    where = src.location(hub)
+    log.info("%s: fetching %s at revision %s into %s", task, where, src.revision, final)
+    t0 = time.perf_counter()
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "out"
+    if src.files:
+        stamp = _copy_files(src, where, hub, tmp, out, progress)
+    else:
+        stamp = _load_dataset(src, where, tmp, out)
+    stamp.update({"task": task, "repo": src.repo, "revision": src.revision if not hub else None,
+                  "source": where, "seconds": round(time.perf_counter() - t0, 1)})
+    _write_json(out / STAMP, stamp)
+    _replace(final, out, tmp)
+    log.info("%s: %s ready (%s)", task, final, ", ".join(f"{s} {n} rows" for s, n in stamp["rows"].items()))
+    return final
+
+
+# ------------------------------------------------------------------------------ datasets route
+def _load_dataset(src: HubSource, where: str, tmp: Path, out: Path) -> dict:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("task.download=true needs the `datasets` package: pip install datasets") from None
+    # The download cache lives in the dot folder: a retry reuses the files already fetched, and nothing
+    # is left in ~/.cache once the data is in place.
+    try:
+        dd = datasets.load_dataset(where, revision=src.revision, cache_dir=str(tmp / "hf-cache"))
+    except Exception as e:  # noqa: BLE001 - network, auth and format errors come in many types
+        raise DataError(f"downloading {where} (revision {src.revision[:12]}) failed: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}. Check the network (HF_ENDPOINT, HF_TOKEN) "
+                        f"and run again: finished files are reused") from None
+    _check_rows(src, {s: (len(dd[s]) if s in dd else None) for s in src.rows}, tmp)
+    if out.exists():
+        shutil.rmtree(out)  # a half-written copy from an interrupted try (inside our dot folder)
+    try:
+        datasets.DatasetDict({s: dd[s] for s in src.rows}).save_to_disk(str(out))
+    except OSError as e:
+        raise DataError(f"writing {out} failed ({type(e).__name__}: {e}); free some space and run again "
+                        f"(what was downloaded is reused)") from None
+    return {"rows": {s: len(dd[s]) for s in src.rows}}
+
+
+# ------------------------------------------------------------------------------ raw file route
+def _copy_files(src: HubSource, where: str, hub: str | None, tmp: Path, out: Path, progress: bool) -> dict:
+    from fsspec.core import url_to_fs
+
+    out.mkdir(exist_ok=True)
+    files, rows = {}, {}
+    for split, name in src.files.items():
+        url = str(Path(where) / name) if hub else f"hf://datasets/{src.repo}@{src.revision}/{name}"
+        try:
+            fs, path = url_to_fs(url)
+            info = fs.info(path)
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"cannot reach {url} ({type(e).__name__}: {str(e)[:200]}); check the network "
+                            f"(HF_ENDPOINT, HF_TOKEN) or {HUB_ENV}") from None
+        size, sha = int(info["size"]), (info.get("lfs") or {}).get("sha256")
+        dest = out / Path(name).name
+        if not (dest.is_file() and dest.stat().st_size == size):  # whole and checked on an earlier try
+            part = tmp / (dest.name + ".part")
+            _stream(fs, path, part, size, progress)
+            if sha and _sha256(part) != sha:
+                part.unlink()
+                raise DataError(f"{url}: SHA-256 differs from the Hub's; the partial file was removed, run again")
+            os.replace(part, dest)
+        rows[split] = _count_lines(dest)
+        files[dest.name] = {"bytes": size, "sha256": sha}
+    _check_rows(src, rows, tmp)
+    return {"rows": rows, "files": files}
+
+
+def _stream(fs, path: str, part: Path, size: int, progress: bool) -> None:
+    """Copy ``path`` into ``part``, continuing after the bytes a cut try left there."""
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=size, initial=have, unit="B", unit_scale=True, desc=f"downloading {part.stem}",
+                   mininterval=1.0)
+    try:
+        with fs.open(path, "rb") as f, open(part, "ab") as g:
+            f.seek(have)
+            while True:
+                b = f.read(CHUNK)
+                if not b:
+                    break
+                g.write(b)
+                if bar is not None:
+                    bar.update(len(b))
+    except Exception as e:  # noqa: BLE001 - a dropped connection or a full disk, in many types
+        raise DataError(f"downloading {path} stopped after {part.stat().st_size} of {size} bytes "
+                        f"({type(e).__name__}: {str(e)[:200]}); run again: it continues from there") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    got = part.stat().st_size
+    if got != size:
+        part.unlink()
+        raise DataError(f"{path}: got {got} bytes, expected {size}; the partial file was removed, run again")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(CHUNK):
+            h.update(b)
+    return h.hexdigest()
+
+
+def _count_lines(path: Path) -> int:
+    """Examples in a TSV as the reader counts them (empty lines skipped)."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip(b"\r\n"))
+
+
+# ------------------------------------------------------------------------------ checks and the swap
+def _check_rows(src: HubSource, got: dict, tmp: Path) -> None:
+    bad = [f"{s} {got.get(s)} (expected {n})" for s, n in src.rows.items() if got.get(s) != n]
+    if bad:
+        raise DataError(f"{src.repo}@{src.revision[:12]}: wrong number of rows: {', '.join(bad)}; not the pinned "
+                        f"dataset or a damaged download. Delete {tmp} and run again")
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(part, path)
+
+
+def _replace(final: Path, out: Path, tmp: Path) -> None:
+    """``out`` becomes ``final`` in one rename. An earlier download there (stamped, but refused by the reader:
+    damaged) is moved aside, not deleted: files may have been added to it by hand."""
+    if final.exists():
+        aside = final.with_name(f".replaced-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.replace(final, aside)
+        log.warning("%s was incomplete; moved to %s (delete it once nothing there is needed)", final, aside)
+    os.replace(out, final)
+    shutil.rmtree(tmp)  # only the dot folder this module made (its cache and partial files)

@@ -1,0 +1,287 @@
+"""task.download=true (lra/data/download.py) without the network: a local "hub" folder ($LRA_HUB) holds tiny
+copies of stanfordnlp/imdb, uoft-cs/cifar10 and OpenNLPLab/lra laid out as on the Hub, and the real
+path runs: datasets.load_dataset / fsspec -> row and size checks -> rename into the data root -> the
+task's reader. Also: interrupted downloads leave nothing a reader accepts and resume, wrong sizes fail
+in one line, the user's folders are never replaced."""
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+datasets = pytest.importorskip("datasets")
+
+from lra.data import DataError, download, load_task  # noqa: E402
+from lra.data import __main__ as data_main  # noqa: E402
+
+IMDB = {"train": [("A fine film.<br />Loved it.", 1), ("Bad \"quoted\" plot.", 0), ("Great.", 1)],
+        "test": [("Dull.", 0), ("Superb acting, é☃.", 1)]}
+AAN = {"train": [b"1\tid1\tid2\tb'first \"paper\" text'\tb'second text'", b"0.0\tid3\tid4\tb'alpha'\tb'beta, gamma'",
+                 b"1.0\tid5\tid6\tb'x'\tb'y'"],
+       "val": [b"0\tid7\tid8\tb'eval one'\tb'eval two'"],
+       "test": [b"1\tid9\tid10\tb'test one'\tb'test two'", b"0\tid11\tid12\tb'3'\tb'4'"]}
+AAN_NAMES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
+N_IMAGES = {"train": 10, "test": 4}
+
+TASKS = {
+    "text": {"name": "text", "max_length": 64, "seq_len": 64, "dev_split": "test", "path": None},
+    "image": {"name": "image", "grayscale": "luminance", "val_fraction": 0.2, "path": None},
+    "retrieval": {"name": "retrieval", "max_length": 32, "seq_len": 32, "path": None},
+}
+
+
+def _png(seed: int) -> bytes:
+    from PIL import Image
+
+    arr = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    b = io.BytesIO()
+    Image.fromarray(arr).save(b, format="PNG")
+    return b.getvalue()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory) -> Path:
+    """The three repositories as the Hub lays them out, a few rows each."""
+    h = tmp_path_factory.mktemp("hub")
+    d = h / "stanfordnlp" / "imdb" / "plain_text"
+    d.mkdir(parents=True)
+    for s, rows in IMDB.items():
+        datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [y for _, y in rows]}).to_parquet(
+            str(d / f"{s}-00000-of-00001.parquet"))
+    datasets.Dataset.from_dict({"text": ["unlabelled"], "label": [-1]}).to_parquet(
+        str(d / "unsupervised-00000-of-00001.parquet"))
+    d = h / "uoft-cs" / "cifar10" / "plain_text"
+    d.mkdir(parents=True)
+    feats = datasets.Features(img=datasets.Image(), label=datasets.ClassLabel(names=[str(i) for i in range(10)]))
+    for k, (s, n) in enumerate(N_IMAGES.items()):
+        datasets.Dataset.from_dict({"img": [{"bytes": _png(100 * k + i), "path": None} for i in range(n)],
+                                    "label": [i % 10 for i in range(n)]}, features=feats).to_parquet(
+            str(d / f"{s}-00000-of-00001.parquet"))
+    d = h / "OpenNLPLab" / "lra" / "data" / "aan"
+    d.mkdir(parents=True)
+    for s, lines in AAN.items():
+        (d / AAN_NAMES[s]).write_bytes(b"\n".join(lines) + b"\n")
+    return h
+
+
+@pytest.fixture
+def tiny(monkeypatch, hub):
+    """Point the module at the local hub, with the fixture's row counts as the expected sizes."""
+    monkeypatch.setenv(download.HUB_ENV, str(hub))
+    rows = {"text": {s: len(r) for s, r in IMDB.items()}, "image": dict(N_IMAGES),
+            "retrieval": {s: len(r) for s, r in AAN.items()}}
+    for task, r in rows.items():
+        monkeypatch.setitem(download.SOURCES, task, replace(download.SOURCES[task], rows=r))
+    return hub
+
+
+def _fixture_splits(task: str, hub: Path, tmp_path: Path):
+    """What the reader gives for the hub's own files (task.path): the downloaded copy must equal it."""
+    path = {"text": hub / "stanfordnlp" / "imdb" / "plain_text", "image": hub / "uoft-cs" / "cifar10" / "plain_text",
+            "retrieval": hub / "OpenNLPLab" / "lra" / "data" / "aan"}[task]
+    return load_task({**TASKS[task], "path": str(path)}, tmp_path / "reference-root")
+
+
+def _left_over(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(".download"))
+
+
+@pytest.mark.parametrize("task", ["text", "image", "retrieval"])
+def test_download_then_read_gives_the_hub_data(tmp_path, tiny, task):
+    root = tmp_path / "data"
+    got = load_task({**TASKS[task], "download": True}, root)
+    want = _fixture_splits(task, tiny, tmp_path)
+    assert set(got) == set(want) == {"train", "val", "test"}
+    for s in want:
+        assert len(got[s]) > 0
+        for f in ("tokens", "lengths", "labels"):
+            assert np.array_equal(getattr(got[s], f), getattr(want[s], f)), (s, f)
+    folder = root / download.SOURCES[task].folder
+    stamp = json.loads((folder / download.STAMP).read_text())
+    assert stamp["rows"] == download.SOURCES[task].rows and stamp["task"] == task
+    assert _left_over(root) == []
+    # found again without download, and a second download=true does not fetch again
+    again = load_task({**TASKS[task], "download": False}, root)
+    assert np.array_equal(again["train"].tokens, got["train"].tokens)
+    mtime = (folder / download.STAMP).stat().st_mtime_ns
+    load_task({**TASKS[task], "download": True}, root)
+    assert (folder / download.STAMP).stat().st_mtime_ns == mtime
+
+
+def test_aan_files_are_copied_byte_for_byte(tmp_path, tiny):
+    root = tmp_path / "data"
+    load_task({**TASKS["retrieval"], "download": True}, root)
+    folder = root / download.SOURCES["retrieval"].folder
+    for s, name in AAN_NAMES.items():
+        assert (folder / name).read_bytes() == (tiny / "OpenNLPLab/lra/data/aan" / name).read_bytes()
+    assert json.loads((folder / download.STAMP).read_text())["files"][AAN_NAMES["train"]]["bytes"] > 0
+
+
+@pytest.mark.parametrize("task", ["text", "image", "retrieval"])
+def test_off_by_default_and_the_message_says_how(tmp_path, tiny, task):
+    with pytest.raises(DataError) as e:
+        load_task(dict(TASKS[task]), tmp_path)
+    assert "task.download=true" in str(e.value) and download.SOURCES[task].repo in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing fetched, nothing written
+
+
+class _Flaky:
+    """An fsspec filesystem whose reads fail after ``fail_after`` bytes (None: never); records seeks."""
+
+    def __init__(self, fs, fail_after=None):
+        self.fs, self.fail_after, self.seeks, self.sent = fs, fail_after, [], 0
+
+    def info(self, path):
+        return self.fs.info(path)
+
+    def open(self, path, mode="rb"):
+        outer, f = self, self.fs.open(path, mode)
+
+        class F:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                f.close()
+
+            def seek(self, n):
+                outer.seeks.append(n)
+                return f.seek(n)
+
+            def read(self, n):
+                if outer.fail_after is not None and outer.sent >= outer.fail_after:
+                    raise ConnectionResetError("connection reset by peer")
+                b = f.read(n)
+                outer.sent += len(b)
+                return b
+
+        return F()
+
+
+def test_interrupted_tsv_download_leaves_nothing_readable_and_resumes(tmp_path, tiny, monkeypatch):
+    import fsspec.core
+
+    real = fsspec.core.url_to_fs
+    flaky = []
+    monkeypatch.setattr(download, "CHUNK", 16)
+
+    def url_to_fs(url):
+        fs, path = real(url)
+        return flaky[-1].wrap(fs), path
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", url_to_fs)
+
+    class Plan:
+        def __init__(self, fail_after):
+            self.fail_after, self.made = fail_after, []
+
+        def wrap(self, fs):
+            self.made.append(_Flaky(fs, self.fail_after))
+            return self.made[-1]
+
+    root = tmp_path / "data"
+    flaky.append(Plan(fail_after=40))
+    with pytest.raises(DataError, match="run again: it continues") as e:
+        load_task({**TASKS["retrieval"], "download": True}, root)
+    assert "\n" not in str(e.value)
+    folder = root / download.SOURCES["retrieval"].folder
+    assert not folder.exists() and _left_over(root) == [f".download-{folder.name}"]
+    part = root / f".download-{folder.name}" / (AAN_NAMES["train"] + ".part")
+    assert 0 < part.stat().st_size < (tiny / "OpenNLPLab/lra/data/aan" / AAN_NAMES["train"]).stat().st_size
+    with pytest.raises(DataError, match="not found"):  # the half download is invisible to the reader
+        load_task(dict(TASKS["retrieval"]), root)
+
+    have = part.stat().st_size
+    flaky.append(Plan(fail_after=None))
+    got = load_task({**TASKS["retrieval"], "download": True}, root)
+    assert flaky[-1].made[0].seeks == [have]  # the train file continued after its first bytes
+    assert _left_over(root) == [] and (folder / download.STAMP).is_file()
+    want = _fixture_splits("retrieval", tiny, tmp_path)
+    assert np.array_equal(got["train"].tokens, want["train"].tokens)
+    for name in AAN_NAMES.values():
+        assert (folder / name).read_bytes() == (tiny / "OpenNLPLab/lra/data/aan" / name).read_bytes()
+
+
+def test_interrupted_dataset_write_leaves_nothing_readable_and_restarts(tmp_path, tiny, monkeypatch):
+    calls = []
+    real = datasets.Dataset.save_to_disk
+
+    def cut(self, path, *a, **kw):
+        calls.append(path)
+        if len(calls) == 2:  # the train split is written, the test split hits a full disk
+            raise OSError(28, "No space left on device")
+        return real(self, path, *a, **kw)
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", cut)
+    root = tmp_path / "data"
+    with pytest.raises(DataError, match="No space left") as e:
+        load_task({**TASKS["text"], "download": True}, root)
+    assert "\n" not in str(e.value)
+    folder = root / download.SOURCES["text"].folder
+    assert not folder.exists() and (root / f".download-{folder.name}" / "out" / "train").is_dir()
+    with pytest.raises(DataError, match="not found"):  # the half written dataset is not accepted
+        load_task(dict(TASKS["text"]), root)
+    got = load_task({**TASKS["text"], "download": True}, root)
+    assert len(calls) >= 4 and _left_over(root) == []
+    want = _fixture_splits("text", tiny, tmp_path)
+    assert all(np.array_equal(got[s].tokens, want[s].tokens) for s in want)
+
+
+@pytest.mark.parametrize("task", ["text", "retrieval"])
+def test_wrong_row_count_fails_in_one_line_and_writes_nothing(tmp_path, tiny, monkeypatch, task):
+    rows = {s: n + 1 if s == "train" else n for s, n in download.SOURCES[task].rows.items()}
+    monkeypatch.setitem(download.SOURCES, task, replace(download.SOURCES[task], rows=rows))
+    root = tmp_path / "data"
+    with pytest.raises(DataError, match="wrong number of rows: train") as e:
+        load_task({**TASKS[task], "download": True}, root)
+    assert "\n" not in str(e.value)
+    assert not (root / download.SOURCES[task].folder).exists()
+
+
+def test_a_folder_of_the_user_is_never_replaced(tmp_path, tiny):
+    root = tmp_path / "data"
+    mine = root / download.SOURCES["image"].folder
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("my own files")
+    with pytest.raises(DataError, match="not written by task.download") as e:
+        load_task({**TASKS["image"], "download": True}, root)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and _left_over(root) == []
+
+
+def test_bad_values_are_refused_before_any_work(tmp_path, tiny):
+    with pytest.raises(DataError, match="task.download='yes'"):
+        load_task({**TASKS["text"], "download": "yes"}, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(DataError, match="task.path"):
+        load_task({**TASKS["retrieval"], "download": True, "path": str(elsewhere)}, tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+
+
+def test_make_data_reaches_the_download(tmp_path, tiny, monkeypatch, caplog):
+    """`make data task=retrieval ARGS='task.download=true'`: the CLI passes the task node to the reader."""
+    monkeypatch.setenv("LRA_DATA", str(tmp_path / "data"))
+    assert data_main.main(["task=retrieval", "task.download=true"]) == 0
+    assert (tmp_path / "data" / download.SOURCES["retrieval"].folder / download.STAMP).is_file()
+    assert data_main.main(["task=image"]) == 2  # off by default: the message, exit code 2
+    assert "task.download=true" in caplog.text
+
+
+def test_a_damaged_download_of_ours_is_replaced(tmp_path, tiny):
+    """A stamped folder the reader refuses (a TSV deleted) is ours: the next download=true replaces it."""
+    root = tmp_path / "data"
+    load_task({**TASKS["retrieval"], "download": True}, root)
+    folder = root / download.SOURCES["retrieval"].folder
+    (folder / AAN_NAMES["test"]).unlink()
+    (folder / "extra.txt").write_text("left by hand")
+    with pytest.raises(DataError, match="not found"):
+        load_task(dict(TASKS["retrieval"]), root)
+    got = load_task({**TASKS["retrieval"], "download": True}, root)
+    assert len(got["test"]) == len(AAN["test"]) and (folder / AAN_NAMES["test"]).is_file()
+    assert _left_over(root) == []
+    aside = [p for p in root.iterdir() if p.name.startswith(".replaced-")]
+    assert len(aside) == 1 and (aside[0] / "extra.txt").read_text() == "left by hand"  # moved aside, not deleted
