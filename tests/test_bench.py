@@ -223,3 +223,19 @@ def test_task_mode_bad_input_is_one_line_before_work(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert all(w in err for w in words), err
+
+
+@pytest.mark.slow
+def test_task_mode_compiled_rows_record_compilation_apart(tmp_path):
+    """--compile on the CPU (~1 min): compiled rows exist, their first call (compilation) is kept out
+    of the median, dynamo is reset between models, and the CPU has no memory figure for them."""
+    rows = bench.main(["--tasks", "listops", "--quick", "--compile", "--device", "cpu", "--threads", "1",
+                       "--backends", "softmax", "--out", str(tmp_path), "--override", "fit.cache=false"])
+    by = {(r["part"], r["mode"]): r for r in rows}
+    assert set(by) == {(p, m) for p in bench_tasks.PARTS for m in bench_tasks.MODES}
+    for part in bench_tasks.PARTS:
+        c, e = by[(part, "compiled")], by[(part, "eager")]
+        assert c["status"] == "ok" and c["time_ratio"] == 1.0
+        assert c["first_call_s"] > 5 * c["time_ms_max"] / 1e3  # compilation, not a step
+        assert c["peak_mem_bytes"] == "" and e["peak_mem_bytes"] > 0
+    assert "listops (compiled)" in (tmp_path / "bench_tasks.md").read_text()

@@ -41,7 +41,7 @@ from typing import Callable
 
 import torch
 
-from lra.bench.layer import BASELINE, MATERIALIZED, MIB, LiveTensorBytes, device_name, storage_bytes
+from lra.bench.layer import BASELINE, MATERIALIZED, MIB, LiveTensorBytes, OpNames, device_name, storage_bytes
 from lra.config import ConfigError, RunSpec, attn_configs, load, resolve_precision
 from lra.files import git_commit, write_csv, write_text
 from lra.fit import FitError, Plan, plan
@@ -57,7 +57,7 @@ CSV_COLUMNS = (
     "task", "backend", "part", "mode", "status", "reason", "n", "dual", "micro_batch", "accum_steps",
     "fit_micro_batch", "fit_accum_steps", "effective_batch", "plan_source", "hardware", "precision", "checkpointing", "options", "device",
     "device_name", "torch_version", "threads", "time_ms", "time_ms_min", "time_ms_max", "repeats",
-    "per_opt_step_ms", "first_call_s", "peak_mem_bytes", "mem_method", "time_ratio", "mem_ratio",
+    "per_opt_step_ms", "first_call_s", "peak_mem_bytes", "mem_method", "time_ratio", "mem_ratio", "sdpa_ops",
 )
 
 
@@ -198,8 +198,9 @@ def _is_oom(err: BaseException) -> bool:
 
 
 def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known: Callable[[], list]) -> dict:
-    """Time ``call(i)`` (i: which input to use): first call (compilation), warm-up, median of the repeats;
-    peak memory of one more call (CUDA allocator, or live tensors on CPU for eager)."""
+    """Time ``call(i)`` (i: which input to use): first call (compilation; eager: which SDPA kernels ran),
+    warm-up, median of the repeats; peak memory of one more call (CUDA allocator, or live tensors on CPU
+    for eager)."""
     i = 0
 
     def step():
@@ -207,7 +208,9 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
         call(i)
         i += 1
 
-    first = _timed(step, cfg.device)
+    ops = OpNames()  # SDPA falls back between kernels silently: record which one ran
+    with ops if not compiled else contextlib.nullcontext():
+        first = _timed(step, cfg.device)
     for _ in range(cfg.warmup):
         _timed(step, cfg.device)
     times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
@@ -227,7 +230,8 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
         del live
     med = statistics.median(times)
     return {"time_ms": med * 1e3, "time_ms_min": min(times) * 1e3, "time_ms_max": max(times) * 1e3,
-            "repeats": len(times), "first_call_s": first, "peak_mem_bytes": peak, "mem_method": method}
+            "repeats": len(times), "first_call_s": first, "peak_mem_bytes": peak, "mem_method": method,
+            "sdpa_ops": " ".join(sorted(ops.sdpa))}
 
 
 # ----------------------------------------------------------------------------- one (task, backend)
@@ -290,6 +294,8 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             net = torch.compile(target) if compiled else target
             call = step_call(net) if r["part"] == "step" else attn_call(net)
             r.update(measure(call, cfg, compiled, known[r["part"]]), status="ok")
+            if backend == BASELINE and not compiled and not r["sdpa_ops"]:  # composite: no SDPA op reaches dispatch
+                r["sdpa_ops"] = "none: SDPA took the math path (matmul + softmax, n x n)"
         except Exception as err:  # noqa: BLE001 - a backend dynamo or the device cannot run must not end the benchmark
             r.update(status="oom" if _is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300])
             log(f"{tag}: {r['status']} ({r['reason']})")
@@ -393,6 +399,10 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
             + (f"{r['time_ms']:.3g} | {r['per_opt_step_ms']:.3g} | {r['first_call_s']:.2g} | "
                + (f"{peak / MIB:.4g}" if peak != "" else "—") if ok else f"{r.get('status')} | | | ")
             + " |")
+    kern = sorted({r["sdpa_ops"] for r in rows if r["backend"] == BASELINE and r.get("sdpa_ops")})
+    if kern:
+        lines += ["", "Fused softmax (eager), SDPA kernel(s) that ran: " + "; ".join(f"`{k}`" for k in kern)
+                  + " (on a CPU, attention dropout sends SDPA to the math path, which holds the n×n matrix)."]
     bad = [r for r in rows if r.get("status") != "ok"]
     if bad:
         lines += ["", "## Not measured", ""]
