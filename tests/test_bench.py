@@ -217,7 +217,8 @@ def test_task_mode_bad_input_is_one_line_before_work(capsys):
     for argv, words in ((["--tasks", "listops", "no_such_task"], ("no_such_task", "pathfinder")),
                         (["--tasks", "--backends", "no_such_attention"], ("no_such_attention", "skeinformer")),
                         (["--tasks", "--lengths", "512"], ("--lengths", "--layer")),
-                        (["--tasks", "--hardware", "no_such_gpu"], ("hardware", "no_such_gpu"))):
+                        (["--tasks", "--hardware", "no_such_gpu"], ("hardware", "no_such_gpu")),
+                        (["--layer", "--hardware", "a100_40gb"], ("--hardware", "--tasks"))):
         with pytest.raises(SystemExit) as exc:
             bench.main([*argv, "--device", "cpu", "--quick"])
         assert exc.value.code == 2

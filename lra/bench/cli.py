@@ -19,6 +19,7 @@ from lra.bench import layer, tasks
 # layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
 LAYER_ONLY = {"lengths": None, "batch": 2, "heads": 2, "head_dim": 32, "time_budget_s": 2.0,
               "baseline_budget_factor": 4.0, "mem_budget_gib": None, "no_mask": False, "overrides": None}
+TASK_ONLY = {"hardware": "v100_16gb", "max_batch": None, "compile": False, "spec_overrides": None}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,12 +41,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch threads (default: all cores available to the process)")
     p.add_argument("--seed", type=int, default=0)
     t = p.add_argument_group("task mode")
-    t.add_argument("--hardware", default="v100_16gb",
+    t.add_argument("--hardware",
                    help="the hardware= profile the micro-batch is fitted to (conf/hardware/; default v100_16gb)")
     t.add_argument("--max-batch", type=int,
                    help="measure min(fitted micro-batch, N) without accumulation (quick: 4; default: the fit's choice)")
     t.add_argument("--compile", action="store_true", help="also torch.compile on a CPU (always on CUDA; slow)")
-    t.add_argument("--override", dest="spec_overrides", action="append", default=[], metavar="KEY=VALUE",
+    t.add_argument("--override", dest="spec_overrides", action="append", metavar="KEY=VALUE",
                    help="a config override for every run spec, repeatable (e.g. --override experiment=quick)")
     g = p.add_argument_group("layer mode")
     g.add_argument("--lengths", type=int, nargs="+", help=f"sequence lengths (default {list(layer.DEFAULT_LENGTHS)})")
@@ -81,11 +82,11 @@ def task_config(args, device: str) -> tasks.TaskConfig:
     cuda = device == "cuda"
     cfg = tasks.TaskConfig(
         tasks=tuple(dict.fromkeys(args.tasks)) if args.tasks else tasks.TASKS, backends=backends,
-        hardware=args.hardware, device=device, compile=args.compile or cuda, quick=args.quick,
+        hardware=args.hardware or TASK_ONLY["hardware"], device=device, compile=args.compile or cuda, quick=args.quick,
         max_batch=args.max_batch if args.max_batch is not None else (4 if args.quick else None),
         repeats=args.repeats or (2 if args.quick else (20 if cuda else 5)),
         warmup=max(0, args.warmup if args.warmup is not None else (0 if args.quick else 1)),
-        threads=int(args.threads or layer.default_threads()), seed=args.seed, overrides=tuple(args.spec_overrides))
+        threads=int(args.threads or layer.default_threads()), seed=args.seed, overrides=tuple(args.spec_overrides or ()))
     tasks.validate(cfg)
     return cfg
 
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if task_mode:
             cfg = task_config(args, device)
         else:
+            given = [k for k in TASK_ONLY if getattr(args, k) not in (None, False)]
+            if given:
+                flag = "override" if given[0] == "spec_overrides" else given[0].replace("_", "-")
+                raise ValueError(f"--{flag} belongs to the task mode; "
+                                 f"add --tasks (the layer micro-benchmark has no model, plan or hardware profile)")
             for k, default in LAYER_ONLY.items():
                 if getattr(args, k) is None:
                     setattr(args, k, default)
