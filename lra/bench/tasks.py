@@ -21,9 +21,11 @@ Inputs: random tokens, padded from a seeded per-sample length drawn uniformly in
 mask with real lengths, as the data gives), a few batches cycled so every micro-batch differs.
 Time = median over the timed steps, synchronised on CUDA; the first compiled call (compilation) is
 ``first_call_s``, not in the median. Peak memory: ``torch.cuda.max_memory_allocated`` over one step
-(parameters, AdamW states and inputs included); on CPU the exact live-tensor tracker
+(the step's parameters, AdamW states and inputs included); on CPU the exact live-tensor tracker
 (``LiveTensorBytes``) for eager and nothing for compiled (inductor's kernels bypass the dispatcher).
-Ratios are to fused softmax (SDPA, no recomputation) in the same part, mode and task, per optimizer
+On CUDA the peak counted is the rise of ``max_memory_allocated`` over the idle level plus the part's
+own state and inputs, so the attention row does not carry the model's parameters. Ratios are to
+fused softmax (SDPA, no recomputation) in the same part, mode and task, per optimizer
 step: every backend has the preset's effective batch, whatever its micro-batch.
 """
 
@@ -216,11 +218,15 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
     times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
     peak, method = "", ""
     if cfg.device.startswith("cuda"):
+        # the part's own tensors only (as on CPU): the other part's inputs are allocated too, so count
+        # the rise above the idle level plus this part's state and inputs
         _sync(cfg.device)
+        idle = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         step()
         _sync(cfg.device)
-        peak, method = torch.cuda.max_memory_allocated(), "cuda.max_memory_allocated"
+        peak = torch.cuda.max_memory_allocated() - idle + storage_bytes(known())
+        method = "cuda.max_memory_allocated above idle + own state and inputs"
     elif not compiled:
         state = known()
         live = LiveTensorBytes(state)
@@ -282,7 +288,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             attn.zero_grad(set_to_none=True)
         return call
 
-    known = {"step": lambda: [*train.state_tensors(), *(t for b in pool for t in b)],
+    known = {"step": lambda: [*train.state_tensors(), *(t for b in pool for t in b)],  # params, AdamW states, inputs
              "attention": lambda: [q, k, v, amask, dout, *attn.parameters(), *attn.buffers()]}
     for r in rows:
         tag = f"{task}/{backend} {r['part']} {r['mode']} (micro-batch {micro} x {accum}, n={r['n']})"
