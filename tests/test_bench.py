@@ -56,6 +56,7 @@ def test_quick_run_writes_csv_markdown_and_plot(tmp_path):
     for key in ("time_ms", "peak_mem_bytes"):
         assert bench.ratios(results, key)["softmax"] == {n: 1.0 for n in bench.QUICK_LENGTHS}
     md = (tmp_path / "bench.md").read_text()
+    assert md.startswith("# Attention micro-benchmark: one layer at batch 2 (CPU;")  # says what it is
     for heading in ("## Time ratio to fused softmax", "## Peak-memory ratio to fused softmax",
                     "## Sanity: memory growth with n", "crossover"):
         assert heading in md

@@ -574,7 +574,8 @@ def render_markdown(results: list[dict], meta: dict) -> str:
         return {"ok": "—", "skipped": "skip", "error": "error", "oom": "OOM"}.get(st, "—")
 
     lines = [
-        "# Attention micro-benchmark",
+        f"# Attention micro-benchmark: one layer at batch {meta.get('batch')} "
+        f"({'CPU' if meta.get('device') == 'cpu' else 'GPU'}; `--tasks` measures the tasks' training shapes)",
         "",
         f"{meta.get('date', '')} · device **{meta.get('device_name', '')}** (`{meta.get('device', '')}`) · "
         f"torch {torch.__version__} · {meta.get('threads', '')} threads · git {meta.get('git', '?')}",
