@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import attention
 from lra import bench
+from lra.bench import cli as bench_cli
 from lra.bench import tasks as bench_tasks
 
 CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
@@ -212,6 +213,15 @@ def test_task_mode_accumulates_as_the_plan_says(monkeypatch):
     assert len(forwards) == 3 * 4  # first call, one timed step, the memory pass: 4 micro-batches each
     assert attn["per_opt_step_ms"] == pytest.approx(4 * attn["time_ms"])
     assert step["per_opt_step_ms"] == step["time_ms"]
+
+
+def test_mode_defaults_to_the_tasks_on_cuda_and_the_layer_on_cpu():
+    parse = bench.parser().parse_args
+    assert bench_cli.task_mode(parse([]), "cuda") and not bench_cli.task_mode(parse([]), "cpu")
+    assert bench_cli.task_mode(parse(["--tasks"]), "cpu") and bench_cli.task_mode(parse(["--tasks", "text"]), "cpu")
+    assert not bench_cli.task_mode(parse(["--layer"]), "cuda")
+    with pytest.raises(SystemExit):
+        parse(["--tasks", "--layer"])
 
 
 def test_task_mode_bad_input_is_one_line_before_work(capsys):

@@ -72,6 +72,12 @@ def _device(args) -> str:
     return device
 
 
+def task_mode(args, device: str) -> bool:
+    """``--tasks`` or ``--layer`` as asked; otherwise the tasks' shapes on CUDA (batch 2 is launch-bound
+    there) and the layer micro-benchmark on a CPU."""
+    return args.tasks is not None or (not args.layer and device == "cuda")
+
+
 def task_config(args, device: str) -> tasks.TaskConfig:
     given = [k for k, default in LAYER_ONLY.items() if getattr(args, k) not in (None, False)]
     if given:
@@ -96,8 +102,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     try:
         device = _device(args)
-        task_mode = args.tasks is not None or (not args.layer and device == "cuda")
-        if task_mode:
+        tasks_run = task_mode(args, device)
+        if tasks_run:
             cfg = task_config(args, device)
         else:
             given = [k for k in TASK_ONLY if getattr(args, k) not in (None, False)]
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             lcfg, rows = layer.check_layer_args(args, device)
     except ValueError as err:
         p.error(str(err))
-    if task_mode:
+    if tasks_run:
         return tasks.main_tasks(cfg, args.out)
     return layer.run_layer(lcfg, rows, args.out)
 
