@@ -1,4 +1,5 @@
-"""lra.bench: the quick run's outputs, the CPU memory measurement, the fused-SDPA FLOP formula, errors."""
+"""lra.bench. Layer mode: the quick run's outputs, the CPU memory measurement, the fused-SDPA FLOP formula,
+errors. Task mode: the quick run's tables and ratios, accumulation as the plan says, errors."""
 
 import csv
 import math
@@ -9,6 +10,8 @@ import torch.nn.functional as F
 
 import attention
 from lra import bench
+from lra.bench import cli as bench_cli
+from lra.bench import tasks as bench_tasks
 
 CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
 
@@ -32,8 +35,9 @@ def _cfg(**kw) -> bench.Config:
 
 def test_quick_run_writes_csv_markdown_and_plot(tmp_path):
     names = ["softmax", "none"] + ([_other_backend()] if _other_backend() else [])
-    results = bench.main(["--quick", "--out", str(tmp_path), "--backends", *names, "--threads", "1",
-                          "--repeats", "2"])
+    # --layer --device cpu: the CPU micro-benchmark on any machine (on CUDA the default is the task mode)
+    results = bench.main(["--layer", "--device", "cpu", "--quick", "--out", str(tmp_path), "--backends", *names,
+                          "--threads", "1", "--repeats", "2"])
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["bench.csv", "bench.md", "bench.png"]  # no temp files
 
     with open(tmp_path / "bench.csv", newline="") as f:
@@ -53,6 +57,7 @@ def test_quick_run_writes_csv_markdown_and_plot(tmp_path):
     for key in ("time_ms", "peak_mem_bytes"):
         assert bench.ratios(results, key)["softmax"] == {n: 1.0 for n in bench.QUICK_LENGTHS}
     md = (tmp_path / "bench.md").read_text()
+    assert md.startswith("# Attention micro-benchmark: one layer at batch 2 (CPU;")  # says what it is
     for heading in ("## Time ratio to fused softmax", "## Peak-memory ratio to fused softmax",
                     "## Sanity: memory growth with n", "crossover"):
         assert heading in md
@@ -120,7 +125,7 @@ def test_unknown_backend_lists_available_names(capsys):
     with pytest.raises(ValueError, match="available: .*softmax.*"):
         bench.select_rows(["softmax", "no_such_attention"])
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--backends", "no_such_attention", "--quick"])
+        bench.main(["--layer", "--backends", "no_such_attention", "--quick"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "no_such_attention" in err and "softmax_materialized" in err and "none" in err
@@ -145,3 +150,104 @@ def test_crossover_and_slope():
     assert bench.crossover({512: 0.5, 1024: 0.4})[0].startswith("faster at all n")
     assert bench.loglog_slope({n: 3.0 * n * n for n in (512, 1024, 2048)}) == pytest.approx(2.0)
     assert math.isnan(bench.loglog_slope({512: 1.0}))
+
+
+# ----------------------------------------------------------------------------- task mode
+def test_task_mode_quick_run_writes_tables_with_ratios(tmp_path):
+    """The quick task mode on the CPU (--device cpu: on any machine): whole step and attention rows for
+    every task x backend, ratios to fused softmax in the same run, atomic CSV + Markdown."""
+    rows = bench.main(["--tasks", "listops", "pathfinder", "--quick", "--device", "cpu", "--threads", "1",
+                       "--out", str(tmp_path), "--override", "fit.cache=false"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_tasks.csv", "bench_tasks.md"]  # no temp files
+    with open(tmp_path / "bench_tasks.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == bench_tasks.CSV_COLUMNS
+        csv_rows = list(reader)
+    key = lambda r: (r["task"], r["backend"], r["part"], r["mode"])  # noqa: E731
+    assert sorted(map(key, csv_rows)) == sorted(
+        (t, b, p, "eager") for t in ("listops", "pathfinder") for b in bench_tasks.QUICK_BACKENDS
+        for p in bench_tasks.PARTS)
+    assert all(r["status"] == "ok" and r["device"] == "cpu" and r["precision"] == "32-true" for r in csv_rows)
+    by = {key(r): r for r in csv_rows}
+    for t in ("listops", "pathfinder"):
+        for part in bench_tasks.PARTS:
+            base, sk = by[(t, "softmax", part, "eager")], by[(t, "skeinformer", part, "eager")]
+            assert float(base["time_ratio"]) == 1.0 and float(base["mem_ratio"]) == 1.0
+            assert float(sk["time_ratio"]) == pytest.approx(
+                float(sk["per_opt_step_ms"]) / float(base["per_opt_step_ms"]), rel=1e-4)
+            assert float(sk["mem_ratio"]) == pytest.approx(
+                int(sk["peak_mem_bytes"]) / int(base["peak_mem_bytes"]), rel=1e-4)
+            # quick: the fitted micro-batch (the whole quick batch fits a V100) capped at 4, no accumulation
+            assert (sk["micro_batch"], sk["accum_steps"]) == ("4", "1") and int(sk["fit_micro_batch"]) > 4
+    # pathfinder (n=1024): CPU SDPA with attention dropout runs the math path, which holds n x n matrices;
+    # Skeinformer holds n x 256 ones, so its exact peak is below fused softmax's in both parts
+    assert float(by[("pathfinder", "skeinformer", "attention", "eager")]["mem_ratio"]) < 0.7
+    assert float(by[("pathfinder", "skeinformer", "step", "eager")]["mem_ratio"]) < 0.7
+    assert [r["time_ratio"] for r in rows] == pytest.approx([float(r["time_ratio"]) for r in csv_rows], rel=1e-5)
+
+    md = (tmp_path / "bench_tasks.md").read_text()
+    for heading in ("## Whole training step: time ratio to fused softmax",
+                    "## Whole training step: peak-memory ratio to fused softmax",
+                    "## Attention layer alone: time ratio to fused softmax", "## Absolute values", "capped at 4"):
+        assert heading in md
+    assert md.count("| softmax | 1 | 1 |") == 4  # the baseline against itself, in every ratio table
+
+
+def test_task_mode_accumulates_as_the_plan_says(monkeypatch):
+    """hardware.micro_batch=8 on a batch of 32: one optimizer step is 4 forward passes, and the
+    attention row counts 4 calls per optimizer step."""
+    forwards, build = [], bench_tasks.build_model
+
+    def counting_build(spec):
+        model = build(spec)
+        model.register_forward_hook(lambda *a: forwards.append(1))
+        return model
+
+    monkeypatch.setattr(bench_tasks, "build_model", counting_build)
+    cfg = bench_tasks.TaskConfig(tasks=("listops",), backends=("softmax",), quick=True, repeats=1, warmup=0,
+                                 overrides=("hardware.micro_batch=8", "fit.cache=false"))
+    rows = {r["part"]: r for r in bench_tasks.run(cfg, log=lambda s: None)}
+    step, attn = rows["step"], rows["attention"]
+    assert (step["micro_batch"], step["accum_steps"], step["effective_batch"]) == (8, 4, 32)
+    assert step["plan_source"] == "hardware.micro_batch"
+    assert len(forwards) == 3 * 4  # first call, one timed step, the memory pass: 4 micro-batches each
+    assert attn["per_opt_step_ms"] == pytest.approx(4 * attn["time_ms"])
+    assert step["per_opt_step_ms"] == step["time_ms"]
+
+
+def test_mode_defaults_to_the_tasks_on_cuda_and_the_layer_on_cpu():
+    parse = bench.parser().parse_args
+    assert bench_cli.task_mode(parse([]), "cuda") and not bench_cli.task_mode(parse([]), "cpu")
+    assert bench_cli.task_mode(parse(["--tasks"]), "cpu") and bench_cli.task_mode(parse(["--tasks", "text"]), "cpu")
+    assert not bench_cli.task_mode(parse(["--layer"]), "cuda")
+    with pytest.raises(SystemExit):
+        parse(["--tasks", "--layer"])
+
+
+def test_task_mode_bad_input_is_one_line_before_work(capsys):
+    for argv, words in ((["--tasks", "listops", "no_such_task"], ("no_such_task", "pathfinder")),
+                        (["--tasks", "--backends", "no_such_attention"], ("no_such_attention", "skeinformer")),
+                        (["--tasks", "--lengths", "512"], ("--lengths", "--layer")),
+                        (["--tasks", "--hardware", "no_such_gpu"], ("hardware", "no_such_gpu")),
+                        (["--layer", "--hardware", "a100_40gb"], ("--hardware", "--tasks"))):
+        with pytest.raises(SystemExit) as exc:
+            bench.main([*argv, "--device", "cpu", "--quick"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert all(w in err for w in words), err
+
+
+@pytest.mark.slow
+def test_task_mode_compiled_rows_record_compilation_apart(tmp_path):
+    """--compile on the CPU (~1 min): compiled rows exist, their first call (compilation) is kept out
+    of the median, dynamo is reset between models, and the CPU has no memory figure for them."""
+    rows = bench.main(["--tasks", "listops", "--quick", "--compile", "--device", "cpu", "--threads", "1",
+                       "--backends", "softmax", "--out", str(tmp_path), "--override", "fit.cache=false"])
+    by = {(r["part"], r["mode"]): r for r in rows}
+    assert set(by) == {(p, m) for p in bench_tasks.PARTS for m in bench_tasks.MODES}
+    for part in bench_tasks.PARTS:
+        c, e = by[(part, "compiled")], by[(part, "eager")]
+        assert c["status"] == "ok" and c["time_ratio"] == 1.0
+        assert c["first_call_s"] > 5 * c["time_ms_max"] / 1e3  # compilation, not a step
+        assert c["peak_mem_bytes"] == "" and e["peak_mem_bytes"] > 0
+    assert "listops (compiled)" in (tmp_path / "bench_tasks.md").read_text()

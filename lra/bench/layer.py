@@ -1,7 +1,9 @@
-"""Attention micro-benchmark: forward+backward time, peak memory and FLOPs of every backend vs n.
+"""Layer mode: forward+backward time, peak memory and FLOPs of ONE attention layer per backend vs n.
 
-``python -m lra.bench [--quick] [--out DIR] [--lengths ...] [--backends ...] [--device cpu|cuda]``
-(``make bench ARGS='...'``). See docs/bench.md for how to read the output.
+``python -m lra.bench --layer [--quick] [--out DIR] [--lengths ...] [--backends ...] [--device cpu|cuda]``
+(the default of ``make bench`` on a CPU; ``make bench ARGS='...'``). See docs/bench.md for how to read
+the output. At its default batch 2 a GPU is launch-bound, so on CUDA the tasks' real training shapes
+(:mod:`lra.bench.tasks`) are the default instead.
 
 One process measures every registered attention backend (``attention.available()``) plus the
 softmax baseline in both implementations, ``softmax`` (fused SDPA, the reference every ratio is
@@ -31,7 +33,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -43,10 +44,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from lra.files import git_commit, write_atomic, write_csv
+from lra.files import git_commit, write_atomic, write_csv, write_text
 
 import attention
-from lra import REPO_ROOT
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
@@ -574,7 +574,8 @@ def render_markdown(results: list[dict], meta: dict) -> str:
         return {"ok": "—", "skipped": "skip", "error": "error", "oom": "OOM"}.get(st, "—")
 
     lines = [
-        "# Attention micro-benchmark",
+        f"# Attention micro-benchmark: one layer at batch {meta.get('batch')} "
+        f"({'CPU' if meta.get('device') == 'cpu' else 'GPU'}; `--tasks` measures the tasks' training shapes)",
         "",
         f"{meta.get('date', '')} · device **{meta.get('device_name', '')}** (`{meta.get('device', '')}`) · "
         f"torch {torch.__version__} · {meta.get('threads', '')} threads · git {meta.get('git', '?')}",
@@ -710,7 +711,7 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-# ----------------------------------------------------------------------------- command line
+# ----------------------------------------------------------------------------- command line (layer mode)
 def _parse_overrides(items: list[str]) -> dict:
     import ast
 
@@ -728,33 +729,6 @@ def _parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="n in 256, 512 and 3 repeats (seconds)")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench", help="output folder")
-    p.add_argument("--lengths", type=int, nargs="+", help=f"sequence lengths (default {list(DEFAULT_LENGTHS)})")
-    p.add_argument("--backends", nargs="+", help="rows to run (default: all; the fused baseline is always added)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
-    p.add_argument("--repeats", type=int, help="timed calls per point (default 10 on CPU, 50 on CUDA; quick 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls after the instrumented one")
-    p.add_argument("--time-budget-s", type=float, default=2.0,
-                   help="per-point budget: a median fwd+bwd above it ends the backend's sweep")
-    p.add_argument("--baseline-budget-factor", type=float, default=4.0,
-                   help="the fused softmax baseline gets this multiple of the time budget")
-    p.add_argument("--mem-budget-gib", type=float,
-                   help="per-point peak budget (default: CPU min(8, half of available RAM); CUDA 80%% of free)")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--no-mask", action="store_true", help="pass mask=None instead of an all-real bool mask")
-    p.add_argument("--threads", type=int, help="torch threads (default: all cores available to the process)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", dest="overrides", action="append", metavar="BACKEND.OPTION=VALUE",
-                   help="backend option override, repeatable (e.g. --set linformer.k=128)")
-    return p
-
-
 def _default_mem_budget(device: str) -> int:
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
@@ -769,42 +743,45 @@ def _default_mem_budget(device: str) -> int:
     return int(min(8 * GIB, 0.5 * avail)) if avail else 8 * GIB
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def config_from_args(args: argparse.Namespace, device: str) -> Config:
+    """The layer benchmark's :class:`Config` from the command line (``ValueError``: one line)."""
     lengths = tuple(args.lengths) if args.lengths else (QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
     if any(n < 1 for n in lengths):
         raise ValueError(f"--lengths must be positive, got {list(lengths)}")
     repeats = args.repeats or (3 if args.quick else (50 if device == "cuda" else 10))
-    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    threads = args.threads or default_threads()
     mem = int(args.mem_budget_gib * GIB) if args.mem_budget_gib else _default_mem_budget(device)
-    for name in ("batch", "heads", "head_dim"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive")
-    return Config(lengths=tuple(sorted(set(lengths))), batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                  device=device, repeats=repeats, min_repeats=min(3, repeats), warmup=max(0, args.warmup),
+    batch = args.batch if args.batch is not None else 2
+    for name, value in (("batch", batch), ("heads", args.heads), ("head_dim", args.head_dim)):
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return Config(lengths=tuple(sorted(set(lengths))), batch=batch, heads=args.heads, head_dim=args.head_dim,
+                  device=device, repeats=repeats, min_repeats=min(3, repeats), warmup=max(0, 1 if args.warmup is None else args.warmup),
                   time_budget_s=args.time_budget_s, baseline_budget_factor=args.baseline_budget_factor,
                   mem_budget_bytes=mem, threads=int(threads), seed=args.seed, mask=not args.no_mask,
                   overrides=_parse_overrides(args.overrides))
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        rows = select_rows(args.backends)
-        cfg = config_from_args(args)
-        unknown = sorted(set(cfg.overrides) - {r.label for r in rows})
-        if unknown:
-            raise ValueError(f"--set names backend(s) {unknown} that are not being run")
-    except ValueError as err:
-        p.error(str(err))
+def check_layer_args(args: argparse.Namespace, device: str) -> tuple[Config, list[Row]]:
+    """Everything the layer mode needs, checked before any work (``ValueError``: one line)."""
+    rows = select_rows(args.backends)
+    cfg = config_from_args(args, device)
+    unknown = sorted(set(cfg.overrides) - {r.label for r in rows})
+    if unknown:
+        raise ValueError(f"--set names backend(s) {unknown} that are not being run")
+    return cfg, rows
+
+
+def run_layer(cfg: Config, rows: list[Row], out: Path) -> list[dict]:
+    """The layer micro-benchmark with its outputs (bench.csv, bench.md, bench.png in ``out``)."""
     torch.set_num_threads(cfg.threads)
     if cfg.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
         torch.backends.cudnn.allow_tf32 = False
-    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     start = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -817,23 +794,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "mem_method": ("torch.cuda.max_memory_allocated" if cfg.device == "cuda"
                        else "peak of live tensor storages (TorchDispatchMode, exact at op level)"),
     }
-    print(f"lra.bench: {len(rows)} backends × n={list(cfg.lengths)} on {meta['device_name']} "
-          f"[{cfg.device}], {cfg.threads} threads, batch {cfg.batch}, heads {cfg.heads}, head_dim {cfg.head_dim}, "
-          f"time budget {cfg.time_budget_s} s/point, memory budget {cfg.mem_budget_bytes / GIB:.1f} GiB → {out}",
-          flush=True)
+    kind = "CPU" if cfg.device == "cpu" else "GPU"
+    print(f"lra.bench: the {kind} micro-benchmark of ONE attention layer at batch {cfg.batch} "
+          f"(not the tasks' training shapes: `--tasks` measures those): {len(rows)} backends × "
+          f"n={list(cfg.lengths)} on {meta['device_name']} [{cfg.device}], {cfg.threads} threads, heads {cfg.heads}, "
+          f"head_dim {cfg.head_dim}, time budget {cfg.time_budget_s} s/point, memory budget "
+          f"{cfg.mem_budget_bytes / GIB:.1f} GiB → {out}", flush=True)
     t0 = time.perf_counter()
     csv_path = out / "bench.csv"
     results = run(cfg, rows, log=lambda s: print(s, flush=True), on_point=lambda res: write_csv(csv_path, res, CSV_COLUMNS))
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     meta["load"] = f"{load0:.2f} / {load1:.2f}"
     write_csv(csv_path, results, CSV_COLUMNS)
-    md = render_markdown(results, meta)
-    write_atomic(out / "bench.md", lambda p: p.write_text(md))
+    write_text(out / "bench.md", render_markdown(results, meta))
     plot(results, out / "bench.png")
     print(f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {out / 'bench.md'}, "
           f"{out / 'bench.png'}", flush=True)
     return results
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,0 +1,456 @@
+"""Task mode: the model's whole training step, and its attention layer alone, at each LRA task's real shape.
+
+``python -m lra.bench --tasks [--hardware v100_16gb] [--backends ...] [--compile] [--quick]`` (the
+default of ``make bench`` on CUDA). Why: at the layer mode's batch 2 a GPU is launch-bound and its
+crossover table says the opposite of what training shows (GPU_NOTES.md); what a run pays is one
+optimizer step of the whole model at the micro-batch the memory fit chooses.
+
+For every task and backend the run spec is resolved as ``python -m lra.train`` would
+(``lra.config.load``: preset, ``hardware=``, attention options and recomputation), and
+``lra.fit.plan`` gives micro-batch x accumulation for ``hardware=``. Then, eager and (on CUDA, or with
+``--compile``) ``torch.compile``-d in the default mode:
+
+* ``step``: one optimizer step: ``accum`` micro-batches of forward, loss
+  (``lra.model.loss_and_correct``), backward, then the AdamW step, under the precision the run
+  would use on this device (16-mixed: fp16 autocast and a GradScaler on CUDA; fp32 on CPU);
+* ``attention``: the first block's attention module as the model holds it (recomputed where the
+  spec says), forward + backward at the micro-batch, fp32 as in the model; ``per_opt_step_ms`` is it
+  times ``accum``, so it compares with the step.
+
+Inputs: random tokens, padded from a seeded per-sample length drawn uniformly in [n/8, n] (a padding
+mask with real lengths, as the data gives), a few batches cycled so every micro-batch differs.
+Time = median over the timed steps, synchronised on CUDA; the first compiled call (compilation) is
+``first_call_s``, not in the median. Peak memory: ``torch.cuda.max_memory_allocated`` over one step
+(the step's parameters, AdamW states and inputs included); on CPU the exact live-tensor tracker
+(``LiveTensorBytes``) for eager and nothing for compiled (inductor's kernels bypass the dispatcher).
+On CUDA the peak counted is the rise of ``max_memory_allocated`` over the idle level plus the part's
+own state and inputs, so the attention row does not carry the model's parameters. Ratios are to
+fused softmax (SDPA, no recomputation) in the same part, mode and task, per optimizer
+step: every backend has the preset's effective batch, whatever its micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gc
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from lra.bench.layer import BASELINE, MATERIALIZED, MIB, LiveTensorBytes, OpNames, device_name, storage_bytes
+from lra.config import ConfigError, RunSpec, attn_configs, load, resolve_precision
+from lra.files import git_commit, write_csv, write_text
+from lra.fit import FitError, Plan, plan
+from lra.model import MultiHeadAttention, build_model, loss_and_correct
+
+TASKS = ("listops", "text", "retrieval", "pathfinder", "image")
+DEFAULT_BACKENDS = (BASELINE, MATERIALIZED, "skeinformer", "nystrom", "performer")  # GPU_NOTES' set
+QUICK_BACKENDS = (BASELINE, "skeinformer")
+PARTS = ("step", "attention")
+MODES = ("eager", "compiled")
+
+CSV_COLUMNS = (
+    "task", "backend", "part", "mode", "status", "reason", "n", "dual", "micro_batch", "accum_steps",
+    "fit_micro_batch", "fit_accum_steps", "effective_batch", "plan_source", "hardware", "precision", "checkpointing", "options", "device",
+    "device_name", "torch_version", "threads", "time_ms", "time_ms_min", "time_ms_max", "repeats",
+    "per_opt_step_ms", "first_call_s", "peak_mem_bytes", "mem_method", "time_ratio", "mem_ratio", "sdpa_ops",
+)
+
+
+@dataclass
+class TaskConfig:
+    tasks: tuple = TASKS
+    backends: tuple = DEFAULT_BACKENDS
+    hardware: str = "v100_16gb"
+    device: str = "cpu"
+    compile: bool = False  # torch.compile as well (always on CUDA)
+    quick: bool = False  # the quick preset's shapes (experiment=quick)
+    max_batch: int | None = None  # measure min(fitted micro-batch, this) without accumulation (a smoke run)
+    repeats: int = 10
+    warmup: int = 1
+    threads: int = 1
+    seed: int = 0
+    overrides: tuple = ()  # extra Hydra overrides for every spec (e.g. experiment=..., fit.cache=false)
+
+
+# ----------------------------------------------------------------------------- specs and plans
+def backend_overrides(label: str) -> list[str]:
+    """The config overrides of a benchmark row. The fused baseline is never recomputed in backward
+    (an O(n) kernel gains nothing from it); every other row is built as its run would be."""
+    if label == BASELINE:
+        return ["attn=softmax", "attn.options.impl=fused", "attn_checkpointing=[]"]
+    if label == MATERIALIZED:
+        return ["attn=softmax", "attn.options.impl=materialized"]
+    return [f"attn={label}"]
+
+
+def valid_backends() -> list[str]:
+    return [BASELINE, MATERIALIZED] + [a for a in attn_configs() if a != "softmax"]
+
+
+def check_names(tasks, backends) -> None:
+    """Unknown task or backend names: one line with the valid ones (before any work)."""
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise ValueError(f"unknown task(s) {bad}; --task-names takes: {', '.join(TASKS)}")
+    valid = valid_backends()
+    bad = [b for b in backends if b not in valid]
+    if bad:
+        raise ValueError(f"unknown attention backend(s) {bad}; available: {', '.join(valid)}")
+
+
+def spec_for(cfg: TaskConfig, task: str, backend: str) -> RunSpec:
+    quick = ["experiment=quick"] if cfg.quick else []
+    return load([f"task={task}", *backend_overrides(backend), f"hardware={cfg.hardware}", *quick, *cfg.overrides])
+
+
+def precision_on(spec: RunSpec, device: str) -> str:
+    """What the run would train in on ``device`` (``trainer.precision=auto``: 16-mixed on CUDA, fp32 on CPU)."""
+    return resolve_precision(spec.hardware.precision_setting, device.startswith("cuda"))
+
+
+# ----------------------------------------------------------------------------- inputs
+def make_batches(spec: RunSpec, micro: int, count: int, device: str, seed: int) -> list[tuple]:
+    """``count`` micro-batches (tokens, mask, labels) with seeded per-sample lengths in [n/8, n]."""
+    m = spec.model
+    g = torch.Generator().manual_seed(seed)
+    shape = (micro, 2, m.seq_len) if m.dual else (micro, m.seq_len)
+    out = []
+    for _ in range(count):
+        lengths = torch.randint(max(1, m.seq_len // 8), m.seq_len + 1, shape[:-1], generator=g)
+        mask = torch.arange(m.seq_len) < lengths.unsqueeze(-1)
+        tokens = torch.randint(1, m.vocab_size, shape, generator=g).masked_fill(~mask, 0)
+        labels = torch.randint(0, m.num_classes, (micro,), generator=g)
+        out.append((tokens.to(device), mask.to(device), labels.to(device)))
+    return out
+
+
+def attention_inputs(spec: RunSpec, micro: int, device: str, seed: int) -> tuple:
+    """q, k, v, mask, upstream gradient as the first attention layer sees them (fp32; two documents
+    of a dual task are one batch of 2 x micro sequences)."""
+    m = spec.model
+    g = torch.Generator().manual_seed(seed + 1)
+    b = micro * (2 if m.dual else 1)
+    shape = (b, m.num_heads, m.seq_len, m.head_dim)
+    q, k, v, dout = (torch.randn(shape, generator=g).to(device) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    lengths = torch.randint(max(1, m.seq_len // 8), m.seq_len + 1, (b,), generator=g)
+    mask = (torch.arange(m.seq_len) < lengths.unsqueeze(-1)).to(device)
+    return q, k, v, mask, dout
+
+
+# ----------------------------------------------------------------------------- one step
+def _autocast(precision: str, device: str):
+    if precision in ("16-mixed", "16"):
+        return torch.autocast(device_type=device.split(":")[0], dtype=torch.float16)
+    if precision in ("bf16-mixed", "bf16"):
+        return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class TrainStep:
+    """One optimizer step of a run: ``accum`` micro-batches, loss scaled by 1/accum, then AdamW."""
+
+    def __init__(self, model: torch.nn.Module, spec: RunSpec, accum: int, precision: str, device: str):
+        self.model, self.accum, self.precision, self.device = model, accum, precision, device
+        t = spec.train
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=t.lr, eps=t.eps, weight_decay=t.weight_decay)
+        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=precision in ("16-mixed", "16"))
+        self.clip = t.grad_clip_value
+
+    def __call__(self, net: Callable, batches: list[tuple]) -> None:
+        for tokens, mask, labels in batches:
+            with _autocast(self.precision, self.device):
+                loss, _ = loss_and_correct(net(tokens, mask), labels)
+            self.scaler.scale(loss / self.accum).backward()
+        if self.clip is not None:
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_value_(self.params, self.clip)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.params + [v for s in self.opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], None], device: str) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known: Callable[[], list]) -> dict:
+    """Time ``call(i)`` (i: which input to use): first call (compilation; eager: which SDPA kernels ran),
+    warm-up, median of the repeats; peak memory of one more call (CUDA allocator, or live tensors on CPU
+    for eager)."""
+    i = 0
+
+    def step():
+        nonlocal i
+        call(i)
+        i += 1
+
+    ops = OpNames()  # SDPA falls back between kernels silently: record which one ran
+    with ops if not compiled else contextlib.nullcontext():
+        first = _timed(step, cfg.device)
+    for _ in range(cfg.warmup):
+        _timed(step, cfg.device)
+    times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
+    peak, method = "", ""
+    if cfg.device.startswith("cuda"):
+        # the part's own tensors only (as on CPU): the other part's inputs are allocated too, so count
+        # the rise above the idle level plus this part's state and inputs
+        _sync(cfg.device)
+        idle = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        _sync(cfg.device)
+        peak = torch.cuda.max_memory_allocated() - idle + storage_bytes(known())
+        method = "cuda.max_memory_allocated above idle + own state and inputs"
+    elif not compiled:
+        state = known()
+        live = LiveTensorBytes(state)
+        with live:
+            step()
+        peak, method = storage_bytes(state) + live.peak, "live tensor storages (dispatch)"
+        del live
+    med = statistics.median(times)
+    return {"time_ms": med * 1e3, "time_ms_min": min(times) * 1e3, "time_ms_max": max(times) * 1e3,
+            "repeats": len(times), "first_call_s": first, "peak_mem_bytes": peak, "mem_method": method,
+            "sdpa_ops": " ".join(sorted(ops.sdpa))}
+
+
+# ----------------------------------------------------------------------------- one (task, backend)
+def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str], None] = print) -> list[dict]:
+    """Every (part, mode) row of one backend on one task."""
+    spec = spec_for(cfg, task, backend)
+    precision = precision_on(spec, cfg.device)
+    common = {
+        "task": task, "backend": backend, "n": spec.model.seq_len, "dual": spec.model.dual,
+        "effective_batch": spec.train.batch_size, "hardware": cfg.hardware, "precision": precision,
+        "checkpointing": spec.attn.checkpointing, "device": cfg.device, "device_name": device_name(cfg.device),
+        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+        "options": " ".join(f"{k}={v}" for k, v in sorted(spec.attn.options.items())),
+    }
+    modes = MODES if (cfg.compile or cfg.device.startswith("cuda")) else MODES[:1]
+    rows = [{**common, "part": part, "mode": mode} for part in PARTS for mode in modes]
+    try:
+        p: Plan = plan(spec)
+    except FitError as e:
+        for r in rows:
+            r.update(status="does not fit", reason=" ".join(str(e).split())[:300])
+        log(f"{task}/{backend}: does not fit {cfg.hardware} ({e})")
+        return rows
+    micro, accum, source = p.micro_batch, p.accum_steps, p.source
+    if cfg.max_batch is not None:  # a smoke run: one small micro-batch per step, the same for every backend
+        micro, accum, source = min(micro, cfg.max_batch), 1, f"{p.source}, capped at {cfg.max_batch} without accumulation"
+    for r in rows:
+        r.update(micro_batch=micro, accum_steps=accum, fit_micro_batch=p.micro_batch, fit_accum_steps=p.accum_steps,
+                 effective_batch=micro * accum, plan_source=source)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(spec.model).to(cfg.device).train()
+    train = TrainStep(model, spec, accum, precision, cfg.device)
+    pool = make_batches(spec, micro, min(accum, 4) + 1, cfg.device, cfg.seed)
+    attn = next(m for m in model.modules() if isinstance(m, MultiHeadAttention)).attn
+    q, k, v, amask, dout = attention_inputs(spec, micro, cfg.device, cfg.seed)
+
+    def step_call(net):
+        def call(i):
+            train(net, [pool[(i * accum + j) % len(pool)] for j in range(accum)])
+        return call
+
+    def attn_call(fn):
+        def call(i):
+            out = fn(q, k, v, amask)
+            out.backward(dout)
+            q.grad = k.grad = v.grad = None
+            attn.zero_grad(set_to_none=True)
+        return call
+
+    known = {"step": lambda: [*train.state_tensors(), *(t for b in pool for t in b)],  # params, AdamW states, inputs
+             "attention": lambda: [q, k, v, amask, dout, *attn.parameters(), *attn.buffers()]}
+    for r in rows:
+        tag = f"{task}/{backend} {r['part']} {r['mode']} (micro-batch {micro} x {accum}, n={r['n']})"
+        compiled = r["mode"] == "compiled"
+        try:
+            if compiled:
+                torch._dynamo.reset()  # dynamo's recompile limit (8) is per process, not per model
+            target = model if r["part"] == "step" else attn
+            net = torch.compile(target) if compiled else target
+            call = step_call(net) if r["part"] == "step" else attn_call(net)
+            r.update(measure(call, cfg, compiled, known[r["part"]]), status="ok")
+            if backend == BASELINE and not compiled and not r["sdpa_ops"]:  # composite: no SDPA op reaches dispatch
+                r["sdpa_ops"] = "none: SDPA took the math path (matmul + softmax, n x n)"
+        except Exception as err:  # noqa: BLE001 - a backend dynamo or the device cannot run must not end the benchmark
+            r.update(status="oom" if _is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300])
+            log(f"{tag}: {r['status']} ({r['reason']})")
+            if cfg.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            continue
+        finally:
+            train.opt.zero_grad(set_to_none=True)
+        r["per_opt_step_ms"] = r["time_ms"] * (accum if r["part"] == "attention" else 1)
+        mem = f", peak {r['peak_mem_bytes'] / MIB:.1f} MiB" if r["peak_mem_bytes"] != "" else ""
+        comp = f", first call {r['first_call_s']:.1f} s" if compiled else ""
+        log(f"{tag}: {r['time_ms']:.2f} ms (median of {r['repeats']}){mem}{comp}")
+    del model, train, attn, pool
+    gc.collect()
+    if cfg.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> list[dict]:
+    """``time_ratio`` (per optimizer step) and ``mem_ratio`` to fused softmax in the same task, part, mode."""
+    base = {(r["task"], r["part"], r["mode"]): r for r in rows if r["backend"] == BASELINE and r.get("status") == "ok"}
+    for r in rows:
+        b = base.get((r["task"], r["part"], r["mode"]))
+        r["time_ratio"] = r["mem_ratio"] = ""
+        if b is None or r.get("status") != "ok":
+            continue
+        r["time_ratio"] = r["per_opt_step_ms"] / b["per_opt_step_ms"]
+        if r["peak_mem_bytes"] != "" and b["peak_mem_bytes"] not in ("", 0):
+            r["mem_ratio"] = r["peak_mem_bytes"] / b["peak_mem_bytes"]
+    return rows
+
+
+def run(cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Every task x backend (the fused baseline first, so the ratios have their reference)."""
+    torch.set_num_threads(cfg.threads)
+    rows: list[dict] = []
+    for task in cfg.tasks:
+        for backend in cfg.backends:
+            rows += measure_backend(cfg, task, backend, log)
+            add_ratios(rows)
+            if on_row is not None:
+                on_row(rows)
+    return rows
+
+
+# ----------------------------------------------------------------------------- outputs
+def _ratio(x) -> str:
+    return "—" if x in ("", None) else f"{float(x):.3g}"
+
+
+def render_markdown(rows: list[dict], meta: dict) -> str:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    by = {(r["task"], r["backend"], r["part"], r["mode"]): r for r in rows}
+
+    def cell(t, b, part, mode, key):
+        r = by.get((t, b, part, mode))
+        if r is None:
+            return "—"
+        return _ratio(r.get(key)) if r.get("status") == "ok" else r.get("status", "—")
+
+    lines = [
+        f"# Benchmark at the tasks' training shapes ({meta['kind']})", "",
+        f"{meta['date']} · device **{meta['device_name']}** (`{meta['device']}`) · torch {torch.__version__} · "
+        f"{meta['threads']} threads · git {meta['git']} · hardware={meta['hardware']}"
+        f"{' · quick preset shapes' if meta['quick'] else ''} · load {meta.get('load', '?')}", "",
+        "Per task: the whole training step (forward, loss, backward, AdamW; "
+        f"precision {meta['precision']}) at the micro-batch `lra.fit.plan` chooses for `hardware={meta['hardware']}`"
+        + (f" **capped at {meta['max_batch']} without accumulation (a smoke run: the ratios are per step at that "
+           "batch, not the tasks' training figures)**" if meta.get("max_batch") else "")
+        + ", and the first attention layer alone (fp32, forward + backward) at that micro-batch, with a padding mask "
+        "of seeded per-sample lengths. Ratios are backend / fused softmax (SDPA) in the same task, part and mode, "
+        "per optimizer step (micro-batch time × accumulation): below 1 is faster / smaller. "
+        f"Time: median of {meta['repeats']} steps after warm-up.", "",
+    ]
+    for part, title in (("step", "Whole training step"), ("attention", "Attention layer alone")):
+        for key, what in (("time_ratio", "time ratio"), ("mem_ratio", "peak-memory ratio")):
+            modes = [m for m in MODES if any(r["part"] == part and r["mode"] == m for r in rows)]
+            if key == "mem_ratio":
+                modes = [m for m in modes if any(r["part"] == part and r["mode"] == m and r.get("mem_ratio") not in ("", None)
+                                                 for r in rows)]
+            if not modes:
+                continue
+            head = [f"{t} ({m})" if len(modes) > 1 else t for t in tasks for m in modes]
+            lines += [f"## {title}: {what} to fused softmax", "",
+                      "| backend | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+            for b in backends:
+                lines.append(f"| {b} | " + " | ".join(cell(t, b, part, m, key) for t in tasks for m in modes) + " |")
+            lines.append("")
+    lines += ["## Absolute values", "",
+              "| task | backend | n | micro × accum | part | mode | ms (median) | ms per optimizer step "
+              "| first call s | peak MiB |",
+              "|---|---|---:|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ok = r.get("status") == "ok"
+        ma = f"{r['micro_batch']} × {r['accum_steps']}" if r.get("micro_batch") not in ("", None) else "—"
+        peak = r.get("peak_mem_bytes") if ok else ""
+        lines.append(
+            f"| {r['task']} | {r['backend']} | {r['n']} | {ma} | {r['part']} | {r['mode']} | "
+            + (f"{r['time_ms']:.3g} | {r['per_opt_step_ms']:.3g} | {r['first_call_s']:.2g} | "
+               + (f"{peak / MIB:.4g}" if peak != "" else "—") if ok else f"{r.get('status')} | | | ")
+            + " |")
+    kern = sorted({r["sdpa_ops"] for r in rows if r["backend"] == BASELINE and r.get("sdpa_ops")})
+    if kern:
+        lines += ["", "Fused softmax (eager), SDPA kernel(s) that ran: " + "; ".join(f"`{k}`" for k in kern)
+                  + " (on a CPU, attention dropout sends SDPA to the math path, which holds the n×n matrix)."]
+    bad = [r for r in rows if r.get("status") != "ok"]
+    if bad:
+        lines += ["", "## Not measured", ""]
+        lines += [f"- {r['task']}/{r['backend']} {r['part']} {r['mode']}: {r['status']}: {r.get('reason', '')}"
+                  for r in bad]
+    return "\n".join(lines) + "\n"
+
+
+def main_tasks(cfg: TaskConfig, out: Path) -> list[dict]:
+    """Task mode with its outputs, ``bench_tasks.csv`` (rewritten after every backend) and ``bench_tasks.md``."""
+    kind = "GPU" if cfg.device.startswith("cuda") else "CPU" + (" quick" if cfg.quick else "")
+    modes = "eager and compiled" if (cfg.compile or cfg.device.startswith("cuda")) else "eager"
+    print(f"lra.bench: the {kind} benchmark at the tasks' training shapes: {len(cfg.backends)} backends × "
+          f"tasks {list(cfg.tasks)}, whole training step and attention layer, {modes}, micro-batch fitted to "
+          f"hardware={cfg.hardware}, on {device_name(cfg.device)} [{cfg.device}], {cfg.threads} threads → {out}",
+          flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    t0 = time.perf_counter()
+    csv_path, md_path = out / "bench_tasks.csv", out / "bench_tasks.md"
+    rows = run(cfg, log=lambda s: print(s, flush=True), on_row=lambda rs: write_csv(csv_path, rs, CSV_COLUMNS))
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    precisions = sorted({r["precision"] for r in rows})
+    meta = {"kind": kind, "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "device": cfg.device,
+            "device_name": device_name(cfg.device), "threads": cfg.threads, "git": git_commit(short=True) or "?",
+            "hardware": cfg.hardware, "quick": cfg.quick, "precision": ", ".join(precisions),
+            "repeats": cfg.repeats, "max_batch": cfg.max_batch, "load": f"{load0:.2f} / {load1:.2f}"}
+    write_csv(csv_path, rows, CSV_COLUMNS)
+    write_text(md_path, render_markdown(rows, meta))
+    print(f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {md_path}", flush=True)
+    return rows
+
+
+def validate(cfg: TaskConfig) -> None:
+    """Bad names or overrides: one line before any work (a spec per backend is resolved once here)."""
+    check_names(cfg.tasks, cfg.backends)
+    if cfg.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {cfg.repeats}")
+    if cfg.max_batch is not None and cfg.max_batch < 1:
+        raise ValueError(f"--max-batch must be >= 1, got {cfg.max_batch}")
+    try:
+        for b in cfg.backends:
+            spec_for(cfg, cfg.tasks[0], b)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
