@@ -137,6 +137,9 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
                 except ValueError:
                     raise SystemExit(f"lra.sweep: {arg!r}: {key} takes a number") from None
             continue
+        if grid.search is not None and arg.lstrip("~").startswith("search."):   # the search block itself
+            grid.search = _edit_search(grid.search, arg)
+            continue
         ov = parser.parse_override(arg)
         k = ov.get_key_element()
         if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
@@ -156,6 +159,20 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
             grid.overrides.pop(k, None)
             grid.overrides[k] = arg
     return opts, hydra_ovs
+
+
+def _edit_search(search: dict, arg: str) -> dict:
+    """``search.pruner.name=hyperband`` sets, ``~search.pruner.n_startup_trials`` deletes a key of the block."""
+    cfg = OmegaConf.create({"search": search})
+    if arg.startswith("~"):
+        path = arg[1:].split("=", 1)[0].split(".")
+        node = OmegaConf.select(cfg, ".".join(path[:-1]))
+        if node is None or path[-1] not in node:
+            raise SystemExit(f"lra.sweep: {arg!r}: the search has no {'.'.join(path)}")
+        del node[path[-1]]
+    else:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([arg]))
+    return OmegaConf.to_container(cfg, resolve=False)["search"]
 
 
 # ----------------------------------------------------------------------------- Hydra plumbing
@@ -418,7 +435,7 @@ def sweep_lock(folder: Path):
 def fmt_s(x: float | None) -> str:
     if x is None:
         return "n/a"
-    return f"{x:.0f} s" if x < 90 else f"{x / 60:.0f} min" if x < 5400 else f"{x / 3600:.1f} h"
+    return f"{x:.0f} s" if x < 600 else f"{x / 60:.0f} min" if x < 5400 else f"{x / 3600:.1f} h"
 
 
 def eta_s(pending: int, parallel: int, durations, running_elapsed) -> float | None:
