@@ -334,7 +334,12 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     hydra_ovs = [o for o in hydra_ovs if not o.startswith(("hydra/launcher=", "hydra.launcher."))]
     space = parse_space(spec.get("params"))
     fixed = list(grid.overrides.values())
-    primary = composer.primary(hydra_ovs + fixed)
+    try:
+        primary = composer.primary(hydra_ovs + fixed)
+    except Exception as e:  # noqa: BLE001 - Hydra's own message, cut to its first line
+        raise SystemExit(f"lra.sweep: the search's overrides do not compose ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0]}); check `overrides` of conf/sweep/{grid.name}.yaml and the "
+                         "command line")
     root = Path(str(primary.runs_root))
     preset, task, attn = str(primary.preset), str(primary.task.name), str(primary.attn.label)
 

@@ -2,10 +2,11 @@
 
 A sweep is a file ``conf/sweep/<name>.yaml``: fixed ``overrides``, a ``grid`` of axes (cartesian
 product) and the ``launcher`` and ``parallel`` to use; or, with a ``search`` block, an Optuna search
-through Hydra's sweeper plugin. Command-line overrides join every job; one with several values
-(``seed=0,1,2``) replaces that axis or adds one. ``parallel=N``, ``dry_run=true``, ``n_trials=N``
-(searches) and ``hydra/launcher=...``, ``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md
-has the commands for a laptop, a GPU box and a SLURM cluster.
+(lra/search.py). Command-line overrides join every job; one with several values (``seed=0,1,2``)
+replaces that axis or adds one (in a search: adds or replaces a search parameter). ``parallel=N``,
+``dry_run=true``, ``progress=S``, ``n_trials=N`` (searches) and ``hydra/launcher=...``,
+``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md has the commands for a laptop, a GPU box
+and a SLURM cluster.
 
 Every job is an ordinary run: ``python -m lra.train <its overrides>``, in the run folder Hydra names
 (``runs/<preset>/<task>/<attn>/seed<seed>[/<other overrides>]``), so the collector reads sweeps and
@@ -20,7 +21,8 @@ single runs alike. A grid is:
 3. launched as one Hydra multirun of the unfinished jobs through the chosen launcher (Hydra's
    ``basic``, ``local`` = submitit_local, ``slurm`` = submitit_slurm; conf/hydra/launcher/), in
    batches of ``parallel`` on one machine, as one job array on SLURM;
-4. summarised (and the manifest updated) when the launcher returns.
+4. watched while the launcher blocks (a progress line with an ETA, :class:`GridWatch`), and
+   summarised (and the manifest updated) when it returns.
 
 Run the same command again and it finishes where it stopped. Why not ``python -m lra.train -m``
 with the basic sweeper: that can only launch cartesian products, not "the jobs still to do", and
@@ -145,10 +147,11 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
         if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
             hydra_ovs.append(arg)
         elif ov.is_sweep_override():
+            if grid.search is not None:   # a search-space entry (choice, range, interval): lra.search reads it
+                grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
+                grid.overrides.pop(k, None)
+                continue
             if not ov.is_discrete_sweep():
-                if grid.search is not None:   # a search-space entry: lra.search reads it
-                    grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
-                    continue
                 raise SystemExit(f"lra.sweep: {arg!r}: a grid takes lists of values (a,b,c or range()); "
                                  "intervals belong to a search")
             grid.axes[k] = [f"{k}={v}" for v in ov.sweep_string_iterator()]
@@ -156,6 +159,10 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
         else:
             if k in grid.axes:
                 del grid.axes[k]
+            if grid.search is not None:   # a fixed value replaces that search parameter
+                params = grid.search.get("params") or {}
+                for name in [n for n in params if n.lstrip("+~") == k.lstrip("+~")]:
+                    del params[name]
             grid.overrides.pop(k, None)
             grid.overrides[k] = arg
     return opts, hydra_ovs
@@ -163,6 +170,17 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
 
 def _edit_search(search: dict, arg: str) -> dict:
     """``search.pruner.name=hyperband`` sets, ``~search.pruner.n_startup_trials`` deletes a key of the block."""
+    key, _, value = arg.lstrip("~").partition("=")
+    if key.startswith("search.params."):   # a parameter's name holds dots (train.lr): one key
+        params = dict(search.get("params") or {})
+        name = key[len("search.params."):]
+        if arg.startswith("~"):
+            if name not in params:
+                raise SystemExit(f"lra.sweep: {arg!r}: the search has no parameter {name!r} ({', '.join(params)})")
+            del params[name]
+        else:
+            params[name] = value
+        return {**search, "params": params}
     cfg = OmegaConf.create({"search": search})
     if arg.startswith("~"):
         path = arg[1:].split("=", 1)[0].split(".")

@@ -383,3 +383,18 @@ def test_real_search_prunes_through_lra_train(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     t = _trial_states(tmp_path)[0]
     assert t.state == TrialState.PRUNED and list(t.intermediate_values) == [5]
+
+
+def test_command_line_edits_the_search():
+    from lra.sweep import apply_cli, load_grid
+
+    grid = load_grid("search_quick")
+    opts, hydra = apply_cli(grid, ["attn=performer", "++attn.options.features=choice(64,128)", "model.dropout=0.1",
+                                   "~search.params.++attn.options.num_features", "search.pruner.name=hyperband",
+                                   "train.lr=interval(1e-4,1e-3)", "n_trials=5", "progress=0"])
+    p = grid.search["params"]
+    assert p["++attn.options.features"] == "choice(64,128)" and p["train.lr"] == "interval(1e-4,1e-3)"
+    assert "++attn.options.num_features" not in p and "model.dropout" not in p   # a fixed value wins
+    assert grid.overrides["model.dropout"] == "model.dropout=0.1" and grid.overrides["attn"] == "attn=performer"
+    assert grid.search["pruner"]["name"] == "hyperband" and not grid.axes
+    assert opts["n_trials"] == 5 and opts["progress"] == 0.0 and hydra == []
