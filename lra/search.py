@@ -249,13 +249,13 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                         launch(trial, run_dir)
                 else:
                     break
+            if not active and not deferred:
+                break
             if progress is not None:
                 now = clock()
                 progress.update(done=len(durations), running=len(active), failed=failed,
                                 pending=max(s.target - len(counted(study)), 0) + len(deferred),
                                 durations=durations, running_elapsed=[now - a.t_start for a in active])
-            if not active and not deferred:
-                break
             for a in list(active):
                 rc = a.proc.poll()
                 if rc is None:
@@ -268,6 +268,8 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                     failed += 1
                 else:
                     durations.append(clock() - a.t_start)
+                if progress is not None and not active and not deferred and s.target <= len(counted(study)):
+                    progress.update(done=len(durations), running=0, failed=failed, pending=0, durations=durations)
             time.sleep(poll_s)
     except BaseException:   # Ctrl-C / SIGTERM: each trial writes its "interrupted" record; re-run resumes
         for a in active:
