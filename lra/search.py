@@ -24,7 +24,7 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
 from __future__ import annotations
 
 import contextlib
-import json
+import datetime as _dt
 import logging
 import os
 import signal
@@ -397,11 +397,13 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                   + (f"; running {s.target - have} more, {s.parallel} at a time" if have < s.target
                      else "; nothing to do"), flush=True)
             progress = Progress(label=f"lra.sweep {grid.name}", parallel=s.parallel,
-                                every_s=float(opts.get("progress") or 30.0))
+                                every_s=30.0 if opts.get("progress") is None else float(opts["progress"]))
             launched0 = len(study.trials)
+            previous = signal.signal(signal.SIGTERM, _sigterm)
             try:
                 drive(s, study, progress=progress)
             finally:
+                signal.signal(signal.SIGTERM, previous)
                 body = write_manifest(study, s, {"started": _dt_iso(t0), "wall_s": round(time.time() - t0, 1),
                                                  "launched": len(study.trials) - launched0 - len(requeued)})
     states: dict[str, int] = {}
@@ -417,6 +419,9 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
 
 
 def _dt_iso(t: float) -> str:
-    import datetime as _dt
-
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _sigterm(signum, frame):
+    """A scheduler's SIGTERM: unwind like Ctrl-C (trials get SIGTERM, the manifest is written)."""
+    raise KeyboardInterrupt(f"signal {signum}")
