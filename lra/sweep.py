@@ -2,10 +2,11 @@
 
 A sweep is a file ``conf/sweep/<name>.yaml``: fixed ``overrides``, a ``grid`` of axes (cartesian
 product) and the ``launcher`` and ``parallel`` to use; or, with a ``search`` block, an Optuna search
-through Hydra's sweeper plugin. Command-line overrides join every job; one with several values
-(``seed=0,1,2``) replaces that axis or adds one. ``parallel=N``, ``dry_run=true``, ``n_trials=N``
-(searches) and ``hydra/launcher=...``, ``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md
-has the commands for a laptop, a GPU box and a SLURM cluster.
+(lra/search.py). Command-line overrides join every job; one with several values (``seed=0,1,2``)
+replaces that axis or adds one (in a search: adds or replaces a search parameter). ``parallel=N``,
+``dry_run=true``, ``progress=S``, ``n_trials=N`` (searches) and ``hydra/launcher=...``,
+``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md has the commands for a laptop, a GPU box
+and a SLURM cluster.
 
 Every job is an ordinary run: ``python -m lra.train <its overrides>``, in the run folder Hydra names
 (``runs/<preset>/<task>/<attn>/seed<seed>[/<other overrides>]``), so the collector reads sweeps and
@@ -20,7 +21,8 @@ single runs alike. A grid is:
 3. launched as one Hydra multirun of the unfinished jobs through the chosen launcher (Hydra's
    ``basic``, ``local`` = submitit_local, ``slurm`` = submitit_slurm; conf/hydra/launcher/), in
    batches of ``parallel`` on one machine, as one job array on SLURM;
-4. summarised (and the manifest updated) when the launcher returns.
+4. watched while the launcher blocks (a progress line with an ETA, :class:`GridWatch`), and
+   summarised (and the manifest updated) when it returns.
 
 Run the same command again and it finishes where it stopped. Why not ``python -m lra.train -m``
 with the basic sweeper: that can only launch cartesian products, not "the jobs still to do", and
@@ -32,7 +34,6 @@ lra.train in a child process (:func:`run_job`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime as _dt
 import itertools
 import json
@@ -43,12 +44,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 from lra import CONF_DIR, REPO_ROOT
 from lra.config import register_resolvers
@@ -61,7 +62,7 @@ register_resolvers()
 GRID_DIR = CONF_DIR / "sweep"
 FINISHED = ("completed", "stopped_early", "stuck")  # = lra.train.FINISHED: lra.train returns at once
 MARKER = ".sweep_job.json"        # written by run_job in the run folder: who runs it, attempts
-SWEEP_OPTIONS = ("grid", "parallel", "dry_run", "n_trials")   # consumed here, never passed to a run
+SWEEP_OPTIONS = ("grid", "parallel", "dry_run", "n_trials", "progress")   # consumed here, never passed to a run
 MANIFEST_VERSION = 1
 
 
@@ -122,7 +123,7 @@ def _key_of(line: str) -> str:
 
 def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
     """Fold command-line overrides into the grid. Returns (sweep options, hydra overrides)."""
-    opts = {"parallel": None, "dry_run": False, "n_trials": None}
+    opts = {"parallel": None, "dry_run": False, "n_trials": None, "progress": None}
     hydra_ovs: list[str] = []
     parser = _parser()
     for arg in args:
@@ -133,18 +134,25 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
                 opts["parallel"] = int(value)
             elif key == "dry_run":
                 opts["dry_run"] = value.lower() in ("1", "true", "yes", "")
-            elif key == "n_trials":
-                opts["n_trials"] = int(value)
+            elif key in ("n_trials", "progress"):
+                try:
+                    opts[key] = int(value) if key == "n_trials" else float(value)
+                except ValueError:
+                    raise SystemExit(f"lra.sweep: {arg!r}: {key} takes a number") from None
+            continue
+        if grid.search is not None and arg.lstrip("~").startswith("search."):   # the search block itself
+            grid.search = _edit_search(grid.search, arg)
             continue
         ov = parser.parse_override(arg)
         k = ov.get_key_element()
         if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
             hydra_ovs.append(arg)
         elif ov.is_sweep_override():
+            if grid.search is not None:   # a search-space entry (choice, range, interval): lra.search reads it
+                grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
+                grid.overrides.pop(k, None)
+                continue
             if not ov.is_discrete_sweep():
-                if grid.search is not None:   # a search-space entry: the Optuna sweeper reads it
-                    grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
-                    continue
                 raise SystemExit(f"lra.sweep: {arg!r}: a grid takes lists of values (a,b,c or range()); "
                                  "intervals belong to a search")
             grid.axes[k] = [f"{k}={v}" for v in ov.sweep_string_iterator()]
@@ -152,9 +160,38 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
         else:
             if k in grid.axes:
                 del grid.axes[k]
+            if grid.search is not None:   # a fixed value replaces that search parameter
+                params = grid.search.get("params") or {}
+                for name in [n for n in params if n.lstrip("+~") == k.lstrip("+~")]:
+                    del params[name]
             grid.overrides.pop(k, None)
             grid.overrides[k] = arg
     return opts, hydra_ovs
+
+
+def _edit_search(search: dict, arg: str) -> dict:
+    """``search.pruner.name=hyperband`` sets, ``~search.pruner.n_startup_trials`` deletes a key of the block."""
+    key, _, value = arg.lstrip("~").partition("=")
+    if key.startswith("search.params."):   # a parameter's name holds dots (train.lr): one key
+        params = dict(search.get("params") or {})
+        name = key[len("search.params."):]
+        if arg.startswith("~"):
+            if name not in params:
+                raise SystemExit(f"lra.sweep: {arg!r}: the search has no parameter {name!r} ({', '.join(params)})")
+            del params[name]
+        else:
+            params[name] = value
+        return {**search, "params": params}
+    cfg = OmegaConf.create({"search": search})
+    if arg.startswith("~"):
+        path = arg[1:].split("=", 1)[0].split(".")
+        node = OmegaConf.select(cfg, ".".join(path[:-1]))
+        if node is None or path[-1] not in node:
+            raise SystemExit(f"lra.sweep: {arg!r}: the search has no {'.'.join(path)}")
+        del node[path[-1]]
+    else:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([arg]))
+    return OmegaConf.to_container(cfg, resolve=False)["search"]
 
 
 # ----------------------------------------------------------------------------- Hydra plumbing
@@ -413,6 +450,88 @@ def sweep_lock(folder: Path):
             lock.unlink()
 
 
+# ----------------------------------------------------------------------------- progress
+def fmt_s(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.0f} s" if x < 600 else f"{x / 60:.0f} min" if x < 5400 else f"{x / 3600:.1f} h"
+
+
+def eta_s(pending: int, parallel: int, durations, running_elapsed) -> float | None:
+    """Seconds left if every job takes the mean duration of those done so far (None before the first):
+    what the running jobs still need plus the pending ones, spread over ``parallel`` slots."""
+    if not durations:
+        return None
+    mean = sum(durations) / len(durations)
+    left = sum(max(mean - e, 0.0) for e in running_elapsed) + pending * mean
+    return left / max(int(parallel), 1)
+
+
+class Progress:
+    """The sweep's status line while it waits: printed when the counts change and every ``every_s``
+    seconds otherwise (``progress=0``: on changes only)."""
+
+    def __init__(self, label: str, parallel: int = 1, every_s: float = 30.0, clock=time.monotonic, emit=None):
+        self.label, self.parallel, self.every_s, self.clock = label, parallel, float(every_s), clock
+        self.emit = emit or (lambda line: print(line, flush=True))
+        self._last: tuple | None = None
+        self._t = -float("inf")
+
+    def update(self, done: int, running: int, failed: int, pending: int, durations=(),
+               running_elapsed=()) -> str | None:
+        counts = (done, running, failed, pending)
+        now = self.clock()
+        if counts == self._last and (self.every_s <= 0 or now - self._t < self.every_s):
+            return None
+        mean = sum(durations) / len(durations) if durations else None
+        eta = eta_s(pending, self.parallel, durations, running_elapsed)
+        line = (f"[{self.label}] {done} done, {running} running, {failed} failed, {pending} pending; "
+                + (f"mean {fmt_s(mean)}/job, ETA {fmt_s(eta)}" if mean is not None else "ETA after the first job"))
+        self.emit(line)
+        self._last, self._t = counts, now
+        return line
+
+
+def job_progress(run_dir: Path, since: float, now: float) -> tuple[str, float | None]:
+    """(done|failed|running|pending, duration or elapsed) of a grid job in THIS invocation (started
+    after ``since``), from its ``.sweep_job.json``: cheap enough to poll (no squeue, no pid check)."""
+    info = _read_json(Path(run_dir) / MARKER) or {}
+    if float(info.get("t_start") or 0) < since:
+        return "pending", None
+    if info.get("t_end") is None:
+        return "running", now - float(info["t_start"])
+    rec = _read_json(Path(run_dir) / "result.json") or {}
+    return ("done" if rec.get("status") in FINISHED else "failed"), float(info["t_end"]) - float(info["t_start"])
+
+
+class GridWatch(threading.Thread):
+    """Polls the launched jobs' folders while the Hydra launcher blocks, feeding :class:`Progress`."""
+
+    def __init__(self, run_dirs: list[Path], progress: Progress, since: float, poll_s: float = 2.0):
+        super().__init__(daemon=True, name="lra.sweep progress")
+        self.run_dirs, self.progress, self.since, self.poll_s = list(run_dirs), progress, since, poll_s
+        self._halt = threading.Event()
+
+    def tick(self) -> str | None:
+        now = time.time()
+        states = {"done": [], "failed": [], "running": [], "pending": []}
+        for d in self.run_dirs:
+            state, secs = job_progress(d, self.since, now)
+            states[state].append(secs)
+        return self.progress.update(len(states["done"]), len(states["running"]), len(states["failed"]),
+                                    len(states["pending"]), durations=states["done"],
+                                    running_elapsed=states["running"])
+
+    def run(self) -> None:
+        while not self._halt.wait(self.poll_s):
+            with contextlib.suppress(Exception):   # a half-visible file on a network disk: next tick
+                self.tick()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=10)
+
+
 # ----------------------------------------------------------------------------- grid sweeps
 def _wandb_group(name: str, jobs_ovs: list[list[str]]) -> list[str]:
     """W&B groups the runs of a sweep: conf/logger/wandb.yaml reads WANDB_RUN_GROUP, set in every job."""
@@ -490,7 +609,8 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
                 prepare_data(todo)
             if todo:
-                launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs, root)
+                launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs, root,
+                       every_s=opts["progress"] if opts["progress"] is not None else 30.0)
             for j in jobs:
                 j.refresh()
             wall = time.time() - t0
@@ -525,7 +645,8 @@ def prepare_data(todo: list[Job]) -> None:
 
 
 def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job], kind: str, parallel: int,
-           folder: Path, hydra_ovs: list[str], manifest: Path, head: dict, jobs: list[Job], root: Path) -> None:
+           folder: Path, hydra_ovs: list[str], manifest: Path, head: dict, jobs: list[Job], root: Path,
+           every_s: float = 30.0) -> None:
     from hydra.core.plugins import Plugins
 
     extra = [f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}", "hydra.output_subdir=null"]
@@ -540,6 +661,10 @@ def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job],
     launcher = Plugins.instance().instantiate_launcher(hydra_context=ctx, task_function=run_job, config=primary)
     OmegaConf.save(primary, folder / "multirun.yaml")
     size = len(todo) if kind == "slurm" else (parallel if kind == "local" else 1)
+    slots = (parallel if parallel > 1 else len(todo)) if kind == "slurm" else size
+    watch = GridWatch([j.run_dir for j in todo], Progress(f"lra.sweep {grid.name}", parallel=slots,
+                                                           every_s=every_s), since=time.time() - 5)
+    watch.start()
     idx = 0
     for start in range(0, len(todo), size):
         batch = todo[start:start + size]
@@ -552,6 +677,8 @@ def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job],
         for j in batch:
             j.refresh()
         write_manifest(manifest, head, jobs, root)
+    watch.stop()
+    watch.tick()
     ctx.callbacks.on_multirun_end(config=primary, config_name="config")
 
 
@@ -603,131 +730,6 @@ def _print_summary(grid, jobs, todo, root, manifest, wall) -> None:
         print("run the same command again to finish the rest (finished runs are skipped, interrupted ones resume)")
 
 
-# ----------------------------------------------------------------------------- Optuna searches
-def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
-    """A persistent Optuna study (Hydra's optuna sweeper plugin) over conf/sweep/<name>.yaml's space.
-    ``search.n_trials`` is the target: a second invocation runs only the trials still missing, and a
-    trial left RUNNING by a killed driver is re-queued with the same parameters (so its run folder and
-    checkpoint are reused)."""
-    import optuna
-    from hydra.core.plugins import Plugins
-
-    t0 = time.time()
-    s = dict(grid.search or {})
-    target = int(opts["n_trials"] or s.get("n_trials", 20))
-    if grid.axes:
-        raise SystemExit("lra.sweep: a search fixes task/attn/seed in `overrides` (one study per search file)")
-    if grid.launcher and not any(o.startswith("hydra/launcher=") for o in hydra_ovs):
-        hydra_ovs = [f"hydra/launcher={grid.launcher}"] + hydra_ovs
-    parallel = opts["parallel"] or grid.parallel
-    fixed = list(grid.overrides.values())
-    space = [f"{k}={v}" for k, v in (s.get("params") or {}).items()]
-    sweeper = [f"hydra/sweeper={s.get('sweeper', 'lra_optuna')}", f"hydra.sweeper.n_jobs={parallel}"]
-    with Composer() as composer:
-        primary = composer.primary(sweeper + hydra_ovs + fixed + space)
-        root = Path(str(primary.runs_root))
-        name = f"{grid.name}-{primary.preset}-{primary.task.name}-{primary.attn.label}"
-        storage = str(primary.hydra.sweeper.storage) if primary.hydra.sweeper.storage else f"sqlite:///{root}/optuna.db"
-        folder = root / str(primary.preset) / "sweeps" / grid.name
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        if opts["dry_run"]:
-            n = 0
-            db = storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else None
-            if db is None or Path(db).exists():
-                with contextlib.suppress(KeyError):
-                    n = len(optuna.load_study(study_name=name, storage=storage).trials)
-            space_all = {**dict(primary.hydra.sweeper.params or {}), **(s.get("params") or {})}
-            print(f"search {grid.name}: study {name} in {storage}; {n} trials so far, target {target}; "
-                  f"fixed {' '.join(fixed)}; space {space_all}")
-            return 0
-        root.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-        with sweep_lock(folder):
-            requeued = _requeue_stale(study)
-            done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-            remaining = target - done
-            print(f"lra.sweep {grid.name}: study {name} ({storage}): {done}/{target} trials complete"
-                  + (f", {requeued} interrupted trial(s) re-queued" if requeued else "")
-                  + (f"; running {remaining} more" if remaining > 0 else "; nothing to do"), flush=True)
-            if remaining > 0:
-                # a continued study must not replay the first invocation's draws: offset the sampler seed
-                seed = primary.hydra.sweeper.sampler.get("seed")
-                extra = ([f"hydra.sweeper.sampler.seed={int(seed) + len(study.trials)}"] if seed is not None else [])
-                extra += [f"hydra.sweeper.n_trials={remaining}", f"hydra.sweeper.study_name={_quote(name)}",
-                         f"hydra.sweeper.storage={_quote(storage)}", "hydra.output_subdir=null",
-                         f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}"]
-                extra += _wandb_group(grid.name, [fixed])
-                if launcher_kind(primary) in ("local", "slurm"):
-                    extra.append(f"hydra.launcher.submitit_folder={_quote(folder / '.submitit' / '%j')}")
-                cfg = composer.primary(sweeper + hydra_ovs + extra + fixed + space, logging=True)
-                OmegaConf.save(cfg, folder / "multirun.yaml")
-                ctx = composer.context(cfg)
-                sw = Plugins.instance().instantiate_sweeper(hydra_context=ctx, task_function=run_job, config=cfg)
-                sw.config = copy.deepcopy(cfg)   # its optimization_results.yaml goes to the sweep folder,
-                with read_write(sw.config), open_dict(sw.config):  # not runs/<preset>/ (jobs keep theirs)
-                    sw.config.hydra.sweep.dir = str(folder)
-                sw.sweep(arguments=list(cfg.hydra.overrides.task))
-            study = optuna.load_study(study_name=name, storage=storage)
-            manifest = folder / "manifest.json"
-            trials = _trial_rows(study, composer, primary, fixed, root)
-            best = None
-            with contextlib.suppress(ValueError):
-                best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
-            old = _read_json(manifest) or {}
-            write_json(manifest, {
-                "schema_version": MANIFEST_VERSION, "created": old.get("created", _now()), "updated": _now(),
-                "grid": grid.name, "kind": "search", "study": name, "storage": storage, "runs_root": str(root),
-                "n_trials_target": target, "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),
-                "invocations": old.get("invocations", []) + [{"wall_s": round(time.time() - t0, 1),
-                                                              "launched": max(remaining, 0)}],
-                "best": best, "trials": trials})
-    states = {}
-    for t in trials:
-        states[t["state"]] = states.get(t["state"], 0) + 1
-    print(f"\nlra.sweep {grid.name}: {len(trials)} trials ({_fmt_counts(states)}) in {time.time() - t0:.0f} s")
-    if best:
-        print(f"best: trial {best['number']} val acc {best['value']:.4f} with {best['params']}")
-    print(f"manifest: {manifest}")
-    complete = sum(t["state"] == "COMPLETE" for t in trials)
-    return 0 if complete >= target else 1
-
-
-def _requeue_stale(study) -> int:
-    """Trials left RUNNING by a killed driver (we hold the sweep lock, so none is live): mark them
-    FAIL and enqueue the same parameters, which re-use the interrupted run folder."""
-    import optuna
-
-    n = 0
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study._storage.set_trial_state(t._trial_id, optuna.trial.TrialState.FAIL)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            study.enqueue_trial(dict(t.params))
-        n += 1
-    return n
-
-
-def _trial_rows(study, composer: Composer, primary: DictConfig, fixed: list[str], root: Path) -> list[dict]:
-    """One manifest row per trial; the run folder is the one the sweeper's overrides name."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    fixed_strs = []
-    for o in parser.parse_overrides(fixed):
-        fixed_strs.append(f"{o.get_key_element()}={o.value()}")
-    rows = []
-    for t in study.trials:
-        ovs = [f"{k}={v}" for k, v in t.params.items()] + fixed_strs
-        run_dir = None
-        with contextlib.suppress(Exception):
-            run_dir = _rel(composer.job(primary, ovs)[1], root)
-        rows.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-                     "run_dir": run_dir})
-    return rows
-
-
 # ----------------------------------------------------------------------------- entry
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -741,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     grid = load_grid(grid_arg[-1].split("=", 1)[1])
     opts, hydra_ovs = apply_cli(grid, args)
     if grid.search is not None:
+        from lra.search import run_search   # optuna is a dev extra: grids run without it
+
         return run_search(grid, opts, hydra_ovs)
     return run_grid(grid, opts, hydra_ovs)
 

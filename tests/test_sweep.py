@@ -74,7 +74,7 @@ def test_command_line_folds_into_the_grid():
     grid = load_grid("quick")
     opts, hydra = apply_cli(grid, ["task=listops", "seed=0,1,2", "train.lr=1e-3", "parallel=3",
                                    "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "dry_run=true"])
-    assert opts == {"parallel": 3, "dry_run": True, "n_trials": None}
+    assert opts == {"parallel": 3, "dry_run": True, "n_trials": None, "progress": None}
     assert hydra == ["hydra/launcher=slurm", "hydra.launcher.partition=gpu"]
     jobs = grid.jobs()
     assert len(jobs) == 3 * 3 and all("task=listops" in j and "train.lr=1e-3" in j for j in jobs)
@@ -112,6 +112,9 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
     m = manifest(tmp_path)
     assert m["counts"] == {"completed": 6} and m["launcher"] == "local" and m["parallel"] == 2
     assert "6 jobs, 6 to run, 0 skipped" in proc.stdout
+    # progress while the launcher blocks: the first line before any job ends, the last one after all
+    assert "[lra.sweep quick] 0 done, " in proc.stdout and "ETA after the first job" in proc.stdout
+    assert "[lra.sweep quick] 6 done, 0 running, 0 failed, 0 pending; mean " in proc.stdout
     dirs = run_dirs(tmp_path)
     assert len(dirs) == 6
     names = {tuple(Path(j["run_dir"]).parts[:4]) for j in m["jobs"]}

@@ -1,0 +1,110 @@
+"""Pruning of hopeless search trials from inside the run (lra.search drives the study).
+
+A search trial is an ordinary ``python -m lra.train`` run given three more overrides
+``+search.storage=<url> +search.study=<name> +search.trial=<number>``; lra.train then adds
+:class:`OptunaPruning`. After each validation it reports ``val/acc`` at the current optimizer step
+to the trial, asks the study's pruner, and if the answer is "prune" it stops training (the run ends
+``stopped_early`` with its best checkpoint tested, like any early stop) and leaves ``pruned.json``
+in the run folder. The search driver reads that file when the run's process exits and records the
+trial as PRUNED; the process itself never finishes the trial, so a run killed while it reports
+cannot leave the study in a state the driver does not know about.
+
+The pruner is not stored by Optuna with the study; lra.search keeps its spec in the study's user
+attribute ``pruner`` (``{"name": "median", ...options}``) and :func:`make_pruner` rebuilds it here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import optuna
+from lightning.pytorch.callbacks import Callback
+
+from lra.files import write_json
+
+log = logging.getLogger("lra.pruning")
+
+PRUNED_FILE = "pruned.json"
+PRUNERS = {
+    "none": optuna.pruners.NopPruner,
+    "median": optuna.pruners.MedianPruner,
+    "percentile": optuna.pruners.PercentilePruner,
+    "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+    "hyperband": optuna.pruners.HyperbandPruner,
+    "threshold": optuna.pruners.ThresholdPruner,
+}
+
+
+def make_pruner(spec: dict | None) -> optuna.pruners.BasePruner:
+    """``{"name": "median", "n_startup_trials": 2, ...}`` -> the Optuna pruner (None: no pruning)."""
+    spec = dict(spec or {"name": "none"})
+    name = str(spec.pop("name", "none"))
+    if name not in PRUNERS:
+        raise ValueError(f"search.pruner.name={name!r}: allowed {', '.join(PRUNERS)}")
+    return PRUNERS[name](**spec)
+
+
+def storage_for(url: str) -> optuna.storages.BaseStorage:
+    """The study's RDB storage; SQLite waits (up to a minute) for a writer instead of failing at once,
+    since the driver and every running trial write to the same file."""
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def load_trial(storage: str, study_name: str, trial_number: int) -> optuna.trial.Trial:
+    """A live handle on trial ``trial_number`` of the study, with the pruner the driver chose."""
+    st = storage_for(storage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        attrs = st.get_study_user_attrs(st.get_study_id_from_name(study_name))
+        study = optuna.load_study(study_name=study_name, storage=st, pruner=make_pruner(attrs.get("pruner")))
+    trial_id = st.get_trial_id_from_study_id_trial_number(st.get_study_id_from_name(study_name), int(trial_number))
+    return optuna.trial.Trial(study, trial_id)
+
+
+def pruned_info(run_dir: Path) -> dict | None:
+    """What :class:`OptunaPruning` left in a run folder it pruned (None: not pruned)."""
+    try:
+        return json.loads((Path(run_dir) / PRUNED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class OptunaPruning(Callback):
+    """Report the monitored metric to an Optuna trial after every validation; stop when pruned."""
+
+    def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str = "val/acc"):
+        self.storage, self.study_name, self.trial_number = str(storage), str(study_name), int(trial_number)
+        self.monitor = monitor
+        self.pruned_at: int | None = None
+        self._trial = None
+
+    def _handle(self) -> optuna.trial.Trial:
+        if self._trial is None:
+            self._trial = load_trial(self.storage, self.study_name, self.trial_number)
+        return self._trial
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        prune = False
+        if trainer.is_global_zero:  # one process talks to the study; the decision goes to every rank
+            value = trainer.callback_metrics.get(self.monitor)
+            if value is not None:
+                value, step = float(value), int(trainer.global_step)
+                trial = self._handle()
+                trial.report(value, step)   # a resumed run reports a step again: Optuna keeps the first
+                prune = trial.should_prune()
+                if prune:
+                    log.info("trial %d pruned at step %d (%s %.4f)", self.trial_number, step, self.monitor, value)
+                    write_json(Path(trainer.default_root_dir) / PRUNED_FILE,
+                                      {"trial": self.trial_number, "study": self.study_name, "step": step,
+                                       "value": value, "monitor": self.monitor})
+        prune = bool(trainer.strategy.broadcast(prune, src=0))
+        if prune:
+            self.pruned_at = int(trainer.global_step)
+            trainer.should_stop = True
+
