@@ -47,6 +47,7 @@ from lra.files import git_commit, write_atomic, write_csv
 
 import attention
 from lra import REPO_ROOT
+from lra.cli import Parser
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
@@ -729,8 +730,10 @@ def _parse_overrides(items: list[str]) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m lra.bench", description=__doc__.split("\n\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="examples:\n  python -m lra.bench --quick\n  python -m lra.bench --backends skeinformer "
+                      "nystrom --lengths 1024 4096 --set nystrom.landmarks=128")
     p.add_argument("--quick", action="store_true", help="n in 256, 512 and 3 repeats (seconds)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench", help="output folder")
     p.add_argument("--lengths", type=int, nargs="+", help=f"sequence lengths (default {list(DEFAULT_LENGTHS)})")
