@@ -15,12 +15,13 @@ help:
 	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | data task=<t>"
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | bench | approx"
 
-# CPU torch is pinned (torch==2.13.0 in pyproject); pip takes the local CPU wheel where one is
-# offered (find-links) and the CUDA build from PyPI on a GPU machine.
-$(STAMP): pyproject.toml
+# Exact versions through constraints.txt (pyproject has lower bounds only). torch==2.13.0 there takes
+# the local CPU wheel (2.13.0+cpu) where one is offered (find-links) and the CUDA build from PyPI on a
+# GPU machine.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --compile -e '.[dev]'
+	$(PY) -m pip install -q --compile -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 setup: $(STAMP)

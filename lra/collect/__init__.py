@@ -33,6 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from lra import REPO_ROOT
+from lra.cli import Parser
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
 from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
 from lra.files import write_text
@@ -148,9 +149,15 @@ def out_problem(out: Path) -> str | None:
     return None
 
 
+EXAMPLES = """examples:
+  python -m lra.collect                                  # every run under runs/ -> runs/tables (make tables)
+  python -m lra.collect --preset quick --no-plots        # the quick preset's tables only
+  python -m lra.collect --compare skeinformer --drop-empty --runs /scratch/runs --out report/"""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lra.collect", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m lra.collect", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, default=None, help="runs root (default $LRA_RUNS or runs/)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default <runs>/tables)")
     p.add_argument("--format", default="csv,tex,md", help="comma list of csv, tex, md (default all)")
