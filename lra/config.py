@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -262,6 +263,7 @@ class TrainSpec:
     stuck_loss_tol: float = 0.02
     stuck_acc_tol: float = 0.01
     monitor: str = "val/acc"  # what the best checkpoint maximises (acc) or minimises (loss)
+    compile: Any = "auto"  # torch.compile the classifier: auto (on CUDA) | True | False
 
     def __post_init__(self):
         _int("train.batch_size", self.batch_size, 1)
@@ -286,6 +288,7 @@ class TrainSpec:
         _num("train.stuck_loss_tol", self.stuck_loss_tol, 0.0)
         _num("train.stuck_acc_tol", self.stuck_acc_tol, 0.0)
         _choice("trainer.monitor", self.monitor, ("val/acc", "val/loss"))
+        _choice("train.compile", self.compile, ("auto", True, False))
 
 
 @dataclass(frozen=True)
@@ -315,7 +318,10 @@ class HardwareSpec:
     strategy: str = "auto"
     precision: str = "32-true"  # resolved for the device trained on
     precision_setting: str = "auto"
-    num_workers: int = 0
+    num_workers: int = 0  # resolved: trainer.num_workers=auto is min(4, cores - 1) on CUDA, 0 on a CPU
+    pin_memory: bool = False  # on CUDA: page-locked batches, copied without blocking
+    compile: bool = False  # resolved train.compile (and what the backend declares it can)
+    compile_note: str | None = None  # why a requested compile runs eager
     deterministic: bool = False
 
     def __post_init__(self):
@@ -353,6 +359,7 @@ class RunSpec:
     num_threads: int | None = None
     progress: bool = True
     log_every_n_steps: int = 50
+    search: dict | None = None  # a trial of an Optuna search: storage, study, trial (lra/search.py)
     fit_cache_dir: Path | None = None  # None: decisions are not cached
     config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
 
@@ -385,6 +392,7 @@ class RunSpec:
         interval, logger, progress bar; the data by the fingerprint of its arrays)."""
         train = dataclasses.asdict(self.train)
         train.pop("ckpt_every_steps")
+        train.pop("compile")  # compiled or eager, the same weights continue
         # how the data was obtained (generated, downloaded) is not what it is: the fingerprint says that
         task = {k: v for k, v in self.data.options.items() if k not in ("generate", "download")}
         key = {"version": RESUME_KEY_VERSION, "train": train, "model": self.model.kwargs(),
@@ -430,6 +438,20 @@ def _devices(d) -> int:
     return max(1, len(list(d)))
 
 
+def _workers(setting, on_cuda: bool):
+    if setting != "auto":
+        return setting  # checked by HardwareSpec
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(4, cores - 1)) if on_cuda else 0  # the loader is ~10^4x faster than a step: a few suffice
+
+
+def _compile(setting, on_cuda: bool, backend: str) -> tuple[bool, str | None]:
+    wanted = setting is True or (setting == "auto" and on_cuda)
+    if wanted and not attention.capabilities(backend).compiles:
+        return False, f"attention {backend!r} declares it cannot be compiled (attention.capabilities): eager"
+    return wanted, None
+
+
 def _hardware(cfg: DictConfig) -> HardwareSpec:
     hw, tr = cfg.hardware, cfg.trainer
     total = hw.get("total_gib")
@@ -440,12 +462,14 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
         total = int(torch.cuda.get_device_properties(0).total_memory)
     accelerator = str(tr.accelerator)
     on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+    compile_, note = _compile(cfg.train.get("compile", "auto"), on_cuda, str(cfg.attn.name))
     return HardwareSpec(
         name=str(hw.name), total_bytes=total, cuda_context_gib=float(hw.get("cuda_context_gib") or 0.0),
         allocator_margin=float(hw.get("allocator_margin") or 0.0), micro_batch=hw.get("micro_batch"),
         accelerator=accelerator, devices=_devices(_container(tr.devices)), devices_arg=_container(tr.devices),
         strategy=str(tr.strategy), precision=resolve_precision(str(tr.precision), on_cuda),
-        precision_setting=str(tr.precision), num_workers=tr.num_workers, deterministic=bool(tr.deterministic))
+        precision_setting=str(tr.precision), num_workers=_workers(tr.num_workers, on_cuda), pin_memory=on_cuda,
+        compile=compile_, compile_note=note, deterministic=bool(tr.deterministic))
 
 
 def _build(cls, prefix: str, values: dict, **fixed):
@@ -479,6 +503,6 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         data=DataSpec(task=str(task["name"]), root=data_root(cfg.data_root), options=task),
         hardware=_hardware(cfg), logger=_container(cfg.logger), run_dir=Path(run_dir) if run_dir else None,
         force=bool(cfg.force), num_threads=cfg.num_threads, progress=bool(cfg.trainer.progress),
-        log_every_n_steps=int(cfg.trainer.log_every_n_steps),
+        log_every_n_steps=int(cfg.trainer.log_every_n_steps), search=_container(cfg.get("search")),
         fit_cache_dir=Path(str(fit.cache_dir)) if fit.get("cache", True) and fit.get("cache_dir") else None,
         config=config)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 
 import lightning as L
 import numpy as np
@@ -59,13 +60,50 @@ def set_rng_states(s: dict) -> None:
 class LitLRA(L.LightningModule):
     """The classifier of ``model`` trained under ``train`` (the protocol: lr, schedule, clipping)."""
 
-    def __init__(self, model: ModelSpec, train: TrainSpec, resume_key: str | None = None):
+    def __init__(self, model: ModelSpec, train: TrainSpec, resume_key: str | None = None, compile: bool = False):
         super().__init__()
         self.spec, self.train_spec, self.resume_key = model, train, resume_key
         self.save_hyperparameters({"model": dataclasses.asdict(model), "train": dataclasses.asdict(train)})
         self.model = build_model(model)
+        self.compiled, self.compile_time_s = compile, None
         self._sums = {}
         self._rng_to_restore = None
+
+    # compilation -------------------------------------------------------------------------------
+    def on_fit_start(self):
+        if self.compiled and self.compile_time_s is None:
+            self.compile_time_s = self._compile()
+
+    def _compile(self) -> float:
+        """``torch.compile`` the classifier's forward in place (state_dict keys stay those of the eager
+        model, so checkpoints are interchangeable) and compile its training and evaluation graphs now,
+        on a synthetic batch of the training shape with the batch dimension dynamic (the last, partial
+        batch and evaluation batches reuse them): compilation is timed apart from training. Every
+        backend traces as one graph whatever the padding (tests/test_compile.py). RNG states and
+        gradients are left as they were."""
+        torch._dynamo.reset()  # one process may build several models (tests, benchmarks)
+        self.model.compile()
+        s, dev, b = self.spec, self.device, self.trainer.datamodule.batch_size
+        shape = (b, 2, s.seq_len) if s.dual else (b, s.seq_len)
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else [], device_type=dev.type):
+            tokens = torch.randint(1, s.vocab_size, shape, device=dev)
+            mask = torch.arange(s.seq_len, device=dev) < torch.randint(1, s.seq_len + 1, shape[:-1], device=dev)[..., None]
+            labels = torch.randint(0, s.num_classes, (b,), device=dev)
+            torch._dynamo.mark_dynamic(tokens, 0)
+            torch._dynamo.mark_dynamic(mask, 0)
+            with self.trainer.precision_plugin.forward_context():
+                loss, _ = loss_and_correct(self.model(tokens, mask), labels)
+            loss.backward()
+            self.model.eval()
+            with torch.no_grad(), self.trainer.precision_plugin.forward_context():
+                self.model(tokens, mask)
+            self.model.train()
+        for p in self.parameters():
+            p.grad = None
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - start
 
     def forward(self, tokens, mask):
         return self.model(tokens, mask)

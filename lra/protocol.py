@@ -30,10 +30,11 @@ from lra.data.base import Split
 class StepProgress(L.Callback):
     """One bar over optimizer steps (not epochs), with ETA, train loss and the last validation accuracy."""
 
-    def __init__(self, max_steps: int):
+    def __init__(self, max_steps: int, every_s: float = 1.0):
         self.max_steps = max_steps
         self.bar = None
         self.last = 0
+        self.every_s, self._posted = every_s, 0.0  # reading a metric syncs the GPU: at most once a second
 
     def on_train_start(self, trainer, pl_module):
         self.last = trainer.global_step
@@ -45,6 +46,9 @@ class StepProgress(L.Callback):
             return
         self.bar.update(trainer.global_step - self.last)
         self.last = trainer.global_step
+        if time.monotonic() - self._posted < self.every_s:
+            return
+        self._posted = time.monotonic()
         m = trainer.callback_metrics
         post = {k.split("/")[-1] if k.startswith("train") else k.replace("/", "_"): f"{float(v):.3f}"
                 for k, v in m.items() if k in ("train/loss", "val/acc")}
@@ -168,6 +172,7 @@ class RunGuard(L.Callback):
         self.baseline_loss, self.majority_acc = float(baseline_loss), float(majority_acc)
         self.stuck_after = int(stuck_after) if stuck_after else None
         self.loss_tol, self.acc_tol = float(loss_tol), float(acc_tol)
+        self.check_every, self._losses = 25, []
         self.status = None
         self.reason = None
         self.at_chance = False  # the last evaluation looked like chance (reported even when not stopping)
@@ -178,12 +183,27 @@ class RunGuard(L.Callback):
         trainer.should_stop = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        """Non-finite losses are checked every step on a CPU, every ``check_every`` on a GPU (one host
+        sync for all of them), and the first bad one is reported."""
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is not None and not torch.isfinite(loss.detach()).all():
-            self._stop(trainer, "failed", f"diverged: non-finite training loss ({float(loss):g}) at optimizer step "
-                                          f"{trainer.global_step}, batch {batch_idx}")
+        if loss is None or self.status is not None:
+            return
+        self._losses.append((trainer.global_step, batch_idx, loss.detach().float().reshape(())))
+        if loss.device.type == "cpu" or len(self._losses) >= self.check_every:
+            self._check_losses(trainer)
+
+    def _check_losses(self, trainer):
+        losses, self._losses = self._losses, []
+        if not losses or self.status is not None:
+            return
+        bad = (~torch.isfinite(torch.stack([x for _, _, x in losses]))).nonzero()
+        if len(bad):
+            step, batch, value = losses[int(bad[0])]
+            self._stop(trainer, "failed", f"diverged: non-finite training loss ({float(value):g}) at optimizer "
+                                          f"step {step}, batch {batch}")
 
     def on_validation_end(self, trainer, pl_module):
+        self._check_losses(trainer)
         if trainer.sanity_checking or self.status is not None:
             return
         m = trainer.callback_metrics

@@ -75,16 +75,17 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
         rec["resumed_from_step"] = start
         _write(run_dir, rec)  # status "running": the decision is visible before training starts
 
-        lit = LitLRA(spec.model, spec.train, resume_key=key)
+        lit = LitLRA(spec.model, spec.train, resume_key=key, compile=spec.hardware.compile)
         rec["num_params"] = count_params(lit)
-        cb = callbacks(spec, splits["val"], ckpt_dir, extra=[WandbTables()] if spec.logger["name"] == "wandb" else [])
+        cb = callbacks(spec, splits["val"], ckpt_dir, extra=_extra_callbacks(spec))
         trainer = make_trainer(spec, p, cb, make_logger(spec, run_dir, start))
         rec.update(_device_fields(spec, trainer, p))
         dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
-                           seed=spec.seed, num_workers=spec.hardware.num_workers)
+                           seed=spec.seed, num_workers=spec.hardware.num_workers, pin_memory=spec.hardware.pin_memory)
         trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
 
-        rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p))
+        rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p),
+                   compiled=spec.hardware.compile, compile_time_s=lit.compile_time_s)
         out = outcome(spec, trainer, cb)
         rec.update(out.fields)
         if out.status != "failed":
@@ -240,6 +241,17 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
     return trainer
 
 
+def _extra_callbacks(spec: RunSpec) -> list:
+    """W&B tables (logger=wandb); an Optuna trial's pruning (optuna is the sweep extra: imported only
+    for a search trial)."""
+    extra = [WandbTables()] if spec.logger["name"] == "wandb" else []
+    if spec.search:
+        from lra.pruning import OptunaPruning  # noqa: PLC0415 - optional dependency, not a cycle
+
+        extra.append(OptunaPruning(spec.search["storage"], spec.search["study"], int(spec.search["trial"])))
+    return extra
+
+
 def _plan_fields(p: Plan) -> dict:
     return dict(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
                 devices=p.devices, accum_source=p.source, peak_mem_estimate_bytes=p.estimate_bytes,
@@ -255,8 +267,11 @@ def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
                     spec.model.seq_len, spec.task, spec.attn.label)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if spec.hardware.compile_note:
+        log.warning("%s", spec.hardware.compile_note)
     return {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-            "precision": spec.hardware.precision}
+            "precision": spec.hardware.precision, "loader_workers": spec.hardware.num_workers,
+            "compiled": spec.hardware.compile, "compile_note": spec.hardware.compile_note}
 
 
 def _peak_memory(trainer: L.Trainer, p: Plan) -> dict:
@@ -341,9 +356,17 @@ def check_writable(folder: Path) -> None:
                           f"you can write")
 
 
+HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package", "-m",
+               "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+               "--config-dir", "-i", "--info", "--experimental-rerun"}
+
+
 def main() -> None:
     args = sys.argv[1:]
     try:
+        unknown = [a for a in args if a.startswith("-") and a.split("=")[0] not in HYDRA_FLAGS]
+        if unknown:
+            raise ConfigError(f"unknown argument {unknown[0]!r}: overrides are key=value (python -m lra.train --help)")
         if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
             spec = load(args)  # every value checked before Hydra makes the run folder
             check_writable(Path(spec.config["runs_root"]))

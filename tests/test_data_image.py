@@ -69,7 +69,7 @@ def write_parquet(root: Path) -> Path:
 
 
 def write_hf_disk(root: Path) -> Path:
-    import datasets
+    datasets = pytest.importorskip("datasets")  # the `data` extra; absent on some machines
     from PIL import Image
 
     feats = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})

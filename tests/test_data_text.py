@@ -62,7 +62,7 @@ def write_parquet(root: Path) -> Path:
 
 
 def write_hf_disk(root: Path) -> Path:
-    import datasets
+    datasets = pytest.importorskip("datasets")  # the `data` extra; absent on some machines
 
     dd = datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": [t for t, _ in rows(s)],
                                                               "label": [l for _, l in rows(s)]})

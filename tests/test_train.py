@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from lra.config import compose, load
 from lra.files import write_json
@@ -89,3 +90,28 @@ def test_atomic_json_never_half_written(tmp_path):
     with pytest.raises(TypeError):
         write_json(target, {"a": object()})
     assert json.loads(target.read_text()) == {"a": 1} and len(list(tmp_path.iterdir())) == 1
+
+
+def test_compile_setting_resolves_per_device_and_backend(monkeypatch):
+    import attention
+
+    assert load(["experiment=quick"]).hardware.compile is torch.cuda.is_available()  # auto: on CUDA only
+    assert load(["experiment=quick", "train.compile=true"]).hardware.compile is True
+    assert load(["experiment=quick", "train.compile=false"]).hardware.compile is False
+    monkeypatch.setattr(attention, "capabilities", lambda name: attention.Capabilities(compiles=False))
+    hw = load(["experiment=quick", "train.compile=true"]).hardware
+    assert hw.compile is False and "cannot be compiled" in hw.compile_note
+
+
+@pytest.mark.slow
+def test_compiled_run_end_to_end_records_compile_time_apart(tmp_path):
+    """train.compile=true on the CPU (inductor): the record says compiled, the compilation is timed
+    apart from training, and the result matches the eager run of the same seed."""
+    run_train(tmp_path / "eager", *TINY, "attn=skeinformer", "train.compile=false")
+    run_train(tmp_path / "compiled", *TINY, "attn=skeinformer", "train.compile=true")
+    eager, comp = (json.loads(next((tmp_path / d / "runs").rglob("result.json")).read_text())
+                   for d in ("eager", "compiled"))
+    assert comp["compiled"] is True and eager["compiled"] is False and eager["compile_time_s"] is None
+    assert comp["compile_time_s"] > comp["train_time_s"] > 0  # seconds of inductor vs 12 tiny steps
+    assert comp["steps"] == eager["steps"] == 12
+    assert comp["test_loss"] == pytest.approx(eager["test_loss"], abs=1e-3)

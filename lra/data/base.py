@@ -66,3 +66,13 @@ def worker_pool(workers: int):
     fork of this one: a fork copies locks that another thread holds at that instant (a logging or
     stdout lock while the output pipe is full, torch's thread pools) and such a worker waits forever."""
     return mp.get_context("forkserver").Pool(workers)
+
+
+def hf_datasets(why: str):
+    """Hugging Face ``datasets`` (the ``data`` extra), or a one-line DataError saying how to get it."""
+    try:
+        import datasets  # noqa: PLC0415 - optional dependency, only for the HF formats
+    except ImportError:
+        raise DataError(f"{why} needs the `datasets` package: pip install 'lra-harness[data]' "
+                        f"(or pip install datasets)") from None
+    return datasets

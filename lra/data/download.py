@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lra.data.base import DataError
+from lra.data.base import DataError, hf_datasets
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +120,7 @@ def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = 
 
 # ------------------------------------------------------------------------------ datasets route
 def _load_dataset(src: HubSource, where: str, tmp: Path, out: Path) -> dict:
-    try:
-        import datasets
-    except ImportError:
-        raise DataError("task.download=true needs the `datasets` package: pip install datasets") from None
+    datasets = hf_datasets("task.download=true")
     # The download cache lives in the dot folder: a retry reuses the files already fetched, and nothing
     # is left in ~/.cache once the data is in place.
     try:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.data.base import DataError, Split
+from lra.data.base import DataError, Split, hf_datasets
 from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
@@ -187,7 +187,7 @@ def read_parquet(folder: Path, files: dict) -> dict:
 
 
 def read_hf_disk(folder: Path) -> dict:
-    import datasets
+    datasets = hf_datasets(f"reading {folder}")
 
     try:
         dd = datasets.load_from_disk(str(folder))

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lra.data.base import DataError, Split
+from lra.data.base import DataError, Split, hf_datasets
 from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
@@ -228,7 +228,7 @@ def _rows_from_dataset(ds, where) -> list[tuple[int, bytes]]:
 
 
 def read_hf_disk(folder: Path) -> Rows:
-    import datasets
+    datasets = hf_datasets(f"reading {folder}")
 
     try:
         dd = datasets.load_from_disk(str(folder))
@@ -242,7 +242,7 @@ def read_hf_disk(folder: Path) -> Rows:
 
 
 def read_hf_arrow(files: list[Path]) -> Rows:
-    import datasets
+    datasets = hf_datasets(f"reading {files[0].parent}")
 
     out: Rows = {s: [] for s in SPLITS}
     for f in files:
