@@ -48,8 +48,8 @@ from attention.softmax import key_mask
 
 @dataclass(frozen=True)
 class BigBirdOptions:
-    block_size: int = 64
-    random_blocks: int = 3
+    block_size: int = 64  # tokens per block, the unit of the sparse pattern
+    random_blocks: int = 3  # random key blocks each query block attends to
     window_blocks: int = 3  # odd: the block itself and (window_blocks-1)/2 on each side
     redraw: str = "fixed"  # "fixed": one pattern per module (per block count); "per_call": new every forward
 

@@ -28,7 +28,7 @@ from attention.registry import AttentionBackend, Capabilities, check_range, full
 
 @dataclass(frozen=True)
 class LinearOptions:
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the normaliser phi(q)·sum phi(k)
 
     def __post_init__(self):
         check_range("eps", self.eps, 0.0, 1.0)

@@ -42,8 +42,8 @@ from attention.softmax import key_mask
 
 @dataclass(frozen=True)
 class NystromOptions:
-    landmarks: int = 256
-    pinv_iterations: int = 6
+    landmarks: int = 256  # m: segment-mean landmarks of Q and K (over real tokens)
+    pinv_iterations: int = 6  # iterations of the landmark kernel's iterative pseudo-inverse
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off, else odd
 
     def __post_init__(self):

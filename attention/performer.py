@@ -41,7 +41,7 @@ from attention.softmax import key_mask
 
 @dataclass(frozen=True)
 class PerformerOptions:
-    features: int = 256
+    features: int = 256  # m: positive random features (FAVOR+)
     redraw: str = "fixed"  # "fixed": drawn once at construction; "per_call": new ω every forward
     orthogonal: bool = True  # False: iid Gaussian ω (the plain positive random features)
 

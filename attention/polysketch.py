@@ -187,10 +187,10 @@ def _check_common(o) -> None:
 
 @dataclass(frozen=True)
 class PolynomialOptions:
-    degree: int = 4
-    normalizer_bias: float = 1.0
-    causal: bool = False
-    qk_norm: str = "layernorm"
+    degree: int = 4  # p: the even power of the kernel (q·k)^p
+    normalizer_bias: float = 1.0  # added to each row's normaliser
+    causal: bool = False  # attend to earlier positions only
+    qk_norm: str = "layernorm"  # normalise q and k before the kernel (layernorm) or not
 
     def __post_init__(self):
         check_range("degree", self.degree, 2, 64, integer=True)
@@ -222,12 +222,12 @@ class PolynomialAttention(_PolyBase):
 @dataclass(frozen=True)
 class PolySketchOptions:
     sketch_size: int = 32  # r
-    sketch: str = "srht"
-    redraw: str = "fixed"
-    normalizer_bias: float = 1.0
-    causal: bool = False
-    block_size: int = 256
-    qk_norm: str = "layernorm"
+    sketch: str = "srht"  # SRHT/TensorSRHT (the paper) or dense Gaussian sketches
+    redraw: str = "fixed"  # fixed: sketches drawn once per module; per_call: every forward
+    normalizer_bias: float = 1.0  # added to each row's normaliser
+    causal: bool = False  # attend to earlier positions only (block lower-triangular)
+    block_size: int = 256  # block length of the causal block lower-triangular product
+    qk_norm: str = "layernorm"  # normalise q and k before sketching (layernorm) or not
 
     def __post_init__(self):
         check_range("sketch_size", self.sketch_size, 1, 1024, integer=True)

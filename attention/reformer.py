@@ -46,7 +46,7 @@ from attention.softmax import key_mask
 
 @dataclass(frozen=True)
 class ReformerOptions:
-    n_hashes: int = 2
+    n_hashes: int = 2  # rounds of LSH bucketing (duplicates counted once)
     bucket_size: int = 64  # chunk length m; ≈ the average bucket size
     redraw: str = "per_call"  # "per_call": new rotations every forward; "fixed": one set per module
 

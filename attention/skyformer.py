@@ -86,7 +86,7 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------- kernelized
 @dataclass(frozen=True)
 class KernelizedOptions:
-    dropout: float = 0.1
+    dropout: float = 0.1  # dropout on the Gaussian kernel matrix C (training only)
 
     def __post_init__(self):
         check_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
@@ -112,13 +112,13 @@ class KernelizedAttention(AttentionBackend):
 # ----------------------------------------------------------------------------------- skyformer
 @dataclass(frozen=True)
 class SkyformerOptions:
-    num_landmarks: int = 256
-    gamma: float = 0.1
-    ns_iters: int = 6
-    ns_init: str = "identity"
-    inverse: str = "newton_schulz"
-    replacement: bool = False
-    redraw: str = "per_call"
+    num_landmarks: int = 256  # d: landmark rows of [Q; K] for the Nystrom approximation
+    gamma: float = 0.1  # gamma: the ridge gamma*I added to the landmark kernel
+    ns_iters: int = 6  # Newton-Schulz iterations for the landmark kernel's inverse
+    ns_init: str = "identity"  # start of the Newton-Schulz iteration: identity-scaled or the public code's colsum
+    inverse: str = "newton_schulz"  # newton_schulz (the paper) or an exact solve
+    replacement: bool = False  # draw landmarks with replacement (the paper) instead of without
+    redraw: str = "per_call"  # per_call: new landmarks every forward; fixed: drawn once
 
     def __post_init__(self):
         check_range("num_landmarks", self.num_landmarks, 1, None, integer=True)

@@ -24,9 +24,9 @@ from attention.registry import AttentionBackend, Capabilities, check_choice, che
 
 @dataclass(frozen=True)
 class SoftmaxOptions:
-    dropout: float = 0.1
-    impl: str = "fused"
-    causal: bool = False
+    dropout: float = 0.1  # dropout on the attention weights (the papers' Standard: 0.1)
+    impl: str = "fused"  # fused: SDPA kernels; materialized: the n x n matrix, as the papers
+    causal: bool = False  # attend to earlier positions only
 
     def __post_init__(self):
         check_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)

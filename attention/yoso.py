@@ -184,9 +184,9 @@ def _check_common(o) -> None:
 @dataclass(frozen=True)
 class YosoEOptions:
     hash_bits: int | None = None  # τ; None: ⌈log2(max_len)⌉
-    backward: str = "lower_bound"
-    output_norm: str = "l2"
-    conv_kernel: int = 0
+    backward: str = "lower_bound"  # lower_bound: the paper's surrogate gradient; exact: the true derivative of E[B]
+    output_norm: str = "l2"  # l2: normalise output rows (the YOSO code) or none
+    conv_kernel: int = 0  # depthwise conv residual on V; 0 = off
 
     def __post_init__(self):
         _check_common(self)
@@ -197,9 +197,9 @@ class YosoEOptions:
 class YosoOptions:
     num_hashes: int = 32  # m
     hash_bits: int | None = None  # τ; None: ⌈log2(max_len)⌉
-    redraw: str = "per_call"
-    output_norm: str = "l2"
-    conv_kernel: int = 0
+    redraw: str = "per_call"  # per_call: new hyperplanes every forward; fixed: drawn once
+    output_norm: str = "l2"  # l2: normalise output rows (the YOSO code) or none
+    conv_kernel: int = 0  # depthwise conv residual on V; 0 = off
 
     def __post_init__(self):
         _check_common(self)
