@@ -22,6 +22,7 @@ from attention.registry import (
     check_range,
     describe,
     full_mask,
+    load_external,
     make_options,
     option_defaults,
     option_info,
@@ -31,6 +32,6 @@ from attention.registry import (
 
 __all__ = [
     "AttentionBackend", "Capabilities", "InvalidOption", "NoOptions", "available", "build",
-    "capabilities", "check_choice", "check_range", "describe", "full_mask", "make_options",
+    "capabilities", "check_choice", "check_range", "describe", "full_mask", "load_external", "make_options",
     "option_defaults", "option_info", "options_class", "register",
 ]

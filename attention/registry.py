@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import importlib
+import importlib.metadata
 import inspect
+import os
 import pkgutil
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -110,16 +113,57 @@ def register(name: str, *, defaults: dict | None = None, doc: str = "",
     return deco
 
 
+ENTRY_POINTS = "lra_harness.attention"  # entry-point group of backends that live in other packages
+
+
 def _load_all() -> None:
+    """Import this package's modules, then the backends other packages announce: the entry points of
+    group ``lra_harness.attention`` (a module or an AttentionBackend class each) and the modules named
+    in ``$LRA_ATTENTION_MODULES`` (comma-separated). Registered that way, a backend is one like ours:
+    ``attn=<name>``, typed options, the fit, the contract checks, the tables."""
     global _LOADED
     if _LOADED:
         return
+    _LOADED = True  # before the imports: a module being imported may call available()
     import attention
 
     for mod in sorted(pkgutil.iter_modules(attention.__path__), key=lambda m: m.name):
         if not mod.name.startswith("_"):
             importlib.import_module(f"attention.{mod.name}")
-    _LOADED = True
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        _adopt(ep.load(), ep.name)
+    for mod in filter(None, (m.strip() for m in os.environ.get("LRA_ATTENTION_MODULES", "").split(","))):
+        importlib.import_module(mod)
+
+
+def _adopt(obj, name: str) -> str:
+    """Register ``obj`` (an AttentionBackend class) under ``name`` unless it registered itself."""
+    if isinstance(obj, type) and issubclass(obj, AttentionBackend):
+        known = [e.name for e in _REGISTRY.values() if e.cls is obj]
+        if known:
+            return known[0]
+        register(name)(obj)
+        return name
+    if obj is None or isinstance(obj, types.ModuleType):  # a module whose import registered its backends
+        return name
+    raise TypeError(f"{name}: {obj!r} is not an attention.AttentionBackend subclass or a module")
+
+
+def load_external(target: str) -> str:
+    """Import ``package.module:ClassName`` and return its registry name (the name it registered itself
+    under, else the class name). Errors say what to fix in one line."""
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise InvalidOption(f"attn.target={target!r}: expected 'package.module:ClassName'")
+    _load_all()
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise InvalidOption(f"attn.target={target!r} cannot be imported ({type(e).__name__}: {e}); is its package "
+                            f"installed or on PYTHONPATH?") from None
+    if not (isinstance(obj, type) and issubclass(obj, AttentionBackend)):
+        raise InvalidOption(f"attn.target={target!r} is not a subclass of attention.AttentionBackend")
+    return _adopt(obj, obj.__name__)
 
 
 def available() -> list[str]:

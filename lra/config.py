@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import attention
@@ -64,6 +64,8 @@ def _tag(override_dirname: str = "") -> str:
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("lra.repo", lambda: str(REPO_ROOT), replace=True)
     OmegaConf.register_new_resolver("lra.tag", _tag, replace=True)
+    OmegaConf.register_new_resolver("lra.attr", lambda target: str(target).partition(":")[2] or str(target),
+                                    replace=True)
 
 
 def _config_type(tp):
@@ -91,10 +93,25 @@ def attention_node(name: str) -> type:
     ])
 
 
+@dataclass
+class ExternalAttention:
+    """``attn=external attn.target=package.module:ClassName``: a backend from the user's own package,
+    imported when the config is resolved; its options (``+attn.options.k=64``: the ``+`` because the
+    node cannot know them before the import) are checked against its Options dataclass there. Registered through an entry point or
+    $LRA_ATTENTION_MODULES instead, a backend gets its own typed node: ``attn=<name>``."""
+
+    name: str = "external"
+    target: str = MISSING
+    label: str = "${lra.attr:${.target}}"  # the run folder and table name: the class name by default
+    base_options: Dict[str, Any] = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
 def register_attention_configs() -> None:
     store = ConfigStore.instance()
     for name in attention.available():
         store.store(group="attn", name=name, node=attention_node(name))
+    store.store(group="attn", name="external", node=ExternalAttention)
 
 
 def attn_configs() -> list[str]:
@@ -472,6 +489,16 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
         compile=compile_, compile_note=note, deterministic=bool(tr.deterministic))
 
 
+def _external(cfg: DictConfig) -> None:
+    """Import ``attn.target`` and put its registry name (and the label) in place of ``external``."""
+    try:
+        name = attention.load_external(str(cfg.attn.target))
+    except attention.InvalidOption as e:
+        raise ConfigError(str(e)) from None
+    with open_dict(cfg):
+        cfg.attn.name = name
+
+
 def _build(cls, prefix: str, values: dict, **fixed):
     known = {f.name for f in dataclasses.fields(cls)} - set(fixed)
     unknown = sorted(set(values) - known)
@@ -487,6 +514,8 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     ``cfg.run_dir`` where a caller set one.
     """
     run_dir = run_dir if run_dir is not None else cfg.get("run_dir")
+    if cfg.attn.name == "external":
+        _external(cfg)
     options, preset_options = attention_options(cfg)
     attn = AttnSpec(name=str(cfg.attn.name), label=str(cfg.attn.label), options=options,
                     preset_options=preset_options,

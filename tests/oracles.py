@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from attention.testing import padding_shift  # noqa: F401 - the contract's, shared with the oracle tests
+
 
 def rand_qkv(n, seed, b=2, h=2, p=8, scale=1.0):
     """Gaussian q, k, v (b, h, n, p) in float64."""
@@ -42,16 +44,3 @@ def dense_softmax(q, k, v, mask, allowed=None):
                     s = k[b, h, keys] @ q[b, h, i] / math.sqrt(q.shape[-1])
                     out[b, h, i] = torch.softmax(s, 0) @ v[b, h, keys]
     return out
-
-
-def padding_shift(module, q, k, v, mask, *, scale=10.0, call_seed=1, noise_seed=2):
-    """Largest change of the output at real positions when the padded positions of q, k, v are
-    replaced by noise of ``scale`` (same torch seed for both calls, so sampling is identical)."""
-    torch.manual_seed(call_seed)
-    out1 = module(q, k, v, mask)
-    pad = ~mask[:, None, :, None]
-    g = torch.Generator().manual_seed(noise_seed)
-    q2, k2, v2 = (torch.where(pad, scale * torch.randn(t.shape, generator=g), t) for t in (q, k, v))
-    torch.manual_seed(call_seed)
-    out2 = module(q2, k2, v2, mask)
-    return (out1 - out2)[mask[:, None, :, None].expand_as(out1)].abs().max()
