@@ -99,12 +99,12 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
 
 def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
     log = open(tmp_path / "first.log", "w")  # not a pipe: nobody reads it while the second command runs
-    first = subprocess.Popen([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=400", "train.patience=null"],
+    first = subprocess.Popen([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
                              env=_env(tmp_path, "runs"), stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list((tmp_path / "runs").rglob("last.ckpt")):  # training, lock held
         time.sleep(0.05)
-    second = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=400", "train.patience=null"],
+    second = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
                             env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
     assert second.returncode == 75, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"pid {first.pid}" in second.stdout + second.stderr and "in use by" in second.stdout + second.stderr
@@ -114,7 +114,7 @@ def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
         rows = [tuple(r.items()) for r in csv.DictReader(f)]
     assert len(rows) == len(set(rows)) and rows
     # the lock does not outlive its holder: the same command now reports the finished run
-    again = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=400", "train.patience=null"],
+    again = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
                            env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "already holds a finished run" in again.stdout + again.stderr
 
