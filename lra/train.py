@@ -38,12 +38,12 @@ from lra.config import ConfigError, RunSpec, load, resolve
 from lra.data import DataError, Split, fingerprint, load_task
 from lra.data.module import LRADataModule
 from lra.fit import FitError, Plan, plan
-from lra.loggers import make_logger
+from lra.loggers import check_loggers, make_logger
 from lra.module import LitLRA, count_params
 from lra.protocol import FINISHED, Callbacks, callbacks, measured, outcome
 from lra.record import new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, hold
-from lra.wandb_extras import WandbTables, log_record
+from lra.wandb_extras import log_record
 
 log = logging.getLogger("lra.train")
 
@@ -77,8 +77,9 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
 
         lit = LitLRA(spec.model, spec.train, resume_key=key)
         rec["num_params"] = count_params(lit)
-        cb = callbacks(spec, splits["val"], ckpt_dir, extra=[WandbTables()] if spec.logger["name"] == "wandb" else [])
-        trainer = make_trainer(spec, p, cb, make_logger(spec, run_dir, start))
+        logs = make_logger(spec, run_dir, start)  # metrics.csv, logger=[...], their callbacks (EvalLog, W&B)
+        cb = callbacks(spec, splits["val"], ckpt_dir, extra=logs.callbacks)
+        trainer = make_trainer(spec, p, cb, logs.loggers)
         rec.update(_device_fields(spec, trainer, p))
         dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
                            seed=spec.seed, num_workers=spec.hardware.num_workers)
@@ -278,8 +279,8 @@ def _warn_about(rec: dict, cb: Callbacks) -> None:
 
 def _finish(spec: RunSpec, rec: dict, trainer: L.Trainer | None) -> None:
     _write(spec.run_dir, rec)
-    if trainer is not None and spec.logger["name"] == "wandb" and trainer.is_global_zero:
-        log_record(trainer.logger, rec, spec.run_dir)
+    if trainer is not None and trainer.is_global_zero:
+        log_record(trainer.loggers, rec, spec.run_dir)  # to W&B, if among the loggers
     if getattr(rank_zero_only, "rank", 0) != 0:
         return
     last = spec.run_dir / "checkpoints" / "last.ckpt"
@@ -347,6 +348,7 @@ def main() -> None:
         if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
             spec = load(args)  # every value checked before Hydra makes the run folder
             check_writable(Path(spec.config["runs_root"]))
+            check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
         _hydra_main()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
