@@ -64,10 +64,11 @@ def check_loggers(names) -> None:
     if unknown:
         raise ConfigError(f"logger={','.join(unknown)} is not allowed: one of {', '.join(LOGGERS)}, or a list of "
                           f"them such as logger=[wandb,tensorboard]")
-    if "tensorboard" in names and not (_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE):
-        raise ConfigError("logger=tensorboard needs the tensorboard package: pip install 'lra-harness[tensorboard]'")
-    if "wandb" in names and not _importable("wandb"):
-        raise ConfigError("logger=wandb needs the wandb package: pip install 'lra-harness[wandb]'")
+    installed = {"wandb": _importable("wandb"), "tensorboard": bool(_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE)}
+    missing = [n for n in names if not installed.get(n, True)]
+    if missing:
+        raise ConfigError(f"logger={','.join(missing)} needs the package{'s' * (len(missing) > 1)} "
+                          f"{' and '.join(missing)}: pip install 'lra-harness[{','.join(missing)}]'")
 
 
 def _importable(name: str) -> bool:

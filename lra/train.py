@@ -347,8 +347,8 @@ def main() -> None:
     try:
         if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
             spec = load(args)  # every value checked before Hydra makes the run folder
-            check_writable(Path(spec.config["runs_root"]))
             check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
+            check_writable(Path(spec.config["runs_root"]))
         _hydra_main()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
