@@ -370,7 +370,7 @@ class RunSpec:
     train: TrainSpec
     data: DataSpec
     hardware: HardwareSpec
-    logger: dict = field(default_factory=lambda: {"name": "csv"})
+    logger: dict = field(default_factory=lambda: {"csv": {}})  # logger name -> its node (conf/logger/)
     run_dir: Path | None = None
     force: bool = False
     num_threads: int | None = None
@@ -383,7 +383,8 @@ class RunSpec:
     def __post_init__(self):
         _int("seed", self.seed, 0)
         _int("num_threads", self.num_threads, 1, optional=True)
-        _choice("logger.name", self.logger.get("name"), ("csv", "wandb"))
+        _check(set(self.logger) <= {"csv", "wandb", "tensorboard"}, "logger", list(self.logger),
+               "csv, wandb, tensorboard, or a list of them: logger=[wandb,tensorboard]")
         per_device, rest = divmod(self.train.batch_size, self.hardware.devices)
         _check(rest == 0, "train.batch_size", self.train.batch_size,
                f"a multiple of the {self.hardware.devices} devices (trainer.devices)")
@@ -530,7 +531,8 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     return RunSpec(
         preset=str(cfg.preset), seed=cfg.seed, model=model, train=train,
         data=DataSpec(task=str(task["name"]), root=data_root(cfg.data_root), options=task),
-        hardware=_hardware(cfg), logger=_container(cfg.logger), run_dir=Path(run_dir) if run_dir else None,
+        hardware=_hardware(cfg), logger=_container(cfg.get("logger") or {}),  # logger=[]: metrics.csv alone
+        run_dir=Path(run_dir) if run_dir else None,
         force=bool(cfg.force), num_threads=cfg.num_threads, progress=bool(cfg.trainer.progress),
         log_every_n_steps=int(cfg.trainer.log_every_n_steps), search=_container(cfg.get("search")),
         fit_cache_dir=Path(str(fit.cache_dir)) if fit.get("cache", True) and fit.get("cache_dir") else None,

@@ -38,12 +38,12 @@ from lra.config import ConfigError, RunSpec, load, resolve
 from lra.data import DataError, Split, fingerprint, load_task
 from lra.data.module import LRADataModule
 from lra.fit import FitError, Plan, plan
-from lra.loggers import make_logger
+from lra.loggers import check_loggers, make_logger
 from lra.module import LitLRA, count_params
 from lra.protocol import FINISHED, Callbacks, callbacks, measured, outcome
 from lra.record import new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, hold
-from lra.wandb_extras import WandbTables, log_record
+from lra.wandb_extras import log_record
 
 log = logging.getLogger("lra.train")
 
@@ -77,8 +77,9 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
 
         lit = LitLRA(spec.model, spec.train, resume_key=key, compile=spec.hardware.compile)
         rec["num_params"] = count_params(lit)
-        cb = callbacks(spec, splits["val"], ckpt_dir, extra=_extra_callbacks(spec))
-        trainer = make_trainer(spec, p, cb, make_logger(spec, run_dir, start))
+        logs = make_logger(spec, run_dir, start)  # metrics.csv, logger=[...], their callbacks (EvalLog, W&B)
+        cb = callbacks(spec, splits["val"], ckpt_dir, extra=logs.callbacks + _extra_callbacks(spec))
+        trainer = make_trainer(spec, p, cb, logs.loggers)
         rec.update(_device_fields(spec, trainer, p))
         dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
                            seed=spec.seed, num_workers=spec.hardware.num_workers, pin_memory=spec.hardware.pin_memory)
@@ -242,9 +243,8 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
 
 
 def _extra_callbacks(spec: RunSpec) -> list:
-    """W&B tables (logger=wandb); an Optuna trial's pruning (optuna is the sweep extra: imported only
-    for a search trial)."""
-    extra = [WandbTables()] if spec.logger["name"] == "wandb" else []
+    """An Optuna trial's pruning (optuna is the sweep extra: imported only for a search trial)."""
+    extra = []
     if spec.search:
         from lra.pruning import OptunaPruning  # noqa: PLC0415 - optional dependency, not a cycle
 
@@ -293,8 +293,8 @@ def _warn_about(rec: dict, cb: Callbacks) -> None:
 
 def _finish(spec: RunSpec, rec: dict, trainer: L.Trainer | None) -> None:
     _write(spec.run_dir, rec)
-    if trainer is not None and spec.logger["name"] == "wandb" and trainer.is_global_zero:
-        log_record(trainer.logger, rec, spec.run_dir)
+    if trainer is not None and trainer.is_global_zero:
+        log_record(trainer.loggers, rec, spec.run_dir)  # to W&B, if among the loggers
     if getattr(rank_zero_only, "rank", 0) != 0:
         return
     last = spec.run_dir / "checkpoints" / "last.ckpt"
@@ -369,6 +369,7 @@ def main() -> None:
             raise ConfigError(f"unknown argument {unknown[0]!r}: overrides are key=value (python -m lra.train --help)")
         if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
             spec = load(args)  # every value checked before Hydra makes the run folder
+            check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
             check_writable(Path(spec.config["runs_root"]))
         _hydra_main()
     except ConfigError as e:

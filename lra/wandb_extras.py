@@ -1,6 +1,6 @@
 """Weights & Biases extras for ``logger=wandb``: the run record and tables next to Lightning's metrics.
 
-Lightning's ``WandbLogger`` (built in lra/train.py from conf/logger/wandb.yaml) already logs the
+Lightning's ``WandbLogger`` (built in lra/loggers.py from conf/logger/wandb.yaml) already logs the
 resolved config and every metric. This module adds what a reader of the papers' tables wants:
 
 * :class:`WandbTables`: a Lightning callback; at the end of training it logs ``val_history``, a table
@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import WandbLogger
 
 log = logging.getLogger("lra.wandb")
 
@@ -32,9 +33,12 @@ JOB_COLUMNS = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "st
                "run_dir", "reason")
 
 
-def _run(logger_or_run):
-    """The wandb Run behind a Lightning WandbLogger (or the run itself)."""
-    return getattr(logger_or_run, "experiment", logger_or_run)
+def _run(target):
+    """The wandb Run behind ``target``: a run, a Lightning WandbLogger, or a list of Lightning loggers
+    (``trainer.loggers``: the W&B one among them; None if there is none)."""
+    if isinstance(target, (list, tuple)):
+        target = next((lg for lg in target if isinstance(lg, WandbLogger)), None)
+    return getattr(target, "experiment", target)
 
 
 def _cell(v):
@@ -44,10 +48,17 @@ def _cell(v):
 
 
 class WandbTables(L.Callback):
-    """Collect every validation's accuracy and loss; log them as the ``val_history`` table at the end."""
+    """Collect every validation's accuracy and loss; log them as the ``val_history`` table at the end.
+    The rows are checkpointed state: a resumed run's table holds the evaluations before the restart."""
 
     def __init__(self):
         self.rows: list[list] = []
+
+    def state_dict(self):
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state):
+        self.rows = [list(r) for r in state.get("rows", [])]
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -56,12 +67,13 @@ class WandbTables(L.Callback):
         self.rows.append([int(trainer.global_step), _float(m.get("val/acc")), _float(m.get("val/loss"))])
 
     def on_train_end(self, trainer, pl_module):
-        if not trainer.is_global_zero or trainer.logger is None or not self.rows:
+        run = _run(trainer.loggers)
+        if not trainer.is_global_zero or run is None or not self.rows:
             return
         try:
             import wandb
 
-            _run(trainer.logger).log({"val_history": wandb.Table(columns=["step", "val/acc", "val/loss"],
+            run.log({"val_history": wandb.Table(columns=["step", "val/acc", "val/loss"],
                                                                  data=self.rows)})
         except Exception as e:  # noqa: BLE001 - never break training for a dashboard
             log.warning("could not log val_history to W&B: %s", e)
@@ -74,12 +86,15 @@ def _float(x):
         return None
 
 
-def log_record(logger_or_run, record: dict, run_dir: Path | str | None = None) -> None:
-    """Summary fields, a ``run_record`` table (key, value) and result.json as an artifact."""
+def log_record(target, record: dict, run_dir: Path | str | None = None) -> None:
+    """Summary fields, a ``run_record`` table (key, value) and result.json as an artifact.
+    ``target``: a W&B run, a WandbLogger, or ``trainer.loggers`` (nothing happens without W&B among them)."""
     try:
         import wandb
 
-        run = _run(logger_or_run)
+        run = _run(target)
+        if run is None:
+            return
         run.summary.update({f"record/{k}": record.get(k) for k in SUMMARY_KEYS if k in record})
         rows = [[k, v if isinstance(v, str) else json.dumps(v, default=str)]
                 for k, v in sorted(record.items()) if k != "config"]   # the config is W&B's run config

