@@ -184,3 +184,40 @@ def test_shared_gpu_sweep_end_to_end_on_cpu(tmp_path):
         assert rec["fit_budget_bytes"] / 2 ** 30 == pytest.approx(budget_gib(T, 0.75, 0.10, 2), abs=1e-6)
     m = json.loads((tmp_path / "runs" / "quick" / "sweeps" / "quick" / "manifest.json").read_text())
     assert m["jobs_per_gpu"] == 2 and m["gpus"] == ["0"]
+
+
+# ----------------------------------------------------------------------------- the throughput measurement
+def test_share_bench_dry_run_and_its_sweeps_place_k_runs_on_one_gpu(tmp_path, capsys, monkeypatch):
+    from lra.share_bench import commands
+    from lra.share_bench import main as bench
+
+    assert bench(["dry_run=true", f"out={tmp_path}", "train.max_steps=50"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and not any(tmp_path.iterdir())
+    for k, line in zip((1, 2, 4, 8), lines):
+        assert line.startswith(f"LRA_RUNS={tmp_path}/k{k} ") and f"jobs_per_gpu={k} parallel={k}" in line
+        assert line.endswith(f"'seed=range(0,{k})' train.max_steps=50")
+    with pytest.raises(SystemExit, match="ks=0,2: give whole numbers >= 1"):
+        bench(["ks=0,2", "dry_run=true"])
+    # the k=8 sweep on a box with two GPUs: eight runs, all on the first GPU, each 1/8 of an H100
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    (k, env, cmd), = commands([8], tmp_path, ["hardware=h100_80gb"])
+    monkeypatch.setenv("LRA_RUNS", env["LRA_RUNS"])
+    assert main(cmd[3:] + ["dry_run=true"]) == 0
+    runs = [l for l in capsys.readouterr().out.splitlines() if l.startswith("  run ")]
+    assert len(runs) == 8 and all("[GPU 0; hardware.total_gib=9.88875:" in l for l in runs)
+
+
+def test_share_bench_summary_sums_the_rates_of_runs_side_by_side(tmp_path):
+    from lra.share_bench import summarise, table
+
+    for k, t1k in ((1, [100.0]), (2, [160.0, 200.0])):
+        for i, t in enumerate(t1k):
+            d = tmp_path / f"k{k}" / "skeinformer_paper" / "listops" / "skeinformer" / f"seed{i}"
+            d.mkdir(parents=True)
+            (d / "result.json").write_text(json.dumps({"status": "completed", "time_per_1k_steps_s": t,
+                                                       "micro_batch": 256, "peak_mem_bytes": 2 ** 30}))
+    rows = [summarise(1, tmp_path / "k1"), summarise(2, tmp_path / "k2")]
+    assert rows[0]["steps_per_s"] == pytest.approx(10.0) and rows[1]["steps_per_s"] == pytest.approx(6.25 + 5.0)
+    assert rows[1]["per_run_steps_per_s"] == pytest.approx(5.625) and rows[1]["completed"] == 2
+    assert "| 2 | 2/2 | 11.25 | 1.12 | 5.62 | 256 | 1.00 | n/a |" in table(rows)
