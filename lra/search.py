@@ -333,6 +333,9 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
         if o.startswith(("hydra/launcher=", "hydra.launcher.")) and o != "hydra/launcher=basic":
             raise SystemExit(f"lra.sweep: {o!r}: a search runs its trials as processes on this machine "
                              "(parallel=N at a time); launchers apply to grids")
+    if opts.get("jobs_per_gpu") or grid.jobs_per_gpu:
+        raise SystemExit("lra.sweep: jobs_per_gpu applies to grids; a search runs each trial on its own GPU "
+                         "(parallel=N at a time): drop jobs_per_gpu")
     hydra_ovs = [o for o in hydra_ovs if not o.startswith(("hydra/launcher=", "hydra.launcher."))]
     space = parse_space(spec.get("params"))
     fixed = list(grid.overrides.values())

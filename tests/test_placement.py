@@ -221,3 +221,9 @@ def test_share_bench_summary_sums_the_rates_of_runs_side_by_side(tmp_path):
     assert rows[0]["steps_per_s"] == pytest.approx(10.0) and rows[1]["steps_per_s"] == pytest.approx(6.25 + 5.0)
     assert rows[1]["per_run_steps_per_s"] == pytest.approx(5.625) and rows[1]["completed"] == 2
     assert "| 2 | 2/2 | 11.25 | 1.12 | 5.62 | 256 | 1.00 | n/a |" in table(rows)
+
+
+def test_a_search_refuses_jobs_per_gpu_in_one_line():
+    pytest.importorskip("optuna")
+    with pytest.raises(SystemExit, match="^lra.sweep: jobs_per_gpu applies to grids"):
+        main(["grid=search_quick", "jobs_per_gpu=2", "dry_run=true"])
