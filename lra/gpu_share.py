@@ -14,12 +14,15 @@ an out-of-memory error instead of taking memory the other k - 1 were promised.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
 import torch
 
 from lra.config import ConfigError
+
+log = logging.getLogger("lra.gpu_share")
 
 MEMORY_LIMIT_ENV = "LRA_MEMORY_LIMIT_GIB"  # set by lra.sweep for a shared GPU; read by lra.train
 GIB = 2 ** 30
@@ -56,4 +59,6 @@ def limit_gpu_memory(device: torch.device, env=None) -> float | None:
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, limit * GIB / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
+    log.info("GPU shared with other runs: this run's caching allocator is capped at %.2f GiB (%.4f of %s)",
+             limit, fraction, device)
     return fraction
