@@ -223,7 +223,42 @@ def test_share_bench_summary_sums_the_rates_of_runs_side_by_side(tmp_path):
     assert "| 2 | 2/2 | 11.25 | 1.12 | 5.62 | 256 | 1.00 | n/a |" in table(rows)
 
 
-def test_a_search_refuses_jobs_per_gpu_in_one_line():
+def test_search_dry_run_shows_the_trials_share(tmp_path, capsys, monkeypatch):
     pytest.importorskip("optuna")
-    with pytest.raises(SystemExit, match="^lra.sweep: jobs_per_gpu applies to grids"):
-        main(["grid=search_quick", "jobs_per_gpu=2", "dry_run=true"])
+    monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert main(["grid=search_quick", "jobs_per_gpu=2", "hardware=h100_80gb", "dry_run=true"]) == 0
+    p = profile("h100_80gb")
+    budget = (p["total_gib"] - 2 * p["cuda_context_gib"]) / (2 * (1 + p["allocator_margin"]))
+    assert f"2 at a time, 2 per GPU on GPUs 0 (hardware.total_gib=39.555: fit budget {budget:.2f} GiB each)" \
+        in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="^lra.sweep: parallel=3 with jobs_per_gpu=2 needs parallel <= "):
+        main(["grid=search_quick", "jobs_per_gpu=2", "parallel=3", "hardware=h100_80gb", "dry_run=true"])
+
+
+def test_search_trials_take_the_slot_a_finished_trial_freed(tmp_path):
+    """Four trial slots on two GPUs, two per GPU; trial 1 (GPU 0) ends first: trial 4 goes to GPU 0,
+    not next to trials 2 and 3 on GPU 1."""
+    pytest.importorskip("optuna")
+    from lra.search import drive, open_study
+    from tests.test_optuna import FakeRunner, make_search
+
+    class PlacingRunner(FakeRunner):
+        def __init__(self):
+            super().__init__()
+            self.placed = []
+
+        def start(self, cmd, env, log_path):
+            self.polls = 2 if len(self.started) == 1 else 40
+            self.placed.append((env.get("CUDA_VISIBLE_DEVICES"), env.get(MEMORY_LIMIT_ENV),
+                                [a for a in cmd if a.startswith("hardware.total_gib=")]))
+            return super().start(cmd, env, log_path)
+
+    s = make_search(tmp_path, target=5, parallel=4)
+    s.jobs_per_gpu, s.gpus, s.hw = 2, ["0", "1"], hw()
+    runner = PlacingRunner()
+    drive(s, open_study(s), runner=runner, poll_s=0)
+    T = profile("h100_80gb")["total_gib"]
+    assert [g for g, _, _ in runner.placed] == ["0", "0", "1", "1", "0"]
+    assert {(lim, tuple(ov)) for _, lim, ov in runner.placed} == {
+        (f"{limit_gib(T, 0.75, 2):.6f}", (f"hardware.total_gib={share_gib(T, 2)}",))}
