@@ -9,11 +9,11 @@ grid ?= quick
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup lra test test-slow test-all data tables sweep bench approx fit clean help
+.PHONY: setup lra test test-slow test-all data tables sweep share-bench bench approx fit clean help
 
 help:
 	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | data task=<t>"
-	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | bench | approx"
+	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | share-bench | bench | approx"
 
 # Exact versions through constraints.txt (pyproject has lower bounds only). torch==2.13.0 there takes
 # the local CPU wheel (2.13.0+cpu) where one is offered (find-links) and the CUDA build from PyPI on a
@@ -49,6 +49,9 @@ tables: $(STAMP)
 
 sweep: $(STAMP)
 	$(PY) -m lra.sweep grid=$(grid) $(ARGS)
+
+share-bench: $(STAMP)   # throughput of k = 1, 2, 4, 8 runs sharing one GPU (docs/sweeps.md)
+	$(PY) -m lra.share_bench $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m lra.bench $(ARGS)

@@ -44,8 +44,10 @@ from optuna.trial import TrialState
 from lra import REPO_ROOT
 from lra.pruning import make_pruner, pruned_info, storage_for
 from lra.files import write_json
-from lra.sweep import (FINISHED, MANIFEST_VERSION, MARKER, Composer, Grid, Progress, _fmt_counts, _now, _parser,
-                       _quote, _read_json, _rel, run_status, sweep_lock)
+from lra.gpu_share import MEMORY_LIMIT_ENV
+from lra.sweep import (FINISHED, MANIFEST_VERSION, MARKER, Composer, Grid, Progress, ShareError, _fmt_counts, _hw_of,
+                       _now, _parser, _quote, _read_json, _rel, check_sharing, device_total_gib, gpu_of_slot, job_share,
+                       run_status, sweep_lock, visible_gpus)
 
 log = logging.getLogger("lra.search")
 
@@ -107,6 +109,7 @@ class Active:
     run_dir: Path
     proc: object                      # Popen-like: poll(), send_signal(), wait(), pid
     t_start: float
+    slot: int = 0                     # 0 <= slot < parallel: which GPU(s) it holds
 
 
 @dataclass
@@ -125,6 +128,9 @@ class Search:
     sampler: dict = field(default_factory=dict)
     pruner: dict = field(default_factory=lambda: dict(DEFAULT_PRUNER))
     tag: str = ""
+    jobs_per_gpu: int | None = None   # k trials share each GPU of ``gpus`` (lra.sweep's jobs_per_gpu)
+    gpus: list[str] = field(default_factory=list)
+    hw: dict = field(default_factory=dict)   # the trials' hardware profile (their share is computed from it)
 
     @property
     def manifest(self) -> Path:
@@ -195,8 +201,8 @@ def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | No
     return TrialState.FAIL
 
 
-def trial_command(s: Search, number: int, params: dict, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "lra.train", *s.fixed, *param_overrides(params), *s.hydra_ovs,
+def trial_command(s: Search, number: int, params: dict, run_dir: Path, extra: list[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "lra.train", *s.fixed, *param_overrides(params), *s.hydra_ovs, *extra,
             f"+search.storage={_quote(s.storage)}", f"+search.study={_quote(s.name)}", f"+search.trial={number}",
             f"hydra.run.dir={_quote(run_dir)}"]
 
@@ -225,13 +231,15 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
     def launch(trial, run_dir: Path) -> None:
         ovs = s.fixed + param_overrides(trial.params)
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = trial_command(s, trial.number, trial.params, run_dir)
+        slot = min(set(range(s.parallel)) - {a.slot for a in active})   # the slot a finished trial freed
+        place, extra = trial_placement(s, slot)
+        cmd = trial_command(s, trial.number, trial.params, run_dir, extra)
         log.info("trial %d: %s -> %s", trial.number, " ".join(param_overrides(trial.params)), _rel(run_dir, s.root))
-        env = {**os.environ, **_gpu_slot(len(active), s.parallel)}
+        env = {**os.environ, **place}
         proc = runner.start(cmd, env, s.folder / "logs" / f"{s.tag or 'trial'}-{trial.number}.log")
         _mark(run_dir, host=socket.gethostname(), pid=proc.pid, started=_now(), t_start=clock(), finished=None,
               t_end=None, returncode=None, trial=trial.number, study=s.name, overrides=ovs)
-        active.append(Active(trial.number, run_dir, proc, clock()))
+        active.append(Active(trial.number, run_dir, proc, clock(), slot))
 
     try:
         while True:
@@ -281,13 +289,27 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
         raise
 
 
-def _gpu_slot(k: int, parallel: int) -> dict:
+def _gpu_slot(k: int, parallel: int, visible: list[str] | None = None) -> dict:
     """Parallel trials on a multi-GPU box: trial slot k gets its own share of the visible GPUs."""
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    visible = visible_gpus() if visible is None else visible
     if parallel > 1 and len(visible) >= parallel:
         per = len(visible) // parallel
         return {"CUDA_VISIBLE_DEVICES": ",".join(visible[k * per:(k + 1) * per])}
     return {}
+
+
+def trial_placement(s: Search, slot: int) -> tuple[dict, list[str]]:
+    """(environment, extra overrides) of the trial in ``slot``: its own GPUs, or with jobs_per_gpu=k GPU
+    slot // k and 1/k of its memory, exactly as a grid job (lra.sweep.job_share)."""
+    if not s.jobs_per_gpu:
+        return _gpu_slot(slot, s.parallel), []
+    gpu = gpu_of_slot(slot, s.jobs_per_gpu, s.gpus)
+    share = job_share(s.hw, s.jobs_per_gpu, gpu, total_of=device_total_gib)
+    if share is None:
+        raise ShareError(f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
+                         "(e.g. hardware=h100_80gb)")
+    return ({"CUDA_VISIBLE_DEVICES": gpu, MEMORY_LIMIT_ENV: f"{share['limit_gib']:.6f}"},
+            [f"hardware.total_gib={share['total_gib']}"])
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -365,10 +387,26 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
         make_pruner(pruner)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"lra.sweep: search.pruner={pruner}: {e}")
+    k = opts.get("jobs_per_gpu") or grid.jobs_per_gpu
+    gpus = visible_gpus() if k else []
+    parallel = int(opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel))
+    hw = _hw_of(primary)
+    if k:   # what a grid checks; the same one line before any trial
+        try:
+            check_sharing(k, parallel, gpus, "local")
+            job_share(hw, k, gpus[0], total_of=lambda g: None)
+        except ShareError as e:
+            raise SystemExit(f"lra.sweep: {e}") from None
     return Search(name=f"{grid.name}-{preset}-{task}-{attn}", storage=storage, folder=folder, root=root,
-                  space=space, fixed=fixed, target=target, parallel=int(opts["parallel"] or grid.parallel),
+                  space=space, fixed=fixed, target=target, parallel=parallel, jobs_per_gpu=k, gpus=gpus, hw=hw,
                   job_dir=job_dir, hydra_ovs=hydra_ovs, sampler=dict(spec.get("sampler") or {"name": "tpe", "seed": 0}),
                   pruner=pruner, tag=f"{task}-{attn}")
+
+
+def _fmt_trial_share(s: Search) -> str:
+    share = job_share(s.hw, s.jobs_per_gpu, s.gpus[0], total_of=lambda g: None)
+    return (f" (hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB each)" if share
+            else " (hardware=auto: 1/k of the GPU's memory, read at run time)")
 
 
 def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
@@ -384,7 +422,9 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                 with contextlib.suppress(KeyError):
                     n = len(counted(optuna.load_study(study_name=s.name, storage=storage_for(s.storage))))
             print(f"search {grid.name}: study {s.name} in {s.storage}; {n} trials so far, target {s.target}, "
-                  f"{s.parallel} at a time; fixed {' '.join(s.fixed)}; space "
+                  f"{s.parallel} at a time"
+                  + (f", {s.jobs_per_gpu} per GPU on GPUs {','.join(s.gpus)}" + _fmt_trial_share(s) if s.jobs_per_gpu
+                     else "") + f"; fixed {' '.join(s.fixed)}; space "
                   + ", ".join(f"{k}: {v!r}" for k, v in s.space.items()) + f"; pruner {s.pruner}")
             return 0
         s.folder.mkdir(parents=True, exist_ok=True)

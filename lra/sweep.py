@@ -4,6 +4,7 @@ A sweep is a file ``conf/sweep/<name>.yaml``: fixed ``overrides``, a ``grid`` of
 product) and the ``launcher`` and ``parallel`` to use; or, with a ``search`` block, an Optuna search
 (lra/search.py). Command-line overrides join every job; one with several values (``seed=0,1,2``)
 replaces that axis or adds one (in a search: adds or replaces a search parameter). ``parallel=N``,
+``jobs_per_gpu=k`` (k runs share each GPU, each with 1/k of its memory: :func:`share_plan`),
 ``dry_run=true``, ``progress=S``, ``n_trials=N`` (searches) and ``hydra/launcher=...``,
 ``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md has the commands for a laptop, a GPU box
 and a SLURM cluster.
@@ -54,6 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 from lra import CONF_DIR, REPO_ROOT
 from lra.config import register_resolvers
 from lra.files import write_json
+from lra.gpu_share import MEMORY_LIMIT_ENV, budget_gib, limit_gib, share_gib
 from lra.record import read_record
 
 log = logging.getLogger("lra.sweep")
@@ -62,7 +64,7 @@ register_resolvers()
 GRID_DIR = CONF_DIR / "sweep"
 FINISHED = ("completed", "stopped_early", "stuck")  # = lra.train.FINISHED: lra.train returns at once
 MARKER = ".sweep_job.json"        # written by run_job in the run folder: who runs it, attempts
-SWEEP_OPTIONS = ("grid", "parallel", "dry_run", "n_trials", "progress")   # consumed here, never passed to a run
+SWEEP_OPTIONS = ("grid", "parallel", "jobs_per_gpu", "dry_run", "n_trials", "progress")   # consumed here, never passed to a run
 MANIFEST_VERSION = 1
 
 
@@ -74,6 +76,7 @@ class Grid:
     axes: dict[str, list[str]]           # key -> ["key=v1", "key=v2", ...]
     launcher: str | None = None          # conf/hydra/launcher entry (None: Hydra's basic launcher)
     parallel: int = 1
+    jobs_per_gpu: int | None = None      # k runs share each GPU (None: each parallel job its own GPUs)
     search: dict | None = None           # {sweeper, n_trials, params: {key: "interval(..)"}}
     doc: str = ""
 
@@ -98,7 +101,7 @@ def load_grid(name: str) -> Grid:
         raise SystemExit(f"lra.sweep: no grid {name!r} (conf/sweep/{name}.yaml); available: "
                          f"{', '.join(available_grids())}")
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
-    unknown = set(raw) - {"overrides", "grid", "launcher", "parallel", "search"}
+    unknown = set(raw) - {"overrides", "grid", "launcher", "parallel", "jobs_per_gpu", "search"}
     if unknown:
         raise SystemExit(f"lra.sweep: {path} has unknown keys {sorted(unknown)}")
     fixed: dict[str, str] = {}
@@ -108,7 +111,9 @@ def load_grid(name: str) -> Grid:
             for k, vals in (raw.get("grid") or {}).items()}
     doc = "\n".join(l[2:] for l in path.read_text().splitlines() if l.startswith("# "))
     return Grid(name=name, overrides=fixed, axes=axes, launcher=raw.get("launcher"),
-                parallel=int(raw.get("parallel") or 1), search=raw.get("search"), doc=doc)
+                parallel=int(raw.get("parallel") or 1), search=raw.get("search"), doc=doc,
+                jobs_per_gpu=_positive_int("jobs_per_gpu", raw["jobs_per_gpu"]) if raw.get("jobs_per_gpu") is not None
+                else None)
 
 
 def _parser():
@@ -123,15 +128,15 @@ def _key_of(line: str) -> str:
 
 def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
     """Fold command-line overrides into the grid. Returns (sweep options, hydra overrides)."""
-    opts = {"parallel": None, "dry_run": False, "n_trials": None, "progress": None}
+    opts = {"parallel": None, "jobs_per_gpu": None, "dry_run": False, "n_trials": None, "progress": None}
     hydra_ovs: list[str] = []
     parser = _parser()
     for arg in args:
         key = arg.split("=", 1)[0]
         if key in SWEEP_OPTIONS:
             value = arg.split("=", 1)[1] if "=" in arg else ""
-            if key == "parallel":
-                opts["parallel"] = int(value)
+            if key in ("parallel", "jobs_per_gpu"):
+                opts[key] = _positive_int(key, value)
             elif key == "dry_run":
                 opts["dry_run"] = value.lower() in ("1", "true", "yes", "")
             elif key in ("n_trials", "progress"):
@@ -167,6 +172,16 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
             grid.overrides.pop(k, None)
             grid.overrides[k] = arg
     return opts, hydra_ovs
+
+
+def _positive_int(key: str, value) -> int:
+    try:
+        n = int(str(value))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SystemExit(f"lra.sweep: {key}={value}: give a whole number >= 1")
+    return n
 
 
 def _edit_search(search: dict, arg: str) -> dict:
@@ -249,15 +264,103 @@ def launcher_kind(cfg: DictConfig) -> str:
     return "slurm" if target.endswith("SlurmLauncher") else "local" if target.endswith("LocalLauncher") else "basic"
 
 
-def _gpu_count() -> int:
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+def visible_gpus(env=None) -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES if set (ids or UUIDs), else nvidia-smi's list."""
+    vis = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if vis is not None:
-        return len([d for d in vis.split(",") if d.strip()])
+        return [d.strip() for d in vis.split(",") if d.strip()]
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        return []
+    return [str(i) for i in range(sum(1 for line in out.splitlines() if line.startswith("GPU ")))]
+
+
+def _gpu_count() -> int:
+    return len(visible_gpus())
+
+
+# ----------------------------------------------------------------------------- several runs per GPU
+class ShareError(ValueError):
+    """jobs_per_gpu cannot be honoured (one line: what, and what to do)."""
+
+
+def gpu_of_slot(slot: int, jobs_per_gpu: int, gpus: list[str]) -> str:
+    """Job slot s (0 <= s < parallel) runs on GPU s // k: slots 0..k-1 share the first GPU, and so on."""
+    i = slot // jobs_per_gpu
+    if i >= len(gpus):
+        raise ShareError(f"job slot {slot} with jobs_per_gpu={jobs_per_gpu} needs GPU #{i}, but only "
+                         f"{len(gpus)} are visible ({','.join(gpus) or 'none'})")
+    return gpus[i]
+
+
+def check_sharing(jobs_per_gpu: int, parallel: int, gpus: list[str], kind: str) -> None:
+    """What jobs_per_gpu needs, checked before anything runs."""
+    k = jobs_per_gpu
+    if kind != "local":
+        raise ShareError(f"jobs_per_gpu={k} shares the GPUs of this machine between the local launcher's parallel "
+                         f"jobs; the {kind} launcher cannot: add hydra/launcher=local (or drop jobs_per_gpu)")
+    if not gpus:
+        raise ShareError(f"jobs_per_gpu={k}: no GPU visible here (CUDA_VISIBLE_DEVICES empty or nvidia-smi lists "
+                         "none); set CUDA_VISIBLE_DEVICES=<ids> or drop jobs_per_gpu")
+    if parallel > k * len(gpus):
+        raise ShareError(f"parallel={parallel} with jobs_per_gpu={k} needs parallel <= jobs_per_gpu x GPUs = "
+                         f"{k} x {len(gpus)} = {k * len(gpus)} (visible: {','.join(gpus)}); lower parallel or "
+                         "raise jobs_per_gpu")
+
+
+def device_total_gib(gpu: str, env=None) -> float | None:
+    """torch's total_memory of one GPU (for hardware=auto), asked in a short child process so that this
+    process holds no CUDA context on a card the runs share. None: no such CUDA device here."""
+    code = "import torch; print(torch.cuda.get_device_properties(0).total_memory)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": gpu})
+        return int(out.stdout.strip().splitlines()[-1]) / 2 ** 30 if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def job_share(hw: dict, jobs_per_gpu: int, gpu: str, total_of=device_total_gib) -> dict | None:
+    """One of k runs on ``gpu``: ``hardware.total_gib`` = T/k for it (lra.fit's budget becomes
+    (T - k c) / (k (1 + m))) and its allocator limit T/k - c (lra/gpu_share.py derives both).
+    ``hw``: the job's composed hardware profile. None: hardware=auto and the GPU is not here to ask."""
+    k, name = jobs_per_gpu, hw.get("name")
+    if str(hw.get("devices", 1)) != "1":
+        raise ShareError(f"jobs_per_gpu={k} places single-GPU runs; this grid has trainer.devices={hw['devices']}: "
+                         "drop one of the two")
+    total = hw.get("total_gib")
+    if total is None:
+        if name != "auto":
+            raise ShareError(f"jobs_per_gpu={k} with hardware={name}: the profile has no GPU memory to share; use "
+                             "hardware=auto or a GPU profile (conf/hardware/, e.g. hardware=h100_80gb)")
+        total = total_of(gpu)
+        if total is None:
+            return None
+    context, margin = float(hw.get("cuda_context_gib") or 0.0), float(hw.get("allocator_margin") or 0.0)
+    limit = limit_gib(total, context, k)
+    if limit <= 0:
+        raise ShareError(f"jobs_per_gpu={k} on hardware={name} ({float(total):.2f} GiB, a {context} GiB CUDA context "
+                         f"per run) leaves {limit:.2f} GiB per run; lower jobs_per_gpu")
+    return {"gpu": gpu, "total_gib": share_gib(total, k), "limit_gib": round(limit, 6),
+            "budget_gib": budget_gib(total, context, margin, k), "profile_total_gib": float(total)}
+
+
+def share_plan(todo: list, jobs_per_gpu: int, parallel: int, gpus: list[str], total_of=device_total_gib) -> list:
+    """(GPU, share) of each job to run, as :func:`launch` places them: batches of ``parallel``, the
+    i-th job in slot i % parallel."""
+    totals: dict[str, float | None] = {}
+
+    def cached(gpu):   # hardware=auto: ask each GPU once
+        if gpu not in totals:
+            totals[gpu] = total_of(gpu)
+        return totals[gpu]
+
+    out = []
+    for i, j in enumerate(todo):
+        gpu = gpu_of_slot(i % parallel, jobs_per_gpu, gpus)
+        out.append((gpu, job_share(j.hw or {}, jobs_per_gpu, gpu, total_of=cached)))
+    return out
 
 
 # ----------------------------------------------------------------------------- one job (runs in the job)
@@ -286,8 +389,9 @@ def run_job(cfg: DictConfig) -> float | None:
                     overrides=overrides, override_dirname=name)
         write_json(marker, info)
     env = dict(os.environ)
-    _assign_gpus(env, int(hc.job.get("num") or 0), cfg)
-    cmd = [sys.executable, "-m", "lra.train", *overrides, f"hydra.run.dir={_quote(run_dir)}"]
+    extra = _assign_gpus(env, int(hc.job.get("num") or 0), cfg)
+    given = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in {e.split("=", 1)[0] for e in extra}]
+    cmd = [sys.executable, "-m", "lra.train", *given, *extra, f"hydra.run.dir={_quote(run_dir)}"]
     log.info("%s", " ".join(shlex.quote(c) for c in cmd))
     proc = subprocess.Popen(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
     try:
@@ -313,14 +417,31 @@ def run_job(cfg: DictConfig) -> float | None:
     return rec.get("best_val_acc")
 
 
-def _assign_gpus(env: dict, job_num: int, cfg: DictConfig) -> None:
-    """Parallel local jobs on a multi-GPU box: job k of a batch gets its own slice of the visible GPUs."""
+def _assign_gpus(env: dict, job_num: int, cfg: DictConfig) -> list[str]:
+    """Parallel local jobs on a multi-GPU box: job k of a batch gets its own slice of the visible GPUs;
+    with jobs_per_gpu=k (LRA_SWEEP_JOBS_PER_GPU) slot s gets GPU s // k and 1/k of its memory (the
+    returned overrides for lra.train, and the allocator limit in LRA_MEMORY_LIMIT_GIB)."""
     parallel = int(env.get("LRA_SWEEP_PARALLEL") or 1)
+    if env.get("LRA_SWEEP_JOBS_PER_GPU"):
+        k = int(env["LRA_SWEEP_JOBS_PER_GPU"])
+        # the driver's list: submitit_local would hand every job GPUs 0..n-1 whatever the driver's mask
+        gpus = [d for d in env.get("LRA_SWEEP_GPUS", "").split(",") if d.strip()] or visible_gpus(env)
+        gpu = gpu_of_slot(job_num % parallel, k, gpus)
+        share = job_share(_hw_of(cfg), k, gpu, total_of=lambda g: device_total_gib(g, env))
+        if share is None:
+            raise ShareError(f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
+                             "(e.g. hardware=h100_80gb)")
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        env[MEMORY_LIMIT_ENV] = f"{share['limit_gib']:.6f}"
+        log.info("GPU %s shared by up to %d runs: hardware.total_gib=%s (fit budget %.2f GiB), allocator limit "
+                 "%.2f GiB", gpu, k, share["total_gib"], share["budget_gib"], share["limit_gib"])
+        return [f"hardware.total_gib={share['total_gib']}"]
     visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     per_job = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) and cfg.trainer.devices > 0 else 1
     if parallel > 1 and env.get("SUBMITIT_EXECUTOR") == "local" and len(visible) >= parallel * per_job:
         slot = job_num % parallel
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[slot * per_job:(slot + 1) * per_job])
+    return []
 
 
 def _slurm_job_id() -> str | None:
@@ -390,6 +511,7 @@ class Job:
     status: str = "pending"
     record: dict = field(default_factory=dict)
     data: tuple | None = None            # (task config, data root): what lra.data prepares for it
+    hw: dict | None = None               # its hardware profile and trainer.devices (jobs_per_gpu shares)
 
     def refresh(self) -> None:
         if self.run_dir is not None:
@@ -554,6 +676,7 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
             cfg, job.run_dir = composer.job(primary, ovs)
             job.task, job.attn, job.seed, job.preset = cfg.task.name, cfg.attn.label, int(cfg.seed), cfg.preset
             job.data = (OmegaConf.to_container(cfg.task, resolve=True), str(cfg.data_root))
+            job.hw = _hw_of(cfg)
         except Exception as e:  # noqa: BLE001 - an unknown task/attn: reported, the rest still runs
             job.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         jobs.append(job)
@@ -567,6 +690,13 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
                              "hydra.job.config.override_dirname.exclude_keys in conf/config.yaml)")
         seen[j.run_dir] = j
     return primary, jobs
+
+
+def _hw_of(cfg: DictConfig) -> dict:
+    hw = OmegaConf.to_container(cfg.hardware, resolve=True)
+    return {"name": hw.get("name"), "total_gib": hw.get("total_gib"), "cuda_context_gib": hw.get("cuda_context_gib"),
+            "allocator_margin": hw.get("allocator_margin"),
+            "devices": OmegaConf.to_container(cfg.trainer, resolve=True).get("devices", 1)}
 
 
 def sweep_folder(root: Path, grid: Grid, jobs: list[Job]) -> Path:
@@ -584,7 +714,9 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
     t0 = time.time()
     if grid.launcher and not any(o.startswith("hydra/launcher=") for o in hydra_ovs):
         hydra_ovs = [f"hydra/launcher={grid.launcher}"] + hydra_ovs
-    parallel = opts["parallel"] or grid.parallel
+    k = opts.get("jobs_per_gpu") or grid.jobs_per_gpu
+    gpus = visible_gpus() if k else []
+    parallel = opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel)
     with Composer() as composer:
         primary, jobs = plan(grid, hydra_ovs, composer)
         root = Path(str(primary.runs_root))
@@ -594,23 +726,36 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
         force = any(o in ("force=true", "force=True") for o in jobs[0].overrides) if jobs else False
         todo = [j for j in jobs if not j.error and j.status != "running" and (force or j.status not in FINISHED)]
         kind = launcher_kind(primary)
+        shares = None
+        if k:
+            try:
+                check_sharing(k, parallel, gpus, kind)
+                shares = share_plan(todo, k, parallel, gpus)
+            except ShareError as e:
+                raise SystemExit(f"lra.sweep: {e}") from None
+            if not opts["dry_run"] and any(s is None for _, s in shares):
+                raise SystemExit(f"lra.sweep: jobs_per_gpu={k} with hardware=auto: a GPU of {','.join(gpus)} did not "
+                                 "report its memory to torch.cuda; check the GPUs or name a profile (hardware=h100_80gb)")
         if opts["dry_run"]:
-            _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs)
+            _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares)
             return 0
         with sweep_lock(folder):
             head = {"grid": grid.name, "kind": "grid", "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),
-                    "launcher": kind, "parallel": parallel, "plain_hydra_command": plain_hydra_command(grid, hydra_ovs)}
+                    "launcher": kind, "parallel": parallel, "plain_hydra_command": plain_hydra_command(grid, hydra_ovs),
+                    **({"jobs_per_gpu": k, "gpus": gpus} if k else {})}
             manifest = folder / "manifest.json"
             write_manifest(manifest, head, jobs, root)
             skipped = len(jobs) - len(todo)
             print(f"lra.sweep {grid.name}: {len(jobs)} jobs, {len(todo)} to run, {skipped} skipped "
-                  f"({_fmt_counts(counts(jobs))}); launcher {kind}, {parallel} at a time; manifest {manifest}",
+                  f"({_fmt_counts(counts(jobs))}); launcher {kind}, {parallel} at a time"
+                  + (f", {k} per GPU on GPUs {','.join(gpus)}" if k else "") + f"; manifest {manifest}",
                   flush=True)
             if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
                 prepare_data(todo)
             if todo:
                 launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs, root,
-                       every_s=opts["progress"] if opts["progress"] is not None else 30.0)
+                       every_s=opts["progress"] if opts["progress"] is not None else 30.0,
+                       jobs_per_gpu=k, gpus=gpus)
             for j in jobs:
                 j.refresh()
             wall = time.time() - t0
@@ -646,10 +791,13 @@ def prepare_data(todo: list[Job]) -> None:
 
 def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job], kind: str, parallel: int,
            folder: Path, hydra_ovs: list[str], manifest: Path, head: dict, jobs: list[Job], root: Path,
-           every_s: float = 30.0) -> None:
+           every_s: float = 30.0, jobs_per_gpu: int | None = None, gpus: list[str] | None = None) -> None:
     from hydra.core.plugins import Plugins
 
     extra = [f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}", "hydra.output_subdir=null"]
+    if jobs_per_gpu:   # run_job places each slot (and divides the memory) from these
+        extra += [f"++hydra.job.env_set.LRA_SWEEP_JOBS_PER_GPU={jobs_per_gpu}",
+                  f"++hydra.job.env_set.LRA_SWEEP_GPUS={_quote(','.join(gpus or []))}"]
     if kind in ("local", "slurm"):
         if not any(o.startswith("hydra.launcher.submitit_folder=") for o in hydra_ovs):
             extra.append(f"hydra.launcher.submitit_folder={_quote(folder / '.submitit' / '%j')}")
@@ -706,14 +854,26 @@ def _fmt_counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in c.items())
 
 
-def _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs) -> None:
+def _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, jobs_per_gpu=None, gpus=(), shares=None) -> None:
     print(f"grid {grid.name}: {len(jobs)} jobs ({_fmt_counts(counts(jobs))}); would run {len(todo)} with "
-          f"launcher {kind}, {parallel} at a time")
+          f"launcher {kind}, {parallel} at a time"
+          + (f", {jobs_per_gpu} per GPU on GPUs {','.join(gpus)} (slot s on GPU s // {jobs_per_gpu}; each run "
+             f"hardware.total_gib = total / {jobs_per_gpu}, fit budget (total - {jobs_per_gpu} x context) / "
+             f"({jobs_per_gpu} x (1 + margin)))" if jobs_per_gpu else ""))
+    placed = dict(zip(map(id, todo), shares or []))
     for j in jobs:
         where = _rel(j.run_dir, root) if j.run_dir else f"{' '.join(j.overrides)}: {j.error}"
-        print(f"  {'run ' if j in todo else 'skip'} {j.status if not j.error else 'invalid':12s} {where}")
+        print(f"  {'run ' if j in todo else 'skip'} {j.status if not j.error else 'invalid':12s} {where}"
+              + (_fmt_share(*placed[id(j)]) if id(j) in placed else ""))
     print("plain Hydra equivalent (no manifest, finished runs return at once):\n  "
           + plain_hydra_command(grid, hydra_ovs))
+
+
+def _fmt_share(gpu: str, share: dict | None) -> str:
+    if share is None:
+        return f"  [GPU {gpu}; hardware=auto: budget from the GPU's memory at run time]"
+    return (f"  [GPU {gpu}; hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB, "
+            f"allocator limit {share['limit_gib']:.2f} GiB]")
 
 
 def _print_summary(grid, jobs, todo, root, manifest, wall) -> None:

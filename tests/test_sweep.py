@@ -74,7 +74,7 @@ def test_command_line_folds_into_the_grid():
     grid = load_grid("quick")
     opts, hydra = apply_cli(grid, ["task=listops", "seed=0,1,2", "train.lr=1e-3", "parallel=3",
                                    "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "dry_run=true"])
-    assert opts == {"parallel": 3, "dry_run": True, "n_trials": None, "progress": None}
+    assert opts == {"parallel": 3, "jobs_per_gpu": None, "dry_run": True, "n_trials": None, "progress": None}
     assert hydra == ["hydra/launcher=slurm", "hydra.launcher.partition=gpu"]
     jobs = grid.jobs()
     assert len(jobs) == 3 * 3 and all("task=listops" in j and "train.lr=1e-3" in j for j in jobs)
