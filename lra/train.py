@@ -38,6 +38,7 @@ from lra.config import ConfigError, RunSpec, load, resolve
 from lra.data import DataError, Split, fingerprint, load_task
 from lra.data.module import LRADataModule
 from lra.fit import FitError, Plan, plan
+from lra.gpu_share import limit_gpu_memory
 from lra.loggers import check_loggers, make_logger
 from lra.module import LitLRA, count_params
 from lra.protocol import FINISHED, Callbacks, callbacks, measured, outcome
@@ -266,6 +267,7 @@ def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
                     "ARGS='experiment=quick'", spec.preset, spec.train.max_steps, p.effective_batch,
                     spec.model.seq_len, spec.task, spec.attn.label)
     if device.type == "cuda":
+        limit_gpu_memory(device)  # lra.sweep jobs_per_gpu=k: cap this run at its share of a shared GPU
         torch.cuda.reset_peak_memory_stats(device)
     if spec.hardware.compile_note:
         log.warning("%s", spec.hardware.compile_note)

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from lra import CONF_DIR
 from lra.config import ConfigError, load
 from lra.gpu_share import MEMORY_LIMIT_ENV, budget_gib, limit_gib, limit_gpu_memory, share_gib
-from lra.sweep import (Job, ShareError, _assign_gpus, check_sharing, gpu_of_slot, job_share, main, share_plan)
+from lra.sweep import Job, ShareError, _assign_gpus, check_sharing, gpu_of_slot, job_share, share_plan
+from lra.sweep.__main__ import main
 
 GPUS = ["0", "1", "2", "3"]
 

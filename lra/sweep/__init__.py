@@ -657,7 +657,7 @@ class GridWatch(threading.Thread):
 # ----------------------------------------------------------------------------- grid sweeps
 def _wandb_group(name: str, jobs_ovs: list[list[str]]) -> list[str]:
     """W&B groups the runs of a sweep: conf/logger/wandb.yaml reads WANDB_RUN_GROUP, set in every job."""
-    if any(o == "logger=wandb" for ovs in jobs_ovs for o in ovs) and "WANDB_RUN_GROUP" not in os.environ:
+    if any(o.startswith("logger=") and "wandb" in o for ovs in jobs_ovs for o in ovs) and "WANDB_RUN_GROUP" not in os.environ:
         return [f"++hydra.job.env_set.WANDB_RUN_GROUP={name}"]
     return []
 
@@ -763,7 +763,7 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                    "wall_s": round(wall, 1), "launched": len(todo), "skipped": skipped}
             write_manifest(manifest, {**head, "invocation": inv}, jobs, root)
     _print_summary(grid, jobs, todo, root, manifest, wall)
-    if any(o == "logger=wandb" for o in (jobs[0].overrides if jobs else [])):
+    if any(o.startswith("logger=") and "wandb" in o for o in (jobs[0].overrides if jobs else [])):
         from lra.wandb_extras import log_sweep_table
 
         with contextlib.suppress(Exception):
@@ -888,44 +888,3 @@ def _print_summary(grid, jobs, todo, root, manifest, wall) -> None:
     print(f"manifest: {manifest}\ntables:   make tables (python -m lra.collect)")
     if any(j.status not in FINISHED for j in jobs):
         print("run the same command again to finish the rest (finished runs are skipped, interrupted ones resume)")
-
-
-# ----------------------------------------------------------------------------- entry
-USAGE = """usage: python -m lra.sweep grid=<name> [overrides ...] [parallel=N] [dry_run=true] [n_trials=N] [progress=S]
-                                                                 (make sweep grid=<name> ARGS='...')
-Runs every job of conf/sweep/<name>.yaml that is not finished (re-run the same command to resume),
-or, for a grid with a search block, an Optuna search. docs/sweeps.md has the details.
-
-examples:
-  python -m lra.sweep grid=quick dry_run=true                  # the jobs and their run folders, nothing runs
-  python -m lra.sweep grid=quick seed=0,1,2 parallel=2         # an axis from the command line, 2 at a time
-  python -m lra.sweep grid=skeinformer_table1 hydra/launcher=slurm hydra.launcher.partition=gpu
-  python -m lra.sweep grid=search_quick n_trials=20            # Optuna: 20 trials in all, resumable
-
-grids: {grids}"""
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)   # optuna's SQLite storage is chatty
-    if "-h" in args or "--help" in args:
-        print(USAGE.format(grids=", ".join(available_grids())))
-        return 0
-    flags = [a for a in args if a.startswith("-")]
-    grid_arg = [a for a in args if a.startswith("grid=")]
-    if flags or not grid_arg:
-        what = f"unknown argument {flags[0]!r}" if flags else "no grid=<name>"
-        print(f"lra.sweep: {what} (python -m lra.sweep --help lists grids and options)", file=sys.stderr)
-        return 2
-    grid = load_grid(grid_arg[-1].split("=", 1)[1])
-    opts, hydra_ovs = apply_cli(grid, args)
-    if grid.search is not None:
-        from lra.search import run_search   # optuna is a dev extra: grids run without it
-
-        return run_search(grid, opts, hydra_ovs)
-    return run_grid(grid, opts, hydra_ovs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
