@@ -87,9 +87,9 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
         trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
 
         rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p),
-                   compiled=spec.hardware.compile, compile_time_s=lit.compile_time_s)
+                   compile_time_s=lit.compile_time_s)
         out = outcome(spec, trainer, cb)
-        rec.update(out.fields)
+        rec.update(out.fields, **_pruned(cb))
         if out.status != "failed":
             test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False)[0]
             rec.update(test_acc=test["test/acc"], test_loss=test["test/loss"])
@@ -251,6 +251,12 @@ def _extra_callbacks(spec: RunSpec) -> list:
 
         extra.append(OptunaPruning(spec.search["storage"], spec.search["study"], int(spec.search["trial"])))
     return extra
+
+
+def _pruned(cb: Callbacks) -> dict:
+    """A search trial its pruner stopped: the record says so (the collector treats it as an early stop)."""
+    step = next((c.pruned_at for c in cb.all if getattr(c, "pruned_at", None) is not None), None)
+    return {} if step is None else {"stop_reason": "pruned", "pruned_at_step": step}
 
 
 def _plan_fields(p: Plan) -> dict:
