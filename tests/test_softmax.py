@@ -6,7 +6,7 @@ import torch
 
 import attention
 from tests.oracles import dense_softmax
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 
 
 @pytest.mark.parametrize("impl", ["fused", "materialized"])

@@ -8,7 +8,7 @@ import torch
 import attention
 from tests.oracles import dense_softmax
 from tests.test_attention_contract import LargestTensor
-from tests.test_attention_contract import qkv
+from attention.testing import qkv
 
 H, D = 2, 16
 

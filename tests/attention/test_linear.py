@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import attention
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 
 
 def reference_linear(q, k, v, mask, eps=1e-6):

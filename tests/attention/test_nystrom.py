@@ -8,7 +8,7 @@ import torch
 
 import attention
 from attention.nystrom import iterative_pinv
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 from tests.oracles import dense_softmax
 
 H, D = 2, 16

@@ -8,7 +8,7 @@ import torch
 
 import attention
 from attention.performer import gaussian_orthogonal_features
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 from tests.oracles import dense_softmax
 
 H, D, N = 2, 16, 128

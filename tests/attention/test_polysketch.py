@@ -15,7 +15,7 @@ from attention.polysketch import (
     hadamard,
     self_tensor,
 )
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 
 H, D, N = 2, 16, 128
 

@@ -8,7 +8,7 @@ import torch
 
 import attention
 from tests.test_attention_contract import LargestTensor
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 
 H, D = 2, 16
 

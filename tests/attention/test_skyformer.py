@@ -8,7 +8,7 @@ import torch
 
 import attention
 from attention.skyformer import gaussian_kernel, newton_schulz_inverse, sample_landmarks
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 
 H, D, N = 2, 16, 128
 

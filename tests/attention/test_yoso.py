@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import attention
 from attention.yoso import auto_hash_bits, draw_hyperplanes, lsh_attention, simhash_codes
-from tests.test_attention_contract import masks, qkv
+from attention.testing import masks, qkv
 
 H, D, N = 2, 16, 128
 TAU = 8
