@@ -179,3 +179,45 @@ def test_unwritable_runs_root_is_one_line_before_anything(tmp_path):
     bad = _cli(tmp_path, f"runs_root={blocker}/runs")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: runs_root=")
     assert len(bad.stderr.strip().splitlines()) == 1 and blocker.read_text() == "not a folder"
+
+
+def test_best_checkpoint_compares_scores_across_devices(monkeypatch):
+    """A score restored from a checkpoint lives on the CPU and a new one on the GPU: comparing them must
+    not need one device (the CUDA resume crash was torch.equal across devices)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lra.protocol import BestCheckpoint
+
+    def no_cross_device(a, b):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(torch, "equal", no_cross_device)
+    scores = iter([torch.tensor(0.5), torch.tensor(0.7)])
+
+    def fake_update(self, trainer, pl_module):  # what ModelCheckpoint does: a new best score
+        self.best_model_score = next(scores)
+
+    monkeypatch.setattr(ModelCheckpoint, "on_validation_end", fake_update)
+    best = BestCheckpoint(monitor="val/acc", mode="max")
+    best.best_model_score = torch.tensor(0.5, dtype=torch.float64)  # as restored (CPU, another dtype)
+    best.on_validation_end(SimpleNamespace(global_step=10), None)
+    assert best.best_step is None  # same score: not a new best
+    best.on_validation_end(SimpleNamespace(global_step=20), None)
+    assert best.best_step == 20
+
+
+def test_changed_data_is_refused_not_resumed(tmp_path):
+    """The resume key holds a fingerprint of the data: a checkpoint never continues on other arrays
+    (before, a smaller train split made the restored loader position unreachable: a hang)."""
+    from lra.train import RunError, resume_step
+
+    spec = load(["experiment=quick"])
+    key = spec.resume_key(32, 1, "fingerprint-of-the-old-data")
+    assert key != spec.resume_key(32, 1, "fingerprint-of-the-new-data")
+    assert key == spec.resume_key(32, 1, "fingerprint-of-the-old-data")
+    torch.save({"resume_key": key, "global_step": 7}, tmp_path / "last.ckpt")
+    assert resume_step(tmp_path / "last.ckpt", key) == 7
+    with pytest.raises(RunError, match="another configuration, data or micro-batch"):
+        resume_step(tmp_path / "last.ckpt", spec.resume_key(32, 1, "fingerprint-of-the-new-data"))

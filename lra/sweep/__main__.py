@@ -40,11 +40,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     grid = load_grid(grid_arg[-1].split("=", 1)[1])
     opts, hydra_ovs = apply_cli(grid, args)
-    if grid.search is not None:
-        from lra.search import run_search  # noqa: PLC0415 - optuna is the sweep extra: grids run without it
+    try:
+        if grid.search is not None:
+            from lra.search import run_search  # noqa: PLC0415 - optuna is the sweep extra: grids run without it
 
-        return run_search(grid, opts, hydra_ovs)
-    return run_grid(grid, opts, hydra_ovs)
+            return run_search(grid, opts, hydra_ovs)
+        return run_grid(grid, opts, hydra_ovs)
+    except KeyboardInterrupt:  # Ctrl-C: every job records itself as interrupted; one line here, no traceback
+        print(f"lra.sweep: interrupted; run the same command again to resume grid={grid.name}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
