@@ -12,6 +12,7 @@ import torch
 import attention
 from tests.oracles import dense_softmax, rand_qkv, structured_qkv
 from attention import skeinformer as sk
+from attention.testing import masks as contract_masks
 
 SKEIN = ["skeinformer", "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
          "skeinformer_no_pilot"]
@@ -19,18 +20,11 @@ B, H, P = 2, 2, 8
 
 
 def pad_masks(n):
-    """Padding at the end, in the middle (two gaps) and at the start; different counts per sample."""
-    end = torch.ones(B, n, dtype=torch.bool)
-    end[0, n - 37:] = False
-    end[1, n - 5:] = False
-    middle = torch.ones(B, n, dtype=torch.bool)
-    middle[0, 20:57] = False
-    middle[1, 60:64] = False
-    middle[1, n - 3:] = False
+    """Padding at the end and in the middle (two gaps; the contract's masks) and at the start."""
     start = torch.ones(B, n, dtype=torch.bool)
     start[0, :30] = False
     start[1, :2] = False
-    return {"end": end, "middle": middle, "start": start}
+    return {**contract_masks(n), "start": start}
 
 
 # ---------------------------------------------------------------- float64 references (dense loops)
