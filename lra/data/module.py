@@ -18,6 +18,7 @@ Batches are gathered with one fancy-index per batch, so the loader costs microse
 from __future__ import annotations
 
 import signal
+import threading
 
 import lightning as L
 import numpy as np
@@ -30,9 +31,18 @@ from lra.data.base import Split
 def ignore_stop_signals(worker_id: int) -> None:
     """Loader workers leave SIGINT/SIGTERM to the main process: a signal sent to the whole process
     group (timeout, SLURM, Kubernetes, Ctrl-C) then stops the run cleanly, as ``interrupted``, instead
-    of killing a worker under the loader ("DataLoader worker ... killed by signal")."""
+    of killing a worker under the loader ("DataLoader worker ... killed by signal"). When the main
+    process stops while it is fetching a batch's shared memory from a worker, the worker's
+    file-descriptor server sees the connection drop: expected then, so not printed as a traceback."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.excepthook = _quiet_hangup
+
+
+def _quiet_hangup(args) -> None:
+    if issubclass(args.exc_type, (ConnectionError, EOFError)) and args.thread is not None and "_serve" in args.thread.name:
+        return  # multiprocessing.resource_sharer: the main process hung up
+    threading.__excepthook__(args)
 
 
 class SplitDataset(Dataset):
