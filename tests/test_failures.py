@@ -221,3 +221,20 @@ def test_changed_data_is_refused_not_resumed(tmp_path):
     assert resume_step(tmp_path / "last.ckpt", key) == 7
     with pytest.raises(RunError, match="another configuration, data or micro-batch"):
         resume_step(tmp_path / "last.ckpt", spec.resume_key(32, 1, "fingerprint-of-the-new-data"))
+
+
+def test_worker_hides_only_the_fd_servers_hangup(capsys):
+    """multiprocessing.resource_sharer reports a main process that hung up mid-fetch (it is stopping)
+    through sys.excepthook; loader workers keep that quiet and print every other error."""
+    from lra.data.module import _quiet_hangup
+
+    ns: dict = {}
+    exec(compile("def serve():\n    raise ConnectionResetError('reset by peer')\n",
+                 "/py/multiprocessing/resource_sharer.py", "exec"), ns)
+    for fail in (ns["serve"], lambda: 1 / 0):
+        try:
+            fail()
+        except Exception:  # noqa: BLE001
+            _quiet_hangup(*sys.exc_info())
+    err = capsys.readouterr().err
+    assert "reset by peer" not in err and "ZeroDivisionError" in err

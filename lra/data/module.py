@@ -18,7 +18,8 @@ Batches are gathered with one fancy-index per batch, so the loader costs microse
 from __future__ import annotations
 
 import signal
-import threading
+import sys
+import traceback
 
 import lightning as L
 import numpy as np
@@ -36,13 +37,14 @@ def ignore_stop_signals(worker_id: int) -> None:
     file-descriptor server sees the connection drop: expected then, so not printed as a traceback."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.excepthook = _quiet_hangup
+    sys.excepthook = _quiet_hangup  # the fd server (multiprocessing.resource_sharer) reports through it
 
 
-def _quiet_hangup(args) -> None:
-    if issubclass(args.exc_type, (ConnectionError, EOFError)) and args.thread is not None and "_serve" in args.thread.name:
-        return  # multiprocessing.resource_sharer: the main process hung up
-    threading.__excepthook__(args)
+def _quiet_hangup(exc_type, exc, tb) -> None:
+    if issubclass(exc_type, (ConnectionError, EOFError)) and any(
+            f.f_code.co_filename.endswith("resource_sharer.py") for f, _ in traceback.walk_tb(tb)):
+        return  # the main process hung up while fetching a batch: it is stopping
+    sys.__excepthook__(exc_type, exc, tb)
 
 
 class SplitDataset(Dataset):
