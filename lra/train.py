@@ -278,7 +278,7 @@ def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
     if spec.hardware.compile_note:
         log.warning("%s", spec.hardware.compile_note)
     return {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-            "precision": spec.hardware.precision, "loader_workers": spec.hardware.num_workers,
+            "loader_workers": spec.hardware.num_workers,
             "compiled": spec.hardware.compile, "compile_note": spec.hardware.compile_note}
 
 

@@ -7,8 +7,6 @@ import math
 
 import torch
 
-from attention.testing import padding_shift  # noqa: F401 - the contract's, shared with the oracle tests
-
 
 def rand_qkv(n, seed, b=2, h=2, p=8, scale=1.0):
     """Gaussian q, k, v (b, h, n, p) in float64."""

@@ -5,7 +5,6 @@ sets on CUDA, and the sweep's dry run and end-to-end plumbing on the CPU."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -168,7 +167,7 @@ def test_dry_run_shows_each_jobs_gpu_and_budget(tmp_path, capsys, monkeypatch):
 def test_shared_gpu_sweep_end_to_end_on_cpu(tmp_path):
     """Two tiny runs as two slots of one (fake) GPU: each run's record shows the halved profile and the
     budget lra.fit used; on a CPU the allocator limit is not applied (no CUDA device)."""
-    from tests.test_sweep import TINY, run_sweep, sweep_env
+    from tests.test_sweep import TINY, sweep_env
 
     env = {**sweep_env(tmp_path), "CUDA_VISIBLE_DEVICES": "0"}
     proc = subprocess.run([sys.executable, "-m", "lra.sweep", "grid=quick", "task=listops", "attn=skeinformer",

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
 from lra.collect.tables import METRICS, PAPERS, Built, Cell
-from lra.files import write_text
 
 MISSING = "--"
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import attention
-from tests.oracles import dense_softmax, padding_shift, rand_qkv, structured_qkv
+from attention.testing import padding_shift
+from tests.oracles import dense_softmax, rand_qkv, structured_qkv
 from attention import informer as inf
 
 NAMES = ["informer", "informer_mask"]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import attention
-from tests.oracles import dense_softmax, padding_shift, rand_qkv
+from attention.testing import padding_shift
+from tests.oracles import dense_softmax, rand_qkv
 
 B, H, P = 2, 2, 8
 SHARING = ["none", "headwise", "kv", "layerwise"]
