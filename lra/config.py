@@ -61,8 +61,21 @@ def _tag(override_dirname: str = "") -> str:
     return "/" + name
 
 
+SEMANTICS = ("clean", "paper")
+
+
+def _quirk(path: str, clean, *, _root_):
+    """``${lra.quirk:<path>,<clean value>}``: under ``semantics=paper`` the preset's ``quirks.<path>``
+    (the public code's behaviour) where it has one; else the clean value. A command-line value for the
+    key itself replaces the interpolation, so it wins over both."""
+    if _root_.get("semantics") != "paper":
+        return clean
+    return OmegaConf.select(_root_, f"quirks.{path}", default=clean)
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("lra.repo", lambda: str(REPO_ROOT), replace=True)
+    OmegaConf.register_new_resolver("lra.quirk", _quirk, replace=True)
     OmegaConf.register_new_resolver("lra.tag", _tag, replace=True)
     OmegaConf.register_new_resolver("lra.attr", lambda target: str(target).partition(":")[2] or str(target),
                                     replace=True)
@@ -318,6 +331,10 @@ class DataSpec:
         path = self.options.get("path")
         _check(path is None or Path(str(path)).expanduser().exists(), "task.path", path,
                "an existing file or folder (or null to search the data root)")
+        if "tokenizer" in self.options:  # ListOps (lra/data/listops.py)
+            _choice("task.tokenizer", self.options["tokenizer"], ("brackets", "alnum"))
+        if "mask" in self.options:  # pixel tasks: every pixel real, or pixel 0 as padding (the public code)
+            _choice("task.mask", self.options["mask"], ("all", "nonzero"))
 
 
 @dataclass(frozen=True)
@@ -379,8 +396,11 @@ class RunSpec:
     search: dict | None = None  # a trial of an Optuna search: storage, study, trial (lra/search.py)
     fit_cache_dir: Path | None = None  # None: decisions are not cached
     config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
+    semantics: str = "clean"  # clean: the harness's corrections | paper: the preset's public code (docs/fidelity.md)
+    quirks: dict = field(default_factory=dict)  # the public code's quirks this run has on: {"model.pooling": ..}
 
     def __post_init__(self):
+        _choice("semantics", self.semantics, SEMANTICS)
         _int("seed", self.seed, 0)
         _int("num_threads", self.num_threads, 1, optional=True)
         _check(set(self.logger) <= {"csv", "wandb", "tensorboard"}, "logger", list(self.logger),
@@ -429,11 +449,14 @@ def _container(node) -> Any:
 
 
 def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
-    """(options that run, options the preset set), by the precedence in the module docstring."""
+    """(options that run, options the preset set), by the precedence in the module docstring; under
+    ``semantics=paper`` the preset's ``quirks.attn_options`` come after its other tables."""
     name, label = str(cfg.attn.name), str(cfg.attn.label)
     preset: dict = {}
     task_table = OmegaConf.select(cfg, f"protocol.{cfg.task.name}.attn_options", default=None) or {}
-    for table in (cfg.get("attn_options") or {}, task_table):
+    quirk_table = (OmegaConf.select(cfg, "quirks.attn_options", default=None) or {}) \
+        if cfg.get("semantics") == "paper" else {}
+    for table in (cfg.get("attn_options") or {}, task_table, quirk_table):
         for key in dict.fromkeys([name, label]):
             if table.get(key) is not None:
                 preset.update(_container(table[key]))
@@ -441,6 +464,27 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     command_line = {k: options[k] for k in options if not OmegaConf.is_missing(options, k)}
     merged = {**_container(cfg.attn.get("base_options") or {}), **preset, **_container(command_line)}
     return merged, {k: v for k, v in preset.items() if k not in command_line}
+
+
+def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict) -> dict:
+    """The preset's public-code quirks (``quirks``) this run has on, whatever turned them on (the
+    semantics or a single option): ``{"model.pooling": "padded_mean", "task.tokenizer": "alnum",
+    "attn.options.pilot_sampling": "with_replacement", ...}``; a quirk is on where the value that
+    runs is the public code's. Each entry of a preset's table differs from the clean default
+    (tests/test_fidelity.py), so a clean run lists none."""
+    table = _container(cfg.get("quirks") or {})
+    attn, on = model.attn, {}
+    for k, v in (table.get("model") or {}).items():
+        if getattr(model, k) == v:
+            on[f"model.{k}"] = v
+    for k, v in ((table.get("task") or {}).get(task["name"]) or {}).items():
+        if task.get(k) == v:
+            on[f"task.{k}"] = v
+    for key in dict.fromkeys([attn.name, attn.label]):
+        for k, v in ((table.get("attn_options") or {}).get(key) or {}).items():
+            if attn.options.get(k) == v:
+                on[f"attn.options.{k}"] = v
+    return on
 
 
 def _devices(d) -> int:
@@ -528,6 +572,11 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     config = _container(cfg)
     config["attn"] = {**config["attn"], "options": attn.options}
     fit = cfg.get("fit") or {}
+    semantics = cfg.get("semantics", "clean")
+    _choice("semantics", semantics, SEMANTICS)
+    if semantics == "paper" and not any((cfg.get("quirks") or {}).values()):
+        raise ConfigError(f"semantics=paper: preset {cfg.preset!r} reproduces no public code (quirks=none); add "
+                          f"quirks=skeinformer|skyformer|nystromformer (whose code), or use semantics=clean")
     return RunSpec(
         preset=str(cfg.preset), seed=cfg.seed, model=model, train=train,
         data=DataSpec(task=str(task["name"]), root=data_root(cfg.data_root), options=task),
@@ -536,4 +585,4 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         force=bool(cfg.force), num_threads=cfg.num_threads, progress=bool(cfg.trainer.progress),
         log_every_n_steps=int(cfg.trainer.log_every_n_steps), search=_container(cfg.get("search")),
         fit_cache_dir=Path(str(fit.cache_dir)) if fit.get("cache", True) and fit.get("cache_dir") else None,
-        config=config)
+        config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task))

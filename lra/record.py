@@ -22,7 +22,8 @@ def new_record(spec: RunSpec) -> dict:
     """The record of a run that has not trained yet (status ``running``)."""
     return {
         "task": spec.task, "attn": spec.attn.label, "attn_backend": spec.attn.name, "seed": spec.seed,
-        "preset": spec.preset, "status": "running", "reason": None, "test_acc": None, "test_loss": None,
+        "preset": spec.preset, "semantics": spec.semantics, "quirks": dict(spec.quirks),
+        "status": "running", "reason": None, "test_acc": None, "test_loss": None,
         "best_val_acc": None, "majority_acc": None, "steps": 0, "steps_at_stop": None, "steps_to_best": None,
         "train_time_s": None, "time_per_1k_steps_s": None, "tokens_per_s": None,
         "peak_mem_bytes": None, "peak_mem_estimate_bytes": None, "micro_batch": None, "accum_steps": None,

@@ -23,19 +23,21 @@ SPEC = {s.key: s for s in TABLES}
 
 
 def make_record(root: Path, attn="softmax", seed=0, task="listops", preset="quick", sub="", metrics=True,
-                raw: str | None = None, drop=(), **fields) -> Path:
-    """Write a run folder like lra.train does (result.json, optional metrics.csv); returns the folder."""
-    run = Path(root) / preset / task / attn / f"seed{seed}"
+                raw: str | None = None, drop=(), semantics=None, **fields) -> Path:
+    """Write a run folder like lra.train does (result.json, optional metrics.csv); returns the folder.
+    ``semantics``: the preset's own by default (paper for *_paper presets)."""
+    semantics = semantics or ("paper" if preset.endswith("_paper") else "clean")
+    run = Path(root) / preset / semantics / task / attn / f"seed{seed}"
     if sub:
         run = run / sub
     run.mkdir(parents=True, exist_ok=True)
     rec = {"schema_version": 1, "task": task, "attn": attn, "attn_backend": attn, "seed": seed, "preset": preset,
-           "status": "completed", "reason": None, "test_acc": 0.4, "best_val_acc": 0.41, "majority_acc": 0.17,
+           "semantics": semantics, "status": "completed", "reason": None, "test_acc": 0.4, "best_val_acc": 0.41, "majority_acc": 0.17,
            "steps": 600, "train_time_s": 120.0, "eval_time_s": 5.0, "time_per_1k_steps_s": 200.0,
            "peak_mem_bytes": 2 ** 30, "micro_batch": 32, "accum_steps": 1, "effective_batch": 32,
            "hardware": "v100_16gb", "device": "Tesla V100", "git_commit": "abc",
            "config": {"task": {"name": task}, "attn": {"name": attn, "label": attn}, "seed": seed, "preset": preset,
-                      "train": {"batch_size": 32}}}
+                      "semantics": semantics, "train": {"batch_size": 32}}}
     rec.update(fields)
     for k in drop:
         rec.pop(k, None)
@@ -102,7 +104,7 @@ def test_failed_runs_excluded_from_means_and_listed_with_reason(tmp_path):
     assert "3 not finished" in (tmp_path / "out" / "index.md").read_text()
     # a stuck run (trained, at chance) is a real outcome: counted, and listed among the issues
     assert cell(res.tables[("quick", "skeinformer_table1")], "none").mean == pytest.approx(10.0)
-    assert [(i.path, i.kind) for i in res.issues] == [("quick/listops/none/seed0", "stuck")]
+    assert [(i.path, i.kind) for i in res.issues] == [("quick/clean/listops/none/seed0", "stuck")]
 
 
 def test_older_schema_is_read_and_reported(tmp_path):
@@ -117,11 +119,11 @@ def test_older_schema_is_read_and_reported(tmp_path):
     (odd / "result.json").write_text(json.dumps({"test_acc": 0.9, "seed": 0}))
     runs, issues = load_runs(tmp_path)
     old = {i.path: i.detail for i in issues_of(issues, "old_schema")}
-    assert set(old) == {"quick/listops/softmax/seed0", "quick/listops/softmax/seed1", "elsewhere"}
-    assert "derived task, attn, preset, time_per_1k_steps_s" in old["quick/listops/softmax/seed0"]
-    assert "missing peak_mem_bytes" in old["quick/listops/softmax/seed0"]
-    assert "status='completed' (from test_acc)" in old["quick/listops/softmax/seed1"]
-    r0 = runs[runs["path"] == "quick/listops/softmax/seed0"].iloc[0]
+    assert set(old) == {"quick/clean/listops/softmax/seed0", "quick/clean/listops/softmax/seed1", "elsewhere"}
+    assert "derived task, attn, preset, time_per_1k_steps_s" in old["quick/clean/listops/softmax/seed0"]
+    assert "missing peak_mem_bytes" in old["quick/clean/listops/softmax/seed0"]
+    assert "status='completed' (from test_acc)" in old["quick/clean/listops/softmax/seed1"]
+    r0 = runs[runs["path"] == "quick/clean/listops/softmax/seed0"].iloc[0]
     assert r0["time_per_1k_steps_s"] == pytest.approx(200.0) and r0["usable"]
     assert [i.path for i in issues_of(issues, "unusable")] == ["elsewhere"]
     c = cell(build(SPEC["skeinformer_table1"], runs, "quick"), "softmax")
@@ -136,24 +138,24 @@ def test_duplicates_keep_newest_finished_and_are_reported(tmp_path):
         os.utime(path / "result.json", (t, t))
     runs, issues = load_runs(tmp_path)
     kept = runs[runs["kept"]]
-    assert list(kept["path"]) == ["copy/quick/listops/softmax/seed0"]
+    assert list(kept["path"]) == ["copy/quick/clean/listops/softmax/seed0"]
     dup = {i.path: i.detail for i in issues_of(issues, "duplicate")}
-    assert set(dup) == {"quick/listops/softmax/seed0", "retry/quick/listops/softmax/seed0"}
-    assert all("copy/quick/listops/softmax/seed0, which is kept" in d for d in dup.values())
+    assert set(dup) == {"quick/clean/listops/softmax/seed0", "retry/quick/clean/listops/softmax/seed0"}
+    assert all("copy/quick/clean/listops/softmax/seed0, which is kept" in d for d in dup.values())
     c = cell(build(SPEC["skeinformer_table1"], runs, "quick"), "softmax")
     assert c.mean == pytest.approx(30.0) and c.n == 1
 
 
 def test_folder_without_record_and_unreadable_record_are_reported(tmp_path):
     make_record(tmp_path, "softmax", 0)
-    running = tmp_path / "quick" / "listops" / "softmax" / "seed1"
+    running = tmp_path / "quick" / "clean" / "listops" / "softmax" / "seed1"
     (running / ".hydra").mkdir(parents=True)
     (running / "train.log").write_text("...")
     make_record(tmp_path, "softmax", 2, raw='{"task": "listops", "test_acc": 0.')  # half-written by a crash
     res = collect(tmp_path, tmp_path / "out", plots=False)
     kinds = {(i.path, i.kind) for i in res.issues}
-    assert ("quick/listops/softmax/seed1", "no_record") in kinds
-    assert ("quick/listops/softmax/seed2", "unreadable") in kinds
+    assert ("quick/clean/listops/softmax/seed1", "no_record") in kinds
+    assert ("quick/clean/listops/softmax/seed2", "unreadable") in kinds
     assert cell(res.tables[("quick", "skeinformer_table1")], "softmax").n == 1
     text = (tmp_path / "out" / "issues.md").read_text()
     assert "run folder without result.json" in text and "JSONDecodeError" in text
@@ -169,10 +171,10 @@ def test_nan_metrics_are_not_averaged_silently(tmp_path):
     make_record(tmp_path, "softmax", 5, test_acc=38.5)                      # a percentage: not a fraction
     runs, issues = load_runs(tmp_path)
     nan = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
-    assert set(nan) == {f"quick/listops/softmax/seed{s}" for s in (2, 3, 4, 5)}
-    assert "test_acc null" in nan["quick/listops/softmax/seed2"] and "test_acc nan" in nan["quick/listops/softmax/seed3"]
-    assert "not a number" in nan["quick/listops/softmax/seed4"] and "train_time_s inf" in nan["quick/listops/softmax/seed4"]
-    assert "outside [0, 1]" in nan["quick/listops/softmax/seed5"]
+    assert set(nan) == {f"quick/clean/listops/softmax/seed{s}" for s in (2, 3, 4, 5)}
+    assert "test_acc null" in nan["quick/clean/listops/softmax/seed2"] and "test_acc nan" in nan["quick/clean/listops/softmax/seed3"]
+    assert "not a number" in nan["quick/clean/listops/softmax/seed4"] and "train_time_s inf" in nan["quick/clean/listops/softmax/seed4"]
+    assert "outside [0, 1]" in nan["quick/clean/listops/softmax/seed5"]
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     c = cell(t1, "softmax")
     assert c.mean == pytest.approx(40.0) and c.n == 2          # only the two finite accuracies
@@ -195,7 +197,7 @@ def test_cpu_runs_without_peak_memory_are_not_flagged(tmp_path):
     make_record(tmp_path, "softmax", 0, peak_mem_bytes=None, device="cpu")
     make_record(tmp_path, "softmax", 1, peak_mem_bytes=None, device="Tesla V100")
     _, issues = load_runs(tmp_path)
-    assert [i.path for i in issues_of(issues, "nan_metric")] == ["quick/listops/softmax/seed1"]
+    assert [i.path for i in issues_of(issues, "nan_metric")] == ["quick/clean/listops/softmax/seed1"]
 
 
 def test_paper_order_of_rows_and_columns(tmp_path):
@@ -238,6 +240,27 @@ def test_drop_empty_and_presets_not_mixed(tmp_path):
     assert "30.00 (1)" in quick and "50.00" not in quick and "50.00 (1)" in paper
     assert [r.name for r in res.tables[("quick", "skeinformer_table1")].rows] == ["Standard"]
     assert not list((tmp_path / "out" / "quick").glob("*.csv"))[1:]  # only summary.csv with --format md
+
+
+def test_paper_and_clean_semantics_never_share_a_cell(tmp_path):
+    """A *_paper preset's runs with the public code's semantics and with the harness's corrections are
+    two table sets; an old record without the field ran the corrections (clean)."""
+    make_record(tmp_path, "softmax", 0, preset="skeinformer_paper", test_acc=0.5)
+    make_record(tmp_path, "softmax", 0, preset="skeinformer_paper", semantics="clean", test_acc=0.3)
+    old = make_record(tmp_path / "old", "softmax", 1, preset="skeinformer_paper", test_acc=0.2, drop=("semantics",))
+    rec = json.loads((old / "result.json").read_text())
+    del rec["config"]["semantics"]
+    (old / "result.json").write_text(json.dumps(rec))
+    (tmp_path / "old" / "skeinformer_paper" / "listops" / "softmax").mkdir(parents=True)
+    old = old.rename(tmp_path / "old" / "skeinformer_paper" / "listops" / "softmax" / "seed1")  # the layout before
+    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, compare=("skeinformer",))
+    paper = (tmp_path / "out" / "skeinformer_paper" / "skeinformer_table1.md").read_text()
+    clean = (tmp_path / "out" / "skeinformer_paper+clean" / "skeinformer_table1.md").read_text()
+    assert "50.00 (1)" in paper and "30.00" not in paper and "20.00" not in paper
+    assert "25.00 ± 7.07 (2)" in clean and "50.00" not in clean  # the new clean run and the old record
+    assert "do not have the paper code's semantics" in clean and "do not have" not in paper
+    rows = res.runs.set_index("path")
+    assert rows.loc[old.relative_to(tmp_path).as_posix(), "semantics"] == "clean"
 
 
 def test_odd_preset_and_task_names_stay_inside_the_output_folder(tmp_path):
@@ -478,11 +501,11 @@ def test_impossible_values_are_excluded_and_reported(tmp_path):
     make_record(tmp_path, "softmax", 3, time_per_1k_steps_s=-200.0, tokens_per_s=None, peak_mem_estimate_bytes=None)
     runs, issues = load_runs(tmp_path)
     bad = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
-    assert set(bad) == {"quick/listops/softmax/seed2", "quick/listops/softmax/seed3"}  # a null optional is fine
+    assert set(bad) == {"quick/clean/listops/softmax/seed2", "quick/clean/listops/softmax/seed3"}  # a null optional is fine
     for text in ("steps -5.0 negative", "train_time_s -1.0 negative", "time_per_1k_steps_s 0.0 not positive",
                  "tokens_per_s -3.0 not positive", "peak_mem_bytes -1.0 negative", "peak_mem_estimate_bytes inf"):
-        assert text in bad["quick/listops/softmax/seed2"], text
-    assert "time_per_1k_steps_s -200.0 not positive" in bad["quick/listops/softmax/seed3"]
+        assert text in bad["quick/clean/listops/softmax/seed2"], text
+    assert "time_per_1k_steps_s -200.0 not positive" in bad["quick/clean/listops/softmax/seed3"]
     s = summary(runs).iloc[0]
     assert s["steps_mean"] == pytest.approx((600 + 1000 + 600) / 3) and s["steps_n"] == 3
     assert s["train_time_s_mean"] == pytest.approx(160.0) and s["time_per_1k_steps_s_n"] == 2
@@ -504,10 +527,10 @@ def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     (bad / "result.json").write_text(json.dumps({**json.loads((bad / "result.json").read_text()), "seed": 4.25}))
     res = collect(tmp_path, tmp_path / "out", plots=False)
     unusable = {i.path: i.detail for i in issues_of(res.issues, "unusable")}
-    assert set(unusable) == {"quick/listops/softmax/seed1.5", "quick/listops/softmax/seed2.5",
-                             "quick/listops/none/seed4"}
-    assert "'seed1.5' names a seed that is not an integer" in unusable["quick/listops/softmax/seed1.5"]
-    assert "seed 4.25 is not an integer" in unusable["quick/listops/none/seed4"]
+    assert set(unusable) == {"quick/clean/listops/softmax/seed1.5", "quick/clean/listops/softmax/seed2.5",
+                             "quick/clean/listops/none/seed4"}
+    assert "'seed1.5' names a seed that is not an integer" in unusable["quick/clean/listops/softmax/seed1.5"]
+    assert "seed 4.25 is not an integer" in unusable["quick/clean/listops/none/seed4"]
     c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
     assert c.n == 3 and c.mean == pytest.approx((30 + 50 + 97) / 3)
     assert cell(res.tables[("quick", "yoso_table3")], "none").empty  # its only run is not counted
@@ -540,7 +563,7 @@ def test_curves_against_steps_and_time_with_full_labels(tmp_path):
     assert soft[acc_time].get_xdata() == pytest.approx([s * 0.15 for s in (149, 299, 449, 599)])
     assert soft[acc_step].get_ydata() == pytest.approx([100 * (0.2 + 0.05 * i + 0.005) for i in range(4)])
     assert len(acc_step.get_lines()) == 3 and len(acc_time.get_lines()) == 2
-    assert [p for p, _ in notes] == ["quick/listops/none/seed0"]
+    assert [p for p, _ in notes] == ["quick/clean/listops/none/seed0"]
 
 
 def _points(ax):

@@ -349,7 +349,7 @@ def test_real_search_killed_then_resumed(tmp_path):
             except Exception:   # noqa: BLE001 - no database or no study in it yet: the driver is starting
                 trials = []
             if len(trials) == 2 and trials[1].state == TrialState.RUNNING and \
-                    list((tmp_path / "runs" / "quick" / "listops").rglob("last.ckpt")):
+                    list((tmp_path / "runs" / "quick" / "clean" / "listops").rglob("last.ckpt")):
                 break
             assert proc.poll() is None, "the search ended before it could be killed"
             time.sleep(0.5)

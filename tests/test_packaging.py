@@ -152,5 +152,5 @@ def test_installed_lra_train_runs_from_another_directory(installed, tmp_path):
     (record,) = (work / "runs").rglob("result.json")
     rec = json.loads(record.read_text())
     assert rec["status"] == "completed", rec.get("status")
-    assert record.is_relative_to(work / "runs" / "quick" / "listops")
+    assert record.is_relative_to(work / "runs" / "quick" / "clean" / "listops")
     assert any((work / "data").iterdir()), "the ListOps data was not generated under ./data"

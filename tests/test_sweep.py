@@ -92,7 +92,7 @@ def test_dry_run_lists_jobs_and_refuses_colliding_folders(tmp_path, capsys, monk
     monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
     assert main(["grid=quick", "task=listops", "attn=softmax", "dry_run=true"]) == 0
     out = capsys.readouterr().out
-    assert "2 jobs" in out and "quick/listops/softmax/seed0" in out and "quick/listops/softmax/seed1" in out
+    assert "2 jobs" in out and "quick/clean/listops/softmax/seed0" in out and "quick/clean/listops/softmax/seed1" in out
     assert "python -m lra.train -m" in out and not (tmp_path / "runs").exists()
     # num_threads is left out of the folder name: two jobs would write into one folder
     with pytest.raises(SystemExit, match="two jobs would share"):
@@ -143,7 +143,7 @@ def test_killed_sweep_restarts_without_rerunning_finished_jobs(tmp_path):
             *TINY]
     proc = subprocess.Popen([sys.executable, "-m", "lra.sweep", *args], env=sweep_env(tmp_path),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    runs = tmp_path / "runs" / "quick" / "listops"
+    runs = tmp_path / "runs" / "quick" / "clean" / "listops"
 
     def folder(attn):
         found = list((runs / attn / "seed0").glob("*"))

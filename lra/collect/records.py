@@ -21,6 +21,11 @@ Bad input is reported, never fatal and never averaged silently:
 Runs whose status is not ``completed``, ``stopped_early`` or ``stuck`` (failed, interrupted, still
 ``running`` ...) never enter a mean; they are listed with their reason in the failed-runs table.
 ``stuck`` runs (trained, but at chance level) are a real outcome: they are counted, and listed.
+
+Semantics (docs/fidelity.md): a run's ``preset`` column is its preset where it ran the preset's own
+semantics (paper for the ``*_paper`` presets, clean for the others) and ``<preset>+<semantics>``
+where it did not, so tables never average paper and clean runs; records from before the switch
+(no ``semantics``) ran the harness's corrections and count as clean.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ POSITIVE = ("time_per_1k_steps_s", "tokens_per_s", "micro_batch", "accum_steps",
 EXPECTED = ("test_acc", "best_val_acc", "steps", "train_time_s", "time_per_1k_steps_s", "micro_batch",
             "accum_steps", "peak_mem_bytes")
 TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit")
-COLUMNS = ("path", "preset", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
+COLUMNS = ("path", "preset", "semantics", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
            "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit")
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 # seed1.5, seed1e3 ...: a seed folder whose seed is a number but no integer
@@ -94,14 +99,29 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def _from_path(rel: str) -> dict:
-    """preset/task/attn/seed<N>[/variant...] (the layout lra.train writes), or {} for another layout."""
+    """preset/<semantics>/task/attn/seed<N>[/variant...] (the layout lra.train writes; before the
+    semantics level: preset/task/attn/seed<N>), or {} for another layout."""
     parts = rel.split("/")
     for i in range(3, len(parts)):
         m = _SEED_DIR.match(parts[i])
         if m:
-            return dict(preset=parts[i - 3], task=parts[i - 2], attn=parts[i - 1], seed=int(m.group(1)),
-                        variant="/".join(parts[i + 1:]))
+            out = dict(preset=parts[i - 3], task=parts[i - 2], attn=parts[i - 1], seed=int(m.group(1)),
+                       variant="/".join(parts[i + 1:]))
+            if i >= 4 and parts[i - 3] in SEMANTICS:
+                out.update(preset=parts[i - 4], semantics=parts[i - 3])
+            return out
     return {}
+
+
+SEMANTICS = ("clean", "paper")
+
+
+def table_set(preset: str, semantics: str) -> str:
+    """The name a run's tables go under: the preset, with ``+<semantics>`` where the run did not have
+    the preset's own semantics (paper for the ``*_paper`` presets, clean otherwise), so the two are
+    never averaged: ``skeinformer_paper`` (their code's semantics), ``skeinformer_paper+clean``."""
+    own = "paper" if preset.endswith("_paper") else "clean"
+    return preset if semantics == own else f"{preset}+{semantics}"
 
 
 def _get(d, *keys):
@@ -247,7 +267,10 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
         why = f"{seed_problem}: not counted (seeds are integers)"
         out["reason"] = out["reason"] or why
         issues.append(Issue(rel, "unusable", why))
-    out["preset"] = out["preset"] or "unknown"
+    # records from before the semantics switch ran the harness's corrections: clean
+    semantics = rec.get("semantics") or _get(cfg, "semantics") or from_path.get("semantics") or "clean"
+    out["semantics"] = str(semantics)
+    out["preset"] = table_set(out["preset"] or "unknown", out["semantics"])
     out["usable"] = usable
     return out, issues
 

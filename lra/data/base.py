@@ -37,11 +37,15 @@ class Split:
     lengths: int array (N,) or (N, 2): number of real tokens; real tokens form the prefix.
              Image-like tasks have lengths == L (pixel value 0 is a real token, never padding).
     labels:  int64 array (N,).
+    zero_is_padding: the mask is ``tokens != 0`` wherever the zeros sit, not the length prefix: the
+             public code's mask, which makes every black pixel of Image and Pathfinder padding
+             (``task.mask=nonzero``, ``semantics=paper``; docs/fidelity.md).
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
     labels: np.ndarray
+    zero_is_padding: bool = False
 
     def __post_init__(self):
         n = len(self.labels)
@@ -54,6 +58,13 @@ class Split:
     @property
     def seq_len(self) -> int:
         return self.tokens.shape[-1]
+
+    def mask(self, idx) -> np.ndarray:
+        """The padding mask (True = real token) of rows ``idx``."""
+        tokens = self.tokens[idx]
+        if self.zero_is_padding:
+            return tokens != 0
+        return np.arange(tokens.shape[-1]) < np.asarray(self.lengths[idx])[..., None]
 
     def majority_rate(self) -> float:
         """Share of the most frequent label (the accuracy of always guessing it)."""

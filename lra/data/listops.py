@@ -12,8 +12,16 @@ Unlike the official script this generator is seeded and deterministic: raw draws
 chunks, chunk ``i`` seeded from ``(seed, i)``, consumed in order, so the output does not depend on
 the number of worker processes.
 
-Tokenizer: ``]`` becomes ``X``, parentheses are dropped, the rest split on spaces. Closing
-brackets are kept (the old code that dropped them made the task ambiguous, LRA issue 14).
+Tokenizers (``task.tokenizer``):
+* ``brackets`` (clean): ``]`` becomes ``X``, parentheses are dropped, the rest split on spaces, so
+  ``[MAX 2 9 [MIN 4 7 ] 0 ]`` is 9 tokens. Closing brackets are kept (the old pipeline that dropped
+  them made the task ambiguous, LRA issue 14; LRA's pipeline keeps them since 2021-03-04).
+* ``alnum`` (``semantics=paper``): the pipeline the Skeinformer/Skyformer/Nystromformer pickles were
+  made with (LRA before 2021-03-04, ``tfds.deprecated.text.Tokenizer``): alphanumeric runs only, so
+  every bracket and parenthesis is dropped and ``[MAX`` becomes ``MAX``: the same string is the 7
+  tokens ``MAX 2 9 MIN 4 7 0``. Their ids came from a Python ``set`` (the order changed with the hash
+  seed); ours are fixed: MIN MAX MED SM 0-9 = 1..14 (14 + pad; their embedding table had 32 rows,
+  ``task.vocab_size`` under paper). Truncation to ``max_length`` counts these tokens, as theirs did.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import statistics
 import tempfile
@@ -43,6 +52,9 @@ OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 VOCAB = ("<pad>",) + OPERATORS + tuple(str(d) for d in range(10)) + ("X",)
 TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
 VOCAB_SIZE = len(VOCAB)  # 16 = 15 symbols + pad
+# the old LRA pipeline's alphanumeric tokens, in a fixed order (theirs: a Python set's)
+ALNUM_VOCAB = ("<pad>",) + tuple(op[1:] for op in OPERATORS) + tuple(str(d) for d in range(10))
+VOCABS = {"brackets": VOCAB, "alnum": ALNUM_VOCAB}
 SPLITS = ("train", "val", "test")
 CHUNK_DRAWS = 4000  # raw trees per generator chunk
 
@@ -266,16 +278,26 @@ def check_generated(folder: Path, params: GeneratorParams) -> str | None:
 
 
 # ------------------------------------------------------------------------------ reading
-def tokenize(source: str) -> list[int]:
-    toks = source.replace("]", "X").replace("(", "").replace(")", "").split()
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+_ALNUM_ID = {t: i for i, t in enumerate(ALNUM_VOCAB)}
+
+
+def tokenize(source: str, tokenizer: str = "brackets") -> list[int]:
+    """Token ids of one source string (module docstring: ``brackets`` or ``alnum``)."""
+    if tokenizer == "alnum":
+        toks, ids = _ALNUM_RUN.findall(source), _ALNUM_ID
+    elif tokenizer == "brackets":
+        toks, ids = source.replace("]", "X").replace("(", "").replace(")", "").split(), TOKEN_ID
+    else:
+        raise ValueError(f"task.tokenizer={tokenizer!r} is not allowed: one of {', '.join(VOCABS)}")
     try:
-        return [TOKEN_ID[t] for t in toks]
+        return [ids[t] for t in toks]
     except KeyError as e:
         raise ValueError(f"unknown ListOps symbol {e.args[0]!r}") from None
 
 
-def detokenize(ids) -> str:
-    return " ".join(VOCAB[i] for i in ids if i != 0)
+def detokenize(ids, tokenizer: str = "brackets") -> str:
+    return " ".join(VOCABS[tokenizer][i] for i in ids if i != 0)
 
 
 def read_tsv(path: Path) -> list[tuple[str, int]]:
@@ -308,31 +330,32 @@ def read_tsv(path: Path) -> list[tuple[str, int]]:
     return rows
 
 
-def _tokenize_rows(rows) -> list:
+def _tokenize_rows(rows, tokenizer: str = "brackets") -> list:
     out = []
     for src, _ in rows:
         try:
-            out.append(tokenize(src))
+            out.append(tokenize(src, tokenizer))
         except ValueError:
             out.append(None)
     return out
 
 
-def tokenize_split(rows, path: Path, max_length: int, seq_len: int, workers: int = 1) -> Split:
+def tokenize_split(rows, path: Path, max_length: int, seq_len: int, workers: int = 1,
+                   tokenizer: str = "brackets") -> Split:
     """Token matrix (N, seq_len) uint8 padded with 0, first ``max_length`` tokens of each row kept."""
     n = len(rows)
     if workers > 1 and n > 2000:
         with worker_pool(workers) as pool:
-            done = pool.map(_tokenize_rows, [rows[i::workers] for i in range(workers)])
+            done = pool.starmap(_tokenize_rows, [(rows[i::workers], tokenizer) for i in range(workers)])
         ids = [None] * n
         for w, part in enumerate(done):
             ids[w::workers] = part
     else:
-        ids = _tokenize_rows(rows)
+        ids = _tokenize_rows(rows, tokenizer)
     bad = next((i for i, x in enumerate(ids) if x is None), None)
     if bad is not None:
         try:
-            tokenize(rows[bad][0])
+            tokenize(rows[bad][0], tokenizer)
         except ValueError as e:
             raise DataError(f"{path}:{bad + 2}: {e}") from None
     tokens = np.zeros((n, seq_len), dtype=np.uint8)
@@ -407,10 +430,13 @@ def prepare(cfg: dict, root: Path, progress: bool = True) -> Path:
 
 @register_task("listops")
 def load(cfg: dict, root: Path) -> dict[str, Split]:
+    tokenizer = str(cfg.get("tokenizer", "brackets"))
+    if tokenizer not in VOCABS:
+        raise DataError(f"task.tokenizer={tokenizer!r} is not allowed: one of {', '.join(VOCABS)}")
     folder = prepare(cfg, root)
     paths = {s: folder / f"basic_{s}.tsv" for s in SPLITS}
     key = {"task": "listops", "max_length": cfg["max_length"], "seq_len": cfg["seq_len"],
-           "vocab": VOCAB, "sources": source_fingerprint(paths.values())}
+           "vocab": VOCABS[tokenizer], "sources": source_fingerprint(paths.values())}
     recorded = json.loads((folder / STAMP).read_text())["files"] if is_generated(folder) else None
 
     def build():
@@ -420,7 +446,7 @@ def load(cfg: dict, root: Path) -> dict[str, Split]:
             if recorded is not None and len(rows) != recorded[p.name]["rows"]:
                 raise DataError(f"{p}: {len(rows)} rows, {STAMP} recorded {recorded[p.name]['rows']}; the file was "
                                 f"edited or damaged: delete the folder to regenerate it")
-            out[s] = tokenize_split(rows, p, cfg["max_length"], cfg["seq_len"], data_workers())
+            out[s] = tokenize_split(rows, p, cfg["max_length"], cfg["seq_len"], data_workers(), tokenizer)
         return out
 
     return cached_splits(root, "listops", key, build)

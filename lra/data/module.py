@@ -60,8 +60,7 @@ class SplitDataset(Dataset):
         idx = np.sort(np.asarray(idx))  # sorted reads are faster on memory-mapped arrays
         s = self.split
         tokens = torch.from_numpy(np.ascontiguousarray(s.tokens[idx])).long()
-        lengths = torch.from_numpy(np.ascontiguousarray(s.lengths[idx])).long()
-        mask = torch.arange(tokens.shape[-1]) < lengths[..., None]
+        mask = torch.from_numpy(np.ascontiguousarray(s.mask(idx)))
         return {"tokens": tokens, "mask": mask, "label": torch.from_numpy(np.ascontiguousarray(s.labels[idx]))}
 
 

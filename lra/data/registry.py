@@ -9,6 +9,7 @@ the data root, finds the data in any supported format, tokenises it through the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Callable
@@ -42,7 +43,9 @@ def load_task(task_cfg: dict, root: Path) -> dict[str, Split]:
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
     splits = limit_examples(LOADERS[name](dict(task_cfg), Path(root)), task_cfg.get("max_examples"))
-    return {k: splits[k] for k in ("train", "val", "test") if k in splits}
+    zero_is_padding = task_cfg.get("mask", "all") == "nonzero"  # the public code's ids != 0 (docs/fidelity.md)
+    return {k: dataclasses.replace(splits[k], zero_is_padding=zero_is_padding)
+            for k in ("train", "val", "test") if k in splits}
 
 
 def limit_examples(splits: dict[str, Split], limits: dict | None, seed: int = 0) -> dict[str, Split]:
