@@ -37,21 +37,52 @@ Registered names (one class, other option defaults; the paper's Table 1 ablation
     over the selected columns only, softmax(Q K_{J'}ᵀ/√p) V_{J'} (Informer's normalisation).
   * ``skeinformer_no_pilot`` ("w/o pilot sampling reutilization", ``pilot_reuse=False``).
 
-Deviations from the paper / its public code, and why:
+Deviations from the paper / its public code, and why (defaults; each has an option below):
   * pilot rows are drawn WITHOUT replacement by default (Algorithm 1 says with replacement;
     ``pilot_sampling="with_replacement"`` restores it). Distinct pilots give d exact rows instead of
     ≈ m(1 − e^{−d/m}), make budget ≥ m exact row by row, and avoid double-counted gradients of
     duplicated pilot rows (with replacement, only the first copy of a row is reused).
   * sampling is per sample and per head among real positions via Gumbel-top-k (same law as
     ``torch.multinomial(replacement=False)``), so padding may sit anywhere and each sample keeps its
-    own d = min(num_features, m); the public code assumes right padding and shrinks d for the whole
-    batch to the shortest sequence (with a host sync).
+    own d = min(num_features, m); samples of a batch do not influence each other.
   * scores are stabilised by subtracting the row max of the selected scores (the public code
-    exponentiates raw scores); this cancels exactly in eq. 6.
+    exponentiates raw scores, which overflows in fp32 once a score exceeds ~88); this cancels exactly
+    in eq. 6, so it has no option.
   * w/o row normalisation uses the importance-weighted sketch of §4.1 (unbiased) rather than the
     public code's unweighted Σ_{J'} a_ij v_j / D_i, which shrinks outputs by about d/m.
   * randomness is redrawn on every call (the sampling probabilities depend on the data, so a fixed
     draw is not meaningful); ``torch.manual_seed`` before a call fixes it.
+
+Public-code semantics (``paper`` presets). The public code is https://github.com/pkuzengqi/Skeinformer,
+``src/models/attention_skeinformer.py``: ``SkeinAttention`` (Algorithm 1) and the ablation classes
+``SkeinAttention_ablation_uniform`` / ``_no_normalization`` / ``_simple_normalization`` / ``_nopilot``
+(selected as ``skeinformer`` / ``skein_uniform`` / ``skein_nonorm`` / ``skein_simplenorm`` /
+``skein_nopilot`` in ``src/models/attention.py``). Each quirk is an option; the default is the
+corrected behaviour above:
+  * ``pilot_sampling="with_replacement"``: ``uniform_sketching`` draws d independent uniform rows.
+  * ``pilot_heads="shared"``: one set of pilot rows per sample, gathered for every head (S0 has a
+    single "m" axis, no head axis).
+  * ``pilot_batch="shared"``: ``uniform_sketching`` draws ONE vector u of d uniforms (``torch.rand``)
+    for the batch and sample i takes rows ⌊u·m_i⌋ (float32 product, truncated): draws are coupled
+    across samples. Needs ``pilot_sampling="with_replacement"``.
+  * ``draw_from="prefix"``: those rows lie in [0, m_i) of the padded sequence (right padding assumed);
+    with padding elsewhere (e.g. pixel-0 masks) a pilot may land on a padded position, whose query
+    the public code has zeroed: its B_J row is uniform over the real keys, it enters the column
+    probabilities, and it overwrites only that padded row. Identical to ``"real"`` for right padding.
+  * ``budget="batch_shortest"``: d = min(num_features, min_i m_i − 1) for the WHOLE batch (the public
+    code reads it with ``.item()``, a host sync). Here d is a tensor: min(num_features, n − 1) slots,
+    the first d valid (the first k Gumbel-top-k picks are a without-replacement k-sample), so there is
+    no sync and no recompile; d is clamped to ≥ 1 (the public code fails on a 1-token sample).
+  * ``sketch_weights="none"`` (with ``row_norm="exact"``): ``_no_normalization`` divides the unweighted
+    Σ_{J'} a_ij v_j by the exact row sum D_i.
+  * ``pilot_duplicate_grad="per_copy"``: pilot reuse is an index assignment, so a row drawn c times
+    gets the same (exact) value but c times its gradient; here the forward is unchanged and each copy
+    passes the full gradient.
+  * ablations: ``_simple_normalization`` and ``_no_normalization`` compute the pilot for the column
+    probabilities but do NOT reuse it (``pilot_reuse=False``); ``_uniform`` computes no pilot.
+  * the column draw is per (sample, head), without replacement (``torch.multinomial``), the same law
+    as ``gumbel_topk``; duplicated pilot rows count once per copy in eq. (5) in both. Outputs at padded
+    query rows differ (the public code zeroes padded queries); they never reach a real token.
 The V-mean baseline (1/m 11ᵀV) lives in ``attention/vmean.py``.
 """
 
@@ -61,7 +92,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attention.registry import AttentionBackend, Capabilities, check_choice, check_range, full_mask, register
+from attention.registry import (AttentionBackend, Capabilities, InvalidOption, check_choice, check_range, full_mask,
+                                register)
 from attention.softmax import key_mask
 
 NEG_INF = float("-inf")
@@ -74,6 +106,12 @@ class SkeinformerOptions:
     row_norm: str = "adaptive"  # "adaptive" (eq. 6) | "simple" (softmax over J') | "exact" (D⁻¹ASSᵀV)
     pilot_reuse: bool = True  # replace the pilot rows by their exact output B_J V
     pilot_sampling: str = "without_replacement"  # | "with_replacement" (Algorithm 1 as printed)
+    pilot_heads: str = "per_head"  # pilot rows drawn per head | "shared": one draw for all heads of a sample
+    pilot_batch: str = "independent"  # per sample | "shared": one u ~ U[0,1)^d for the batch, rows ⌊u·m_i⌋
+    draw_from: str = "real"  # pilot rows among real tokens | "prefix": positions [0, m_i) (right padding assumed)
+    budget: str = "per_sample"  # d = min(num_features, m_i) | "batch_shortest": min(num_features, min_i m_i − 1)
+    sketch_weights: str = "horvitz_thompson"  # row_norm="exact": weights 1/π_j | "none": Σ_{J'} a_ij v_j / D_i
+    pilot_duplicate_grad: str = "once"  # pilot row drawn c times: gradient once | "per_copy": c times
 
     def __post_init__(self):
         check_range("num_features", self.num_features, 1, None, integer=True)
@@ -81,28 +119,44 @@ class SkeinformerOptions:
         check_choice("row_norm", self.row_norm, ("adaptive", "simple", "exact"))
         check_choice("pilot_reuse", self.pilot_reuse, (True, False))
         check_choice("pilot_sampling", self.pilot_sampling, ("without_replacement", "with_replacement"))
+        check_choice("pilot_heads", self.pilot_heads, ("per_head", "shared"))
+        check_choice("pilot_batch", self.pilot_batch, ("independent", "shared"))
+        check_choice("draw_from", self.draw_from, ("real", "prefix"))
+        check_choice("budget", self.budget, ("per_sample", "batch_shortest"))
+        check_choice("sketch_weights", self.sketch_weights, ("horvitz_thompson", "none"))
+        check_choice("pilot_duplicate_grad", self.pilot_duplicate_grad, ("once", "per_copy"))
+        if self.pilot_batch == "shared" and self.pilot_sampling != "with_replacement":
+            raise InvalidOption("option 'pilot_batch'='shared' needs pilot_sampling='with_replacement' "
+                                "(independent uniform positions, as in the public code)")
 
 
 # ---------------------------------------------------------------- sampling (module level so tests can inject)
-def gumbel_topk(log_w: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gumbel_topk(log_w: torch.Tensor, d: int, kth: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw ``d`` indices along the last dim without replacement, P ∝ exp(log_w) (Gumbel-top-k).
 
     Entries with ``log_w = -inf`` (padding) come last, so they are picked only when fewer than ``d``
-    entries are finite. Returns ``(idx, kappa)``: idx (..., d) and the (d+1)-th largest perturbed key
-    (..., 1), ``-inf`` when there is none; kappa drives the inclusion probabilities of ``row_norm="exact"``.
+    entries are finite. Returns ``(idx, kappa)``: idx (..., d), in decreasing order of the perturbed
+    keys (so its first k entries are a without-replacement sample of size k), and kappa (..., 1), the
+    (kth+1)-th largest perturbed key (kth a 0-dim tensor ≤ d, default d), ``-inf`` when there is none;
+    kappa drives the inclusion probabilities of ``row_norm="exact"``.
     """
     u = torch.rand(log_w.shape, dtype=log_w.dtype, device=log_w.device)
     keys = log_w - torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
     n = log_w.shape[-1]
     if n > d:
         vals, idx = keys.topk(d + 1, dim=-1)
-        return idx[..., :d], vals[..., d:]
+        if kth is None:
+            return idx[..., :d], vals[..., d:]
+        return idx[..., :d], vals.gather(-1, kth.reshape([1] * vals.dim()).expand(*vals.shape[:-1], 1))
     idx = keys.topk(d, dim=-1).indices
     return idx, torch.full_like(keys[..., :1], NEG_INF)
 
 
 def sample_pilot_rows(real: torch.Tensor, d: int, replacement: bool) -> torch.Tensor:
-    """Uniform pilot rows J among real tokens: real (b, h, n) bool -> (b, h, d) indices."""
+    """Uniform pilot rows J among the allowed positions: real (b, h, n) bool -> (b, h, d) indices.
+
+    ``h`` may be 1 (pilot rows shared by the heads). Without replacement, disallowed positions come
+    last (only when fewer than ``d`` are allowed)."""
     b, h, n = real.shape
     if replacement:
         w = real.reshape(b * h, n).to(torch.float32)
@@ -111,12 +165,31 @@ def sample_pilot_rows(real: torch.Tensor, d: int, replacement: bool) -> torch.Te
     return gumbel_topk(log_w, d)[0]
 
 
+def pilot_uniforms(shape: tuple, device) -> torch.Tensor:
+    """The uniforms u ∈ [0, 1) behind ``pilot_batch="shared"`` (float32, like the public code's draw)."""
+    return torch.rand(shape, dtype=torch.float32, device=device)
+
+
+def nth_allowed(allowed: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row ⌊u·c⌋ of the allowed positions in increasing order, c = their count (with replacement).
+
+    allowed (B, H, n) bool; u (1 or B, 1 or H, d) uniforms -> (B, H, d) positions. With a prefix
+    mask (``draw_from="prefix"``) this is the position ⌊u·m_i⌋ itself, the public code's pilot row.
+    The product u·c is taken in u's dtype (float32) and truncated, as there.
+    """
+    count = allowed.sum(-1, keepdim=True)  # (B, H, 1)
+    kth = (u * count.to(u.dtype)).floor().long()
+    kth = torch.minimum(kth, count - 1).clamp_min(0)
+    order = torch.sort((~allowed).to(torch.uint8), dim=-1, stable=True).indices  # allowed positions first
+    return order.gather(-1, kth.expand(*allowed.shape[:-1], u.shape[-1]))
+
+
 def column_log_weights(b_pilot: torch.Tensor, pilot_valid: torch.Tensor, v: torch.Tensor,
                        real: torch.Tensor) -> torch.Tensor:
     """log of eq. (5)'s p̂_i ∝ ‖(B_J)^(i)‖ ‖V_(i)‖ (unnormalised), -inf on padded keys.
 
-    b_pilot (b, h, d, n) pilot rows of B; pilot_valid (b, h, d) which pilots are real rows;
-    v (b, h, n, p); real (b, h, n).
+    b_pilot (b, h, d, n) pilot rows of B; pilot_valid (b, h, d) which pilots count; v (b, h, n, p);
+    real (b, h, n).
     """
     col = (b_pilot.square() * pilot_valid[..., None]).sum(-2).sqrt()
     w = col * v.norm(dim=-1)
@@ -149,6 +222,22 @@ class SkeinformerAttention(AttentionBackend):
     capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n d)",
                                 notes="exact when num_features >= real tokens; row_norm='exact' is O(n^2)")
 
+    def _pilot_rows(self, real: torch.Tensor, m: torch.Tensor, h: int, d: int) -> torch.Tensor:
+        """Pilot row indices (b, h, d) per the options; real (b, n), m (b,) real counts."""
+        o = self.options
+        b, n = real.shape
+        if o.draw_from == "real":
+            allowed = real
+        else:  # the first m_i positions of the padded sequence, wherever the padding is
+            allowed = torch.arange(n, device=real.device)[None, :] < m[:, None]
+        hh = 1 if o.pilot_heads == "shared" else h
+        allowed = allowed[:, None, :].expand(b, hh, n)
+        if o.pilot_batch == "shared":
+            pilot = nth_allowed(allowed, pilot_uniforms((1, hh, d), real.device))
+        else:
+            pilot = sample_pilot_rows(allowed, d, o.pilot_sampling == "with_replacement")
+        return pilot.expand(b, h, d)
+
     def forward(self, q, k, v, mask=None):
         o = self.options
         b, h, n, p = q.shape
@@ -157,17 +246,30 @@ class SkeinformerAttention(AttentionBackend):
         realh = real[:, None, :].expand(b, h, n)
         keyreal = real[:, None, None, :]  # broadcasts over (b, h, rows, n)
         v = v.masked_fill(~real[:, None, :, None], 0.0)
-        d = min(o.num_features, n)
         scale = p ** -0.5
+        if o.budget == "per_sample":  # d slots, a sample with m < d fills the rest with (invalid) padding
+            d, d_eff, slot = min(o.num_features, n), None, None
+        else:  # one d for the batch, as a tensor: fixed slots, the first d_eff valid (no host sync)
+            d = min(o.num_features, max(n - 1, 1))
+            d_eff = (m.min() - 1).clamp(1, o.num_features)  # the public code fails at 0 (a 1-token sample)
+            slot = torch.arange(d, device=q.device) < d_eff  # (d,)
 
         # 1. pilot sampling: exact rows B_J of the attention matrix
         use_pilot = o.pilot_reuse or o.column_sampling == "importance"
         if use_pilot:
             with torch.no_grad():
-                pilot = sample_pilot_rows(realh, d, o.pilot_sampling == "with_replacement")
-                pilot_valid = realh.gather(2, pilot)
+                pilot = self._pilot_rows(real, m, h, d)
+                pilot_real = realh.gather(2, pilot)  # may be False: m < d, or draw_from="prefix"
+                if o.draw_from == "real":
+                    pilot_valid = pilot_real
+                else:  # a padded pilot row counts, with its query zeroed (uniform over the real keys)
+                    pilot_valid = (torch.arange(n, device=q.device)[None, :] < m[:, None])[:, None, :].expand(
+                        b, h, n).gather(2, pilot)
+                if slot is not None:
+                    pilot_valid, pilot_real = pilot_valid & slot, pilot_real & slot
             with torch.set_grad_enabled(torch.is_grad_enabled() and o.pilot_reuse):  # else only probabilities
-                scores_j = (_gather_rows(q, pilot) @ k.transpose(-1, -2)) * scale
+                q_j = _gather_rows(q, pilot).masked_fill(~pilot_real[..., None], 0.0)
+                scores_j = (q_j @ k.transpose(-1, -2)) * scale
                 b_pilot = scores_j.masked_fill(~keyreal, NEG_INF).softmax(-1)  # (b, h, d, n)
 
         # 2. column sampling J' (no gradient through the discrete draw)
@@ -176,8 +278,10 @@ class SkeinformerAttention(AttentionBackend):
                 log_w = column_log_weights(b_pilot.detach(), pilot_valid, v.detach(), realh)
             else:
                 log_w = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).masked_fill(~realh, NEG_INF)
-            cols, kappa = gumbel_topk(log_w, d)
-            col_valid = realh.gather(2, cols)  # False only where the sample has fewer than d real keys
+            cols, kappa = gumbel_topk(log_w, d) if slot is None else gumbel_topk(log_w, d, d_eff)
+            col_valid = realh.gather(2, cols)  # False where the sample has fewer than d real keys
+            if slot is not None:
+                col_valid = col_valid & slot
         k_s, v_s = _gather_rows(k, cols), _gather_rows(v, cols)
         s = ((q @ k_s.transpose(-1, -2)) * scale).masked_fill(~col_valid[:, :, None, :], NEG_INF)  # (b,h,n,d)
 
@@ -189,30 +293,43 @@ class SkeinformerAttention(AttentionBackend):
             log_g = s.masked_fill(~col_valid[:, :, None, :], 0.0).sum(-1, keepdim=True) / d_real
             g = torch.exp(log_g - c)  # geometric mean of the selected a_ij, over e^{c_i}
             n_rest = m.to(q.dtype)[:, None, None, None] - d_real  # unselected real columns, m - d
-            selected = torch.zeros(b, h, n, dtype=torch.bool, device=q.device).scatter(2, cols, col_valid)
+            selected = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(
+                2, cols, col_valid.to(q.dtype)) > 0
             v_rest = v.masked_fill(~(realh & ~selected)[..., None], 0.0).sum(-2, keepdim=True)  # (b,h,1,p)
             out = (e @ v_s + g * v_rest) / (e.sum(-1, keepdim=True) + n_rest * g)
         elif o.row_norm == "simple":
             out = s.softmax(-1) @ v_s
-        else:  # "exact": D⁻¹ A S Sᵀ V with Horvitz-Thompson weights of the without-replacement sample
+        else:  # "exact": D⁻¹ A S Sᵀ V, Horvitz-Thompson weights of the without-replacement sample or none
             full = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~keyreal, NEG_INF)
             lse = torch.logsumexp(full, dim=-1, keepdim=True)  # log D_i, exact
-            with torch.no_grad():
-                incl = -torch.expm1(-torch.exp(log_w.gather(2, cols) - kappa))  # P(key_j > kappa)
-                incl = torch.where(col_valid & (kappa > NEG_INF), incl, torch.ones_like(incl)).clamp_min(1e-6)
-            out = (torch.exp(s - lse) / incl[:, :, None, :]) @ v_s
+            a_s = torch.exp(s - lse)
+            if o.sketch_weights == "horvitz_thompson":
+                with torch.no_grad():
+                    incl = -torch.expm1(-torch.exp(log_w.gather(2, cols) - kappa))  # P(key_j > kappa)
+                    incl = torch.where(col_valid & (kappa > NEG_INF), incl, torch.ones_like(incl)).clamp_min(1e-6)
+                a_s = a_s / incl[:, :, None, :]
+            out = a_s @ v_s
 
         # 4. pilot sampling reutilisation: pilot rows get their exact output B_J V
         if o.pilot_reuse:
-            if o.pilot_sampling == "with_replacement":  # reuse each distinct row once
-                pilot, order = pilot.sort(-1)
-                b_pilot = b_pilot.gather(2, order[..., None].expand_as(b_pilot))
-            first = realh.gather(2, pilot)
-            first[..., 1:] &= pilot[..., 1:] != pilot[..., :-1]
-            w = first.to(q.dtype)
-            exact = (b_pilot @ v) * w[..., None]
+            ok = pilot_real  # real pilot rows in valid slots
+            exact = b_pilot @ v  # (b, h, d, p)
+            if o.pilot_sampling == "with_replacement":  # duplicates adjacent, invalid slots last
+                key = torch.where(ok, pilot, n + torch.arange(d, device=q.device))
+                key, order = key.sort(-1)
+                pilot, ok = pilot.gather(2, order), ok.gather(2, order)
+                exact = exact.gather(2, order[..., None].expand_as(exact))
+                first = ok.clone()
+                first[..., 1:] &= key[..., 1:] != key[..., :-1]
+            else:
+                first = ok
+            w = first.to(q.dtype)[..., None]
+            if o.pilot_duplicate_grad == "per_copy":  # value of one copy, the gradient of every copy
+                contrib = exact.detach() * w + (exact - exact.detach()) * ok.to(q.dtype)[..., None]
+            else:
+                contrib = exact * w
             idx = pilot[..., None].expand(b, h, d, p)
-            exact_full = torch.zeros_like(out).scatter_add(2, idx, exact)
-            is_pilot = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(2, pilot, w) > 0
+            exact_full = torch.zeros_like(out).scatter_add(2, idx, contrib)
+            is_pilot = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(2, pilot, w[..., 0]) > 0
             out = torch.where(is_pilot[..., None], exact_full, out)
         return out

@@ -56,6 +56,34 @@ Deviations from the paper and the public code (LRA_FACTS §6, peers §5), all de
     Nyström formula and only rescales the effective γ.
   * Computed in at least float32 with autocast off (half inputs are upcast; the iteration needs
     the range), as the papers' LRA code ran attention in float32.
+
+Public-code semantics (``paper`` presets). Each quirk of the public code
+(https://github.com/pkuzengqi/Skyformer, ``src/models/attention_skyformer.py``, class ``Skyformer``,
+and ``src/models/attention.py``, class ``SoftmaxAttention_RBF``) is an option; every default is the
+corrected behaviour above. ``skyformer`` reproduces the public ``Skyformer`` with
+``num_landmarks=128, ns_init="colsum_batch", replacement=True, landmark_split="halves",
+landmark_draw="shared", scale_dim=32, zero_padded_queries=True`` (γ = 0.1, 6 iterations: the defaults):
+  * ``ns_init="colsum_batch"``: ``iterative_inv`` (init "original") starts from Z₀ = Aᵀ / c with one
+    c = the largest column sum over the whole batch and all heads, so a sample's output depends on
+    the others in its batch (chunk).
+  * ``landmark_draw="shared"``: ``uniform_sketching`` draws ONE vector of d uniforms
+    (``torch.rand(d)``, the same RNG use, so the same seed gives the same landmarks) for the whole
+    batch and all heads; sample i takes positions ⌊u·m_i⌋, m_i its real-token count, i.e. the first
+    m_i positions whatever the padding (right padding assumed: with padding elsewhere, landmarks can
+    be padded rows). Without replacement, one key per position shared by the batch and heads.
+  * ``replacement=True``: those draws are with replacement (duplicates kept).
+  * ``landmark_split="halves"``: the first d//2 landmarks are Q rows, the other d − d//2 K rows
+    (the public code adds n to the second half of its draws).
+  * ``scale_dim=32``: the kernel scale is 32^{-1/4} whatever the head size (no effect at head_dim 32).
+  * ``zero_padded_queries=True``: q is multiplied by the mask, so a padded query row outputs
+    κ(0, ·)-weighted values instead of its own; real rows are unchanged (right padding). The same
+    option on ``kernelized`` reproduces ``SoftmaxAttention_RBF`` (which otherwise matches).
+  No effect beyond float rounding (fp32, measured ≤ 1e-6 relative on outputs): their kernel has no
+  clamp at 0, they compute (K_f D Z D)ᵀV where we compute D Z D (K_fᵀV) (Z is symmetric), and
+  D^{-½} as sqrt(1/s). Not reproduced: a sample with no real token (theirs: landmarks at position 0
+  and output 0; here treated as all real), and a float32 product u·m_i that rounds up to m_i
+  (probability ~2⁻²⁴ per draw; theirs then takes position m_i, here m_i − 1).
+
 Randomness: landmarks come from torch's global RNG every call (``redraw="per_call"``, as the public
 code, in eval too) or from uniforms drawn once at construction from a seed saved with the module
 (``redraw="fixed"``): one key per position of Q and of K and head, shared by the batch, so a sample
@@ -87,9 +115,11 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class KernelizedOptions:
     dropout: float = 0.1  # dropout on the Gaussian kernel matrix C (training only)
+    zero_padded_queries: bool = False  # zero q at padded positions first (public code): padded rows output exp(-|k|^2/2)-weighted V
 
     def __post_init__(self):
         check_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        check_choice("zero_padded_queries", self.zero_padded_queries, (False, True))
 
 
 @register("kernelized")
@@ -103,6 +133,8 @@ class KernelizedAttention(AttentionBackend):
     def forward(self, q, k, v, mask=None):
         scale = q.shape[-1] ** -0.25
         keep = key_mask(full_mask(q, mask))[:, None, :, None]  # (b,1,n,1)
+        if self.options.zero_padded_queries:
+            q = torch.where(keep, q, 0.0)
         c = gaussian_kernel(q * scale, torch.where(keep, k, 0.0) * scale)
         c = c * keep.transpose(-1, -2)  # padded keys get weight 0
         c = F.dropout(c, p=self.options.dropout, training=self.training)
@@ -115,24 +147,34 @@ class SkyformerOptions:
     num_landmarks: int = 256  # d: landmark rows of [Q; K] for the Nystrom approximation
     gamma: float = 0.1  # gamma: the ridge gamma*I added to the landmark kernel
     ns_iters: int = 6  # Newton-Schulz iterations for the landmark kernel's inverse
-    ns_init: str = "identity"  # start of the Newton-Schulz iteration: identity-scaled or the public code's colsum
+    ns_init: str = "identity"  # Newton-Schulz start: I; colsum: A^T/max colsum per matrix; colsum_batch: one max over batch and heads (public code)
     inverse: str = "newton_schulz"  # newton_schulz (the paper) or an exact solve
     replacement: bool = False  # draw landmarks with replacement (the paper) instead of without
     redraw: str = "per_call"  # per_call: new landmarks every forward; fixed: drawn once
+    landmark_split: str = "pooled"  # pooled: uniform over the rows of [Q; K]; halves: d//2 from Q rows, the rest from K rows (public code)
+    landmark_draw: str = "per_sample"  # per_sample: per sample and head among real rows; shared: one draw for batch and heads, prefix positions (public code)
+    scale_dim: int | None = None  # p in the kernel scale p^(-1/4); None: head_dim (public code: 32)
+    zero_padded_queries: bool = False  # zero q at padded positions first (public code): changes padded rows' outputs only
 
     def __post_init__(self):
         check_range("num_landmarks", self.num_landmarks, 1, None, integer=True)
         check_range("gamma", self.gamma, 0.0, None, lo_open=True)
         check_range("ns_iters", self.ns_iters, 0, 1000, integer=True)
-        check_choice("ns_init", self.ns_init, ("colsum", "identity"))
+        check_choice("ns_init", self.ns_init, ("identity", "colsum", "colsum_batch"))
         check_choice("inverse", self.inverse, ("newton_schulz", "exact"))
         check_choice("replacement", self.replacement, (False, True))
         check_choice("redraw", self.redraw, ("per_call", "fixed"))
+        check_choice("landmark_split", self.landmark_split, ("pooled", "halves"))
+        check_choice("landmark_draw", self.landmark_draw, ("per_sample", "shared"))
+        if self.scale_dim is not None:
+            check_range("scale_dim", self.scale_dim, 1, None, integer=True)
+        check_choice("zero_padded_queries", self.zero_padded_queries, (False, True))
 
 
 def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: bool = False,
-                     uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniform landmark rows among the real rows of each sample.
+                     uniforms: torch.Tensor | None = None, split: str = "pooled",
+                     shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform landmark rows among the rows of each sample that ``real`` allows.
 
     real: bool (batch, N), True where a row may be chosen. Returns ``idx`` int64 (batch, heads, d')
     and ``valid`` bool (batch, heads, d'), d' = d (with replacement) or min(d, N) (without); slots
@@ -140,7 +182,34 @@ def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: boo
     ``uniforms``: given U(0, 1) draws instead of torch's RNG (``redraw="fixed"``): one key per row,
     (heads, N), without replacement (the d real rows with the largest keys); (heads, d) with
     replacement (draw j is the ⌊u_j·m⌋-th of the sample's m real rows).
+    ``split="halves"``: the first d//2 landmarks come from rows [0, N/2) (the Q rows of [Q; K]), the
+    other d − d//2 from rows [N/2, N) (the K rows), each half drawn as above from its own real rows
+    (and its own part of ``uniforms``: the first d//2 draws or the first N/2 keys).
+    ``shared=True``: one draw for the whole batch and every head, as the Skyformer code does: the
+    uniforms (d,) or keys (N,) are drawn once (``torch.rand(d)`` with replacement, like its
+    ``uniform_sketching``), or given 1-D, and each sample maps them onto its own rows; with
+    ``real`` a prefix mask this is ⌊u·m_i⌋ per sample (plus N/2 in the K half).
     """
+    b, big_n = real.shape
+    if shared:
+        if uniforms is None:
+            uniforms = torch.rand(d if replacement else big_n, device=real.device)
+        uniforms = uniforms.expand(heads, uniforms.shape[-1])
+    if split == "halves":
+        half, d_q = big_n // 2, d // 2
+        cut = d_q if replacement else half
+        idx, valid = [], []
+        for off, rows, dd, u in ((0, real[:, :half], d_q, None if uniforms is None else uniforms[..., :cut]),
+                                 (half, real[:, half:], d - d_q, None if uniforms is None else uniforms[..., cut:])):
+            if dd:
+                i, ok = _sample_rows(rows, heads, dd, replacement, u)
+                idx.append(i + off)
+                valid.append(ok)
+        return torch.cat(idx, -1), torch.cat(valid, -1)
+    return _sample_rows(real, heads, d, replacement, uniforms)
+
+
+def _sample_rows(real, heads, d, replacement, uniforms):
     b, big_n = real.shape
     if replacement:
         if uniforms is None:
@@ -148,7 +217,7 @@ def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: boo
             idx = torch.multinomial(probs, d, replacement=True).view(b, heads, d)
         else:
             m = real.sum(-1)[:, None, None]  # (b,1,1), at least 1
-            rank = torch.minimum((uniforms * m).long(), m - 1)  # (b, heads, d)
+            rank = torch.minimum((uniforms * m).long(), m - 1)  # (b, heads, d); float32 product, as the public code
             real_first = torch.argsort((~real).to(torch.uint8), dim=-1, stable=True)  # real rows in order
             idx = real_first.gather(1, rank.flatten(1)).view(b, heads, d)
         return idx, torch.ones_like(idx, dtype=torch.bool)
@@ -159,9 +228,15 @@ def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: boo
 
 
 def newton_schulz_inverse(a: torch.Tensor, iters: int, init: str = "identity") -> torch.Tensor:
-    """Razavi et al. hyper-power iteration for A⁻¹ (..., m, m), initialised per matrix."""
+    """Razavi et al. hyper-power iteration for A⁻¹ (..., m, m).
+
+    init: ``identity`` Z₀ = I; ``colsum`` Z₀ = Aᵀ/‖A‖₁ per matrix; ``colsum_batch`` Z₀ = Aᵀ/c with ONE
+    c = the largest column sum over every matrix of ``a`` (batch and heads), the Skyformer code's
+    start (``iterative_inv``, init "original"): it couples the samples of a batch."""
     if init == "colsum":
         z = a.transpose(-1, -2) / a.abs().sum(-2).amax(-1)[..., None, None]
+    elif init == "colsum_batch":
+        z = (1 / a.abs().sum(-2).amax()) * a.transpose(-1, -2)
     else:
         z = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
     return hyperpower_iterations(a, z, iters)
@@ -178,7 +253,8 @@ class Skyformer(AttentionBackend):
     Options = SkyformerOptions
     capabilities = Capabilities(padding_mask=True, causal=False, exact=False, randomized=True,
                                 complexity="O(n d)", target="gaussian",
-                                notes="landmarks among real rows of [Q;K]; per-matrix Newton-Schulz init")
+                                notes="landmarks among real rows of [Q;K]; per-matrix Newton-Schulz init "
+                                      "(public-code options couple the batch)")
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
@@ -193,7 +269,9 @@ class Skyformer(AttentionBackend):
 
     def _draw_uniforms(self) -> None:
         o = self.options
-        shape = (self.num_heads, o.num_landmarks) if o.replacement else (self.num_heads, 2, self.max_len)
+        shape = (o.num_landmarks,) if o.replacement else (2, self.max_len)
+        if o.landmark_draw == "per_sample":  # one set per head; shared: one for all heads
+            shape = (self.num_heads, *shape)
         gen = torch.Generator().manual_seed(int(self.landmark_seed.item()))
         self.landmark_uniforms = torch.rand(shape, generator=gen).to(self.landmark_seed.device)
 
@@ -201,14 +279,15 @@ class Skyformer(AttentionBackend):
         """The uniforms ``sample_landmarks`` uses for length n (``redraw="fixed"``), else None.
 
         Without replacement, one key per row of [Q; K]: position i of Q and of K keeps its key for
-        every n ≤ max_len (keys of Q rows at [0, n), of K rows at [max_len, max_len + n))."""
+        every n ≤ max_len (keys of Q rows at [0, n), of K rows at [max_len, max_len + n)).
+        Per head (heads, ·), or one for all heads (·) with ``landmark_draw="shared"``."""
         if self.options.redraw != "fixed":
             return None
         if self.options.replacement:
             return self.landmark_uniforms
         if n > self.max_len:
             raise ValueError(f"skyformer: sequence length {n} exceeds max_len={self.max_len}")
-        return self.landmark_uniforms[:, :, :n].flatten(1)
+        return self.landmark_uniforms[..., :n].flatten(-2)
 
     def forward(self, q, k, v, mask=None):
         with torch.autocast(q.device.type, enabled=False):  # the inverse needs at least float32
@@ -221,14 +300,20 @@ class Skyformer(AttentionBackend):
         work = q.dtype
         real = key_mask(full_mask(q, mask))  # (b, n)
         keep = real[:, None, :, None]
-        scale = p ** -0.25
+        scale = (o.scale_dim or p) ** -0.25
+        if o.zero_padded_queries:
+            q = torch.where(keep, q, 0.0)
         q = q * scale
         k = torch.where(keep, k, 0.0) * scale
         v = torch.where(keep, v, 0.0)
 
         x = torch.cat([q, k], dim=2)  # (b, h, 2n, p)
-        idx, valid = sample_landmarks(torch.cat([real, real], dim=1), h, o.num_landmarks,
-                                      replacement=o.replacement, uniforms=self.fixed_uniforms(n))
+        rows = real
+        if o.landmark_draw == "shared":  # the public code's rows: the first (real count) positions
+            rows = torch.arange(n, device=q.device) < real.sum(-1, keepdim=True)
+        idx, valid = sample_landmarks(torch.cat([rows, rows], dim=1), h, o.num_landmarks,
+                                      replacement=o.replacement, uniforms=self.fixed_uniforms(n),
+                                      split=o.landmark_split, shared=o.landmark_draw == "shared")
         land = x.gather(2, idx[..., None].expand(-1, -1, -1, p))  # (b, h, d, p)
         vf = valid.to(work)
         q_f = gaussian_kernel(q, land) * vf[:, :, None, :]  # (b, h, n, d)

@@ -342,7 +342,11 @@ def test_invalid_options_named(name, bad):
 def test_variant_defaults():
     d = {name: attention.option_defaults(name) for name in SKEIN}
     assert d["skeinformer"] == {"num_features": 256, "column_sampling": "importance", "row_norm": "adaptive",
-                                "pilot_reuse": True, "pilot_sampling": "without_replacement"}
+                                "pilot_reuse": True, "pilot_sampling": "without_replacement",
+                                # the public code's quirks are options, off by default (test_skeinformer_paper.py)
+                                "pilot_heads": "per_head", "pilot_batch": "independent", "draw_from": "real",
+                                "budget": "per_sample", "sketch_weights": "horvitz_thompson",
+                                "pilot_duplicate_grad": "once"}
     assert d["skeinformer_uniform"]["column_sampling"] == "uniform"
     assert d["skeinformer_no_rownorm"]["row_norm"] == "exact"
     assert d["skeinformer_simple_rownorm"]["row_norm"] == "simple"
