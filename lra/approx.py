@@ -41,6 +41,7 @@ atomically (temporary file + os.replace).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -62,6 +63,7 @@ from torch import nn
 
 import attention
 from lra.cli import Parser
+from lra.config import ConfigError, compose
 from lra.files import write_atomic, write_csv, write_text
 
 log = logging.getLogger("lra.approx")
@@ -270,9 +272,36 @@ def resolve_methods(names: list[str] | None) -> tuple[list[Method], dict[str, st
     return methods, skipped
 
 
+def with_quirks(methods: list[Method], code: str) -> list[Method]:
+    """A twin ``<name>[<code>]`` of every method the public code ``code`` (``conf/quirks/<code>.yaml``:
+    skeinformer, skyformer, nystromformer) has quirks for, built with those options (the budget stays
+    the study's): the approximation error under ``semantics=paper`` next to the clean one. The study
+    calls one sequence at a time without padding, so quirks of padding and of batch coupling change
+    nothing here (docs/fidelity.md measures those on padded batches)."""
+    try:
+        table = compose([f"quirks={code}"]).quirks.attn_options
+    except ConfigError as e:
+        raise ValueError(f"--quirks {code}: {e}") from None
+    twins = []
+    for m in methods:
+        opts = {k: v for k, v in dict(table.get(m.name) or {}).items() if k != m.budget_option}
+        if not opts:
+            continue
+
+        def build(budget, n, heads, _inner=m.build, _opts=opts, _name=m.name):
+            mod = _inner(budget, n, heads)
+            return attention.build(_name, num_heads=heads, head_dim=HEAD_DIM, max_len=n,
+                                   **{**dataclasses.asdict(mod.options), **_opts})
+
+        twins.append(dataclasses.replace(m, name=f"{m.name}[{code}]", build=build,
+                                         note=f"{code} code: " + ", ".join(f"{k}={v}" for k, v in opts.items())))
+    return twins
+
+
 def _order_key(m) -> tuple:
     name = m if isinstance(m, str) else m.name
-    return (ORDER.index(name) if name in ORDER else len(ORDER), name)
+    base = name.split("[")[0]  # a twin with a public code's quirks sorts after its method
+    return (ORDER.index(base) if base in ORDER else len(ORDER), name)
 
 
 # ----------------------------------------------------------------------------- references
@@ -768,7 +797,8 @@ def summary_table(rows: list[dict], n: int, source: str, stat: str = "median") -
 EXAMPLES = """examples:
   python -m lra.approx --quick                           # seconds: n=256, a few methods -> runs/approx_quick
   python -m lra.approx                                   # the full study (n=1024, 4096) -> runs/approx (make approx)
-  python -m lra.approx --methods skeinformer nystrom --lengths 1024 --sources random --trials 8"""
+  python -m lra.approx --methods skeinformer nystrom --lengths 1024 --sources random --trials 8
+  python -m lra.approx --methods skyformer performer --quirks skyformer --lengths 1024 --sources random  # paper vs clean"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -783,6 +813,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", type=int, nargs="+", default=None, help="feature budgets (default 8..256)")
     p.add_argument("--methods", nargs="+", default=None, help="method names (default: every registered backend with a budget)")
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
+    p.add_argument("--quirks", nargs="+", default=None, choices=("skeinformer", "skyformer", "nystromformer"),
+                   help="also study each method with that public code's quirks (semantics=paper, docs/fidelity.md), "
+                        "as <method>[<code>]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     args = p.parse_args(argv)
@@ -833,6 +866,8 @@ def main(argv=None) -> dict:
         if len(names) < 2:
             names += ["amm_oracle"]
     methods, skipped = resolve_methods(names)
+    for code in args.quirks or ():
+        methods = sorted(methods + with_quirks(methods, code), key=_order_key)
     for name, why in skipped.items():
         log.info("skip %s: %s", name, why)
     if not methods:

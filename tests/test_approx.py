@@ -111,3 +111,13 @@ def test_own_references_match_the_backends_exact_limits(backend, options, refere
     out = attention.build(backend, num_heads=2, head_dim=32, max_len=128, **options).eval()(q[None], k[None], v[None])[0]
     err = approx.relative_error(getattr(approx, reference)(q, k, v), out)
     assert (err < 1e-5).all(), err
+
+
+def test_quirks_twin_builds_the_public_code_options_at_the_study_budget():
+    methods, _ = approx.resolve_methods(["skyformer", "skeinformer", "linformer_jlt"])
+    twins = {m.name: m for m in approx.with_quirks(methods, "skyformer")}
+    assert set(twins) == {"skyformer[skyformer]"}  # the Skyformer code has no Skeinformer or JLT quirks
+    mod = twins["skyformer[skyformer]"].build(16, 64, 2)
+    assert (mod.options.num_landmarks, mod.options.ns_init, mod.options.landmark_split) == (16, "colsum_batch", "halves")
+    twin = {m.name: m for m in approx.with_quirks(methods, "skeinformer")}["skeinformer[skeinformer]"]
+    assert twin.build(8, 64, 2).options.pilot_batch == "shared" and twin.budget_option == "num_features"

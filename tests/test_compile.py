@@ -20,6 +20,7 @@ import torch._dynamo
 
 import attention
 from attention import registry
+from lra.config import compose
 from lra.model import LRAClassifier, loss_and_correct
 
 N, BATCH = 64, 3
@@ -61,6 +62,22 @@ VARIANTS = [
     ("skeinformer", {"pilot_sampling": "with_replacement"}),
     ("nystrom", {"conv_kernel": 3}),
 ]
+
+
+def paper_variants():
+    """The public code's quirks of each backend (semantics=paper, conf/quirks/), which the paper
+    presets compile on CUDA; their feature budgets stay the SMALL ones."""
+    budgets = {"k", "landmarks", "features", "num_features", "num_landmarks"}
+    out = {}
+    for code in ("skeinformer", "skyformer", "nystromformer"):
+        for name, opts in compose([f"quirks={code}"]).quirks.attn_options.items():
+            opts = {k: v for k, v in opts.items() if k not in budgets}
+            if opts and name in attention.available():
+                out[(name, tuple(sorted(opts.items())))] = (name, opts)
+    return list(out.values())
+
+
+VARIANTS += paper_variants()
 
 
 # the compiled-vs-eager comparison in the default suite (the rest is marked slow): fused SDPA with
