@@ -331,8 +331,9 @@ def test_missing_without_generation_explains(tmp_path):
 def test_config_keys():
     from lra.config import compose
 
-    c = compose(["task=pathfinder"])
+    c = compose(["task=pathfinder", "semantics=clean"])
     assert (c.task.resolution, c.task.difficulty, c.task.seq_len, c.task.vocab_size) == (32, "hard", 1024, 256)
+    assert compose(["task=pathfinder"]).task.vocab_size == 512  # semantics=paper: the public config's table
     c = compose(["task=pathfinder", "experiment=quick", "++protocol.pathfinder.data.resolution=128",
                  "++protocol.pathfinder.data.difficulty=easy"])
     assert (c.task.seq_len, c.task.difficulty, c.task.n_images, c.task.gen_dir) == (16384, "easy", 2000,

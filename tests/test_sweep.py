@@ -118,8 +118,8 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
     assert "[lra.sweep quick] 6 done, 0 running, 0 failed, 0 pending; mean " in proc.stdout
     dirs = run_dirs(tmp_path)
     assert len(dirs) == 6
-    names = {tuple(Path(j["run_dir"]).parts[:4]) for j in m["jobs"]}
-    assert names == {("quick", "listops", a, f"seed{s}") for a in ("softmax", "skeinformer", "performer")
+    names = {tuple(Path(j["run_dir"]).parts[:5]) for j in m["jobs"]}
+    assert names == {("quick", "clean", "listops", a, f"seed{s}") for a in ("softmax", "skeinformer", "performer")
                      for s in (0, 1)}
     for d in dirs:
         rec = json.loads((d / "result.json").read_text())

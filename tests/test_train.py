@@ -30,7 +30,7 @@ def test_end_to_end_writes_valid_record(tmp_path):
     run_train(tmp_path, *TINY)
     rec_path = next((tmp_path / "runs").rglob("result.json"))
     rec = json.loads(rec_path.read_text())
-    assert rec_path.parent.relative_to(tmp_path / "runs").parts[:4] == ("quick", "listops", "softmax", "seed0")
+    assert rec_path.parent.relative_to(tmp_path / "runs").parts[:5] == ("quick", "clean", "listops", "softmax", "seed0")
     for key in REQUIRED + ("majority_acc",):
         assert key in rec, key
     assert rec["status"] == "completed" and rec["steps"] == 12
