@@ -206,6 +206,13 @@ def _choice(key: str, value, choices) -> None:
     _check(value in choices, key, value, f"one of {', '.join(map(str, choices))}")
 
 
+def _flag(key: str, value) -> bool:
+    """A true/false setting: ``force=no`` is a string, and ``bool("no")`` would be True (a finished
+    run retrained, its checkpoints deleted), so anything but a boolean is refused."""
+    _check(isinstance(value, bool), key, value, "true or false")
+    return value
+
+
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "64-true")
 
 
@@ -531,7 +538,7 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
         accelerator=accelerator, devices=_devices(_container(tr.devices)), devices_arg=_container(tr.devices),
         strategy=str(tr.strategy), precision=resolve_precision(str(tr.precision), on_cuda),
         precision_setting=str(tr.precision), num_workers=_workers(tr.num_workers, on_cuda), pin_memory=on_cuda,
-        compile=compile_, compile_note=note, deterministic=bool(tr.deterministic))
+        compile=compile_, compile_note=note, deterministic=_flag("trainer.deterministic", tr.deterministic))
 
 
 def _external(cfg: DictConfig) -> None:
@@ -582,7 +589,8 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         data=DataSpec(task=str(task["name"]), root=data_root(cfg.data_root), options=task),
         hardware=_hardware(cfg), logger=_container(cfg.get("logger") or {}),  # logger=[]: metrics.csv alone
         run_dir=Path(run_dir) if run_dir else None,
-        force=bool(cfg.force), num_threads=cfg.num_threads, progress=bool(cfg.trainer.progress),
+        force=_flag("force", cfg.force), num_threads=cfg.num_threads,
+        progress=_flag("trainer.progress", cfg.trainer.progress),
         log_every_n_steps=int(cfg.trainer.log_every_n_steps), search=_container(cfg.get("search")),
         fit_cache_dir=Path(str(fit.cache_dir)) if fit.get("cache", True) and fit.get("cache_dir") else None,
         config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task))

@@ -92,6 +92,9 @@ def test_describe_shows_type_default_range_and_meaning():
     ("+task.path=/nonexistent/listops", "task.path='/nonexistent/listops'"), ("trainer.num_workers=-1", "trainer.num_workers=-1"),
     ("+train.bogus=1", "train.bogus"), ("trainer.precision=fp8", "trainer.precision='fp8'"),
     ("attn.options.impl=flash", "'impl'='flash'"), ("hardware.micro_batch=5", "hardware.micro_batch=5"),
+    # a string is no boolean: bool("no") is True, and force=true retrains a finished run
+    ("force=no", "force='no'"), ("force=off", "force='off'"), ("trainer.progress=maybe", "trainer.progress='maybe'"),
+    ("trainer.deterministic=flase", "trainer.deterministic='flase'"),
 ])
 def test_bad_values_are_one_line_naming_key_and_value(override, key):
     with pytest.raises(ConfigError) as e:

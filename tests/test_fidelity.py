@@ -71,6 +71,8 @@ def test_a_single_quirk_is_an_option_and_the_command_line_wins():
     assert spec.quirks == {"attn.options.pilot_heads": "shared", "task.tokenizer": "alnum"}
     spec = load(["experiment=quick", "semantics=paper", "quirks=skyformer", "attn=skyformer"])
     assert spec.quirks["attn.options.ns_init"] == "colsum_batch" and spec.model.pooling == "padded_mean"
+    spec = load(["experiment=quick", "semantics=paper", "quirks=lra_pytorch", "attn=nystrom"])  # the shared files only
+    assert spec.quirks["attn.options.landmark_mean"] == "padded" and "attn.options.landmarks" not in spec.quirks
 
 
 @pytest.mark.parametrize("bad, says", [
