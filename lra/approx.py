@@ -188,13 +188,14 @@ def budget_option(name: str) -> tuple[str, Callable] | None:
     return None
 
 
-def _registry_method(name: str) -> tuple[Method | None, str]:
-    """A Method for registered backend ``name``, or (None, reason to skip)."""
+def _registry_method(name: str, extra: dict | None = None) -> tuple[Method | None, str]:
+    """A Method for registered backend ``name`` (built with the ``extra`` options too), or (None,
+    reason to skip)."""
     if name in NOT_STUDIED:
         return None, NOT_STUDIED[name]
     desc = attention.describe(name)
     defaults = desc["options"]
-    fixed = {"dropout": 0.0} if "dropout" in defaults else {}
+    fixed = {**({"dropout": 0.0} if "dropout" in defaults else {}), **(extra or {})}
     found = budget_option(name)
     if found is None and name not in BUDGET_FREE:
         return None, f"no feature-budget option (options: {sorted(defaults) or 'none'})"
@@ -287,13 +288,8 @@ def with_quirks(methods: list[Method], code: str) -> list[Method]:
         opts = {k: v for k, v in dict(table.get(m.name) or {}).items() if k != m.budget_option}
         if not opts:
             continue
-
-        def build(budget, n, heads, _inner=m.build, _opts=opts, _name=m.name):
-            mod = _inner(budget, n, heads)
-            return attention.build(_name, num_heads=heads, head_dim=HEAD_DIM, max_len=n,
-                                   **{**dataclasses.asdict(mod.options), **_opts})
-
-        twins.append(dataclasses.replace(m, name=f"{m.name}[{code}]", build=build,
+        twin, _ = _registry_method(m.name, extra=opts)
+        twins.append(dataclasses.replace(twin, name=f"{m.name}[{code}]",
                                          note=f"{code} code: " + ", ".join(f"{k}={v}" for k, v in opts.items())))
     return twins
 

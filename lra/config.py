@@ -579,8 +579,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     config = _container(cfg)
     config["attn"] = {**config["attn"], "options": attn.options}
     fit = cfg.get("fit") or {}
-    semantics = cfg.get("semantics", "clean")
-    _choice("semantics", semantics, SEMANTICS)
+    semantics = cfg.get("semantics", "clean")  # its value is checked by RunSpec
     if semantics == "paper" and not any((cfg.get("quirks") or {}).values()):
         raise ConfigError(f"semantics=paper: preset {cfg.preset!r} reproduces no public code (quirks=none); add "
                           f"quirks=skeinformer|skyformer|nystromformer (whose code), or use semantics=clean")

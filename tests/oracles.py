@@ -42,3 +42,19 @@ def dense_softmax(q, k, v, mask, allowed=None):
                     s = k[b, h, keys] @ q[b, h, i] / math.sqrt(q.shape[-1])
                     out[b, h, i] = torch.softmax(s, 0) @ v[b, h, keys]
     return out
+
+
+def dense_linear(q, k, v, mask, eps=1e-6, divide_by=None):
+    """Linear attention by dense float64 loops over real keys, s_ij = φ(q_i)·φ(k_j), φ = elu + 1:
+    out_i = Σ_j s_ij v_j / (Σ_j s_ij + eps) (Katharopoulos et al.), or, with ``divide_by``, the raw
+    sum Σ_j s_ij v_j / divide_by (the Nyströmformer LRA code's form)."""
+    q, k, v = q.double(), k.double(), v.double()
+    phi = lambda x: torch.where(x > 0, x + 1, torch.exp(x))  # noqa: E731 - elu(x) + 1
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        real = mask[b].nonzero().flatten()
+        for h in range(q.shape[1]):
+            for i in range(q.shape[2]):
+                s = phi(k[b, h, real]) @ phi(q[b, h, i])
+                out[b, h, i] = (s[:, None] * v[b, h, real]).sum(0) / (s.sum() + eps if divide_by is None else divide_by)
+    return out

@@ -59,9 +59,8 @@ class Split:
     def seq_len(self) -> int:
         return self.tokens.shape[-1]
 
-    def mask(self, idx) -> np.ndarray:
-        """The padding mask (True = real token) of rows ``idx``."""
-        tokens = self.tokens[idx]
+    def mask(self, idx, tokens: np.ndarray) -> np.ndarray:
+        """The padding mask (True = real token) of rows ``idx``, whose tokens the caller has read."""
         if self.zero_is_padding:
             return tokens != 0
         return np.arange(tokens.shape[-1]) < np.asarray(self.lengths[idx])[..., None]

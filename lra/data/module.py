@@ -59,8 +59,9 @@ class SplitDataset(Dataset):
     def __getitem__(self, idx):
         idx = np.sort(np.asarray(idx))  # sorted reads are faster on memory-mapped arrays
         s = self.split
-        tokens = torch.from_numpy(np.ascontiguousarray(s.tokens[idx])).long()
-        mask = torch.from_numpy(np.ascontiguousarray(s.mask(idx)))
+        tokens = np.ascontiguousarray(s.tokens[idx])  # read once: memory-mapped arrays
+        mask = torch.from_numpy(np.ascontiguousarray(s.mask(idx, tokens)))
+        tokens = torch.from_numpy(tokens).long()
         return {"tokens": tokens, "mask": mask, "label": torch.from_numpy(np.ascontiguousarray(s.labels[idx]))}
 
 

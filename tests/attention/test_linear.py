@@ -5,20 +5,7 @@ import torch
 
 import attention
 from attention.testing import masks, qkv
-
-
-def reference_linear(q, k, v, mask, eps=1e-6):
-    """Dense float64 loops: out_i = Σ_j s_ij v_j / (Σ_j s_ij + eps) over real j, s_ij = φ(q_i)·φ(k_j)."""
-    q, k, v = q.double(), k.double(), v.double()
-    phi = lambda x: torch.where(x > 0, x + 1, torch.exp(x))  # elu(x) + 1
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        real = mask[b].nonzero().flatten()
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                s = phi(k[b, h, real]) @ phi(q[b, h, i])
-                out[b, h, i] = (s[:, None] * v[b, h, real]).sum(0) / (s.sum() + eps)
-    return out
+from tests.oracles import dense_linear
 
 
 @pytest.mark.parametrize("where", ["end", "middle"])
@@ -28,9 +15,9 @@ def test_linear_matches_float64_kernel(where):
     mask = masks()[where]
     real = mask[:, None, :, None].expand_as(q)
     out = m(q, k, v, mask)
-    torch.testing.assert_close(out.double()[real], reference_linear(q, k, v, mask)[real], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double()[real], dense_linear(q, k, v, mask)[real], atol=1e-5, rtol=1e-4)
     out64 = m(*(t.double() for t in (q, k, v)), mask)
-    torch.testing.assert_close(out64[real], reference_linear(q, k, v, mask)[real], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out64[real], dense_linear(q, k, v, mask)[real], atol=1e-12, rtol=1e-10)
 
 
 def test_linear_has_normaliser():

@@ -8,6 +8,7 @@ import torch
 
 import attention
 from attention.testing import masks, qkv
+from tests.oracles import dense_linear
 
 H, D, N = 2, 16, 128
 PAPER = {"normaliser": False, "feature_scale": "seq_len_quarter"}
@@ -15,23 +16,6 @@ PAPER = {"normaliser": False, "feature_scale": "seq_len_quarter"}
 
 def build(**opts):
     return attention.build("linear", num_heads=H, head_dim=D, max_len=N, **opts)
-
-
-def phi(x):
-    return torch.where(x > 0, x + 1, torch.exp(x))  # elu(x) + 1
-
-
-def reference_raw(q, k, v, mask, divide_by):
-    """Dense float64 loops: out_i = Σ_{j real} φ(q_i)·φ(k_j) v_j / divide_by."""
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros_like(q)
-    for b in range(q.shape[0]):
-        real = mask[b].nonzero().flatten()
-        for h in range(q.shape[1]):
-            for i in range(q.shape[2]):
-                s = phi(k[b, h, real]) @ phi(q[b, h, i])
-                out[b, h, i] = (s[:, None] * v[b, h, real]).sum(0) / divide_by
-    return out
 
 
 @pytest.mark.parametrize("where", ["end", "middle"])
@@ -43,9 +27,9 @@ def test_paper_form_is_raw_sum_over_sqrt_padded_length(where):
     mask = masks(n=n)[where]
     assert (mask.sum(-1) < n).all()
     out = build(**PAPER)(q, k, v, mask)
-    torch.testing.assert_close(out.double(), reference_raw(q, k, v, mask, math.sqrt(n)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), dense_linear(q, k, v, mask, divide_by=math.sqrt(n)), atol=1e-5, rtol=1e-5)
     out64 = build(**PAPER)(*(t.double() for t in (q, k, v)), mask)
-    torch.testing.assert_close(out64, reference_raw(q, k, v, mask, math.sqrt(n)), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out64, dense_linear(q, k, v, mask, divide_by=math.sqrt(n)), atol=1e-12, rtol=1e-10)
 
 
 def test_normaliser_off_alone_is_the_raw_sum():
@@ -54,7 +38,7 @@ def test_normaliser_off_alone_is_the_raw_sum():
     q, k, v = qkv(n=40, dtype=torch.float64)
     mask = torch.ones(2, 40, dtype=torch.bool)
     out = build(normaliser=False)(q, k, v, mask)
-    torch.testing.assert_close(out, reference_raw(q, k, v, mask, 1.0), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out, dense_linear(q, k, v, mask, divide_by=1.0), atol=1e-12, rtol=1e-10)
     q2, k2, v2 = (torch.cat([t, t], 2) for t in (q, k, v))
     torch.testing.assert_close(build(normaliser=False)(q2, k2, v2)[:, :, :40], 2 * out, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(build(eps=0.0)(q2, k2, v2)[:, :, :40], build(eps=0.0)(q, k, v), atol=1e-12, rtol=1e-10)
