@@ -12,6 +12,7 @@ its backends with :func:`attention.registry.register`; a new method family is a 
 
 from attention.registry import (
     AttentionBackend,
+    BackendContractError,
     Capabilities,
     InvalidOption,
     NoOptions,
@@ -31,7 +32,7 @@ from attention.registry import (
 )
 
 __all__ = [
-    "AttentionBackend", "Capabilities", "InvalidOption", "NoOptions", "available", "build",
+    "AttentionBackend", "BackendContractError", "Capabilities", "InvalidOption", "NoOptions", "available", "build",
     "capabilities", "check_choice", "check_range", "describe", "full_mask", "load_external", "make_options",
     "option_defaults", "option_info", "options_class", "register",
 ]

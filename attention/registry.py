@@ -11,7 +11,8 @@ A backend is a subclass of :class:`AttentionBackend` with
   * ``capabilities``: a :class:`Capabilities` saying what it supports.
 It is registered with :func:`register` (several names may share a class with different option
 defaults, e.g. the Skeinformer ablations). Every module in this package is imported by
-:func:`_load_all`, so a new backend is a new file: nothing else changes.
+:func:`_load_all`, so a new backend is a new file: nothing else changes. Every module :func:`build`
+makes checks its output as it runs (:class:`OutputContract`): a broken backend is named where it breaks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import inspect
+import math
 import os
 import pkgutil
 import re
@@ -31,10 +33,15 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 
 class InvalidOption(ValueError):
     """An attention option that does not exist or lies outside its range."""
+
+
+class BackendContractError(RuntimeError):
+    """A backend's output broke the contract (its shape, or NaN/inf); the message names the backend."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,11 @@ def load_external(target: str) -> str:
                             f"installed or on PYTHONPATH?") from None
     if not (isinstance(obj, type) and issubclass(obj, AttentionBackend)):
         raise InvalidOption(f"attn.target={target!r} is not a subclass of attention.AttentionBackend")
-    return _adopt(obj, obj.__name__)
+    try:
+        return _adopt(obj, obj.__name__)
+    except ValueError as e:  # another class registered under the same name
+        raise InvalidOption(f"attn.target={target!r}: {e}; register the class under another name "
+                            f"(@attention.register('<name>'))") from None
 
 
 def available() -> list[str]:
@@ -210,7 +221,9 @@ def build(name: str, *, num_heads: int, head_dim: int, max_len: int, **options) 
             raise InvalidOption(f"{key} must be a positive int, got {val!r}")
     opts = make_options(name, **options)
     e = _entry(name)
-    return e.cls(num_heads=num_heads, head_dim=head_dim, max_len=max_len, options=opts)
+    module = e.cls(num_heads=num_heads, head_dim=head_dim, max_len=max_len, options=opts)
+    module.register_forward_hook(OutputContract(name, e.cls), with_kwargs=True)
+    return module
 
 
 def options_class(name: str) -> type:
@@ -289,16 +302,23 @@ _RANGES: contextvars.ContextVar = contextvars.ContextVar("attention_option_range
 
 
 def check_range(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False, integer=False) -> None:
-    """Raise :class:`InvalidOption` unless ``lo <= value <= hi`` (open ends as requested)."""
-    lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+    """Raise :class:`InvalidOption` unless ``lo <= value <= hi`` (open ends as requested).
+
+    NaN is refused always (it passes every comparison). A missing bound (``None``) means unbounded
+    but finite; infinity passes only a bound that says so explicitly (``hi=math.inf``, closed).
+    """
+    lb, rb = "(" if lo_open or lo is None else "[", ")" if hi_open or hi is None else "]"
     span = f"{lb}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}{rb}"
     if _RANGES.get() is not None:
         _RANGES.get()[name] = ("integer " if integer else "") + span
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
-        raise InvalidOption(f"option {name!r} must be an integer, got {value!r}")
+        raise InvalidOption(f"option {name!r} must be an integer, got {value!r}; allowed: integer {span}")
     if not integer and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise InvalidOption(f"option {name!r} must be a number, got {value!r}")
-    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
+        raise InvalidOption(f"option {name!r} must be a number, got {value!r}; allowed: {span}")
+    if value != value:  # NaN: every comparison below would be False, so it would pass them all
+        raise InvalidOption(f"option {name!r}={value!r} is not a number; allowed: {span}")
+    unbounded_inf = isinstance(value, float) and math.isinf(value) and (hi is None if value > 0 else lo is None)
+    bad = unbounded_inf or (lo is not None and (value <= lo if lo_open else value < lo)) or (
         hi is not None and (value >= hi if hi_open else value > hi))
     if bad:
         raise InvalidOption(f"option {name!r}={value!r} out of range {span}")
@@ -309,6 +329,77 @@ def check_choice(name: str, value, choices) -> None:
         _RANGES.get()[name] = "one of " + "|".join(map(str, choices))
     if value not in choices:
         raise InvalidOption(f"option {name!r}={value!r} invalid; choose one of {list(choices)}")
+
+
+# ---------------------------------------------------------------- the output contract, checked as it runs
+CONTRACT = "the contract is out of shape (batch, heads, n, head_dim), a row per query with v's head_dim"
+_PACKAGE = __name__.partition(".")[0]  # the built-in backends' package
+
+
+class OutputContract:
+    """The forward hook :func:`build` gives every backend, so a broken one is named where it breaks,
+    not in a reshape further on (lra/model.py).
+
+    * Shape, on every call: free, the shapes are Python ints (under ``torch.compile`` the comparison
+      is made once, while tracing, and adds nothing to the graph).
+    * Finite output at real positions, for a backend from another package only, on its first call
+      with real tensors, then never again: reading a value from the device stalls it, once per
+      module is nothing, once per step is not. Ours are held to it by the contract tests; left out
+      under ``torch.compile`` (a data-dependent branch would break the graph) and on the fake
+      tensors of the memory fit (no values).
+    """
+
+    def __init__(self, name: str, cls: type):
+        self.name, self.origin = name, f"{cls.__module__}:{cls.__qualname__}"
+        self.finite_pending = cls.__module__.partition(".")[0] != _PACKAGE
+
+    def who(self) -> str:
+        return f"attention {self.name!r} ({self.origin})"
+
+    def __call__(self, module, args, kwargs, out):
+        q, k, v, mask = _qkv_mask(args, kwargs)
+        if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or q.dim() != 4 or v.dim() != 4:
+            return None  # not called as the contract says: nothing to compare with
+        if not isinstance(out, torch.Tensor):
+            raise BackendContractError(f"{self.who()} returned a {type(out).__name__}, not a tensor: {CONTRACT}")
+        want = (*q.shape[:3], v.shape[-1])
+        if tuple(out.shape) != want:
+            raise BackendContractError(f"{self.who()} returned shape {tuple(out.shape)} for q {tuple(q.shape)} and v "
+                                       f"{tuple(v.shape)}: {CONTRACT}, here {want}")
+        if _has_values(out) and self.finite_pending:  # _has_values first: under compile the flag is never read
+            self.finite_pending = False
+            self._check_finite(q, k, v, mask, out)
+        return None
+
+    def _check_finite(self, q, k, v, mask, out) -> None:
+        b, _, n, _ = q.shape
+        if mask is not None and tuple(mask.shape) != (b, n):
+            return  # the backend's own mask check speaks for that
+        padded = torch.zeros(b, n, dtype=torch.bool, device=q.device) if mask is None else ~mask.bool()
+        padded = padded[:, None, :, None]
+
+        def finite_where_real(t):
+            return t.detach().isfinite().logical_or_(padded).all()
+
+        inputs_ok, out_ok = torch.stack([torch.stack([finite_where_real(t) for t in (q, k, v)]).all(),
+                                         finite_where_real(out)]).tolist()  # one sync for both answers
+        if inputs_ok and not out_ok:
+            raise BackendContractError(
+                f"{self.who()} returned NaN or inf at real (unmasked) positions for finite q, k, v on its first call: "
+                f"the contract is a finite output where the mask is True (attention.testing.check_backend("
+                f"{self.name!r}) runs the whole contract)")
+
+
+def _qkv_mask(args: tuple, kwargs: dict) -> list:
+    """``module(q, k, v, mask)`` with any of them passed by keyword -> [q, k, v, mask]."""
+    return list(args[:4]) + [kwargs.get(a) for a in ("q", "k", "v", "mask")[len(args):]]
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    """False while torch.compile traces or a CUDA graph is captured, and for meta or fake tensors (the
+    memory fit): no values to read, or no reading allowed."""
+    return (not torch.compiler.is_compiling() and not t.is_meta and not is_fake(t)
+            and not (t.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 # ---------------------------------------------------------------- shared tensor helpers

@@ -4,6 +4,10 @@ Backend-specific oracles (float64 references, error shrinking with features) liv
 tests/attention/test_<family>.py; this file checks what every backend owes the model.
 """
 
+import math
+import re
+import typing
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -99,3 +103,60 @@ def test_largest_tensor_probe_sees_quadratic_backends():
     """The check above can fail: declared O(n^2) backends grow 4x."""
     for name in ("polynomial", "kernelized", "skeinformer_no_rownorm"):
         assert largest_tensor(name, 2048) >= 3.5 * largest_tensor(name, 1024), name
+
+
+# ------------------------------------------------------------------- issue 19: NaN and infinity in options
+def float_options() -> list[tuple[str, str]]:
+    """(backend, option) for every option typed float (or float | None) of every registered backend."""
+    out = []
+    for name in NAMES:
+        hints = typing.get_type_hints(attention.options_class(name))
+        out += [(name, opt) for opt, tp in hints.items() if tp is float or float in typing.get_args(tp)]
+    return out
+
+
+FLOAT_OPTIONS = float_options()
+
+
+def test_the_registry_has_float_options_to_check():
+    assert ("softmax", "dropout") in FLOAT_OPTIONS and len(FLOAT_OPTIONS) >= 5
+
+
+@pytest.mark.parametrize("name,option", FLOAT_OPTIONS)
+def test_attn_options_nan_is_refused_for_every_float_option(name, option):
+    """Before: `attn.options.dropout=nan` passed validation (NaN passes every comparison), then a
+    PyTorch traceback. Now NaN is refused in one line naming the option, the value and the range."""
+    allowed = attention.option_info(name)[option]["range"]
+    with pytest.raises(attention.InvalidOption, match=rf"'{option}'=nan .*{re.escape(allowed)}"):
+        attention.make_options(name, **{option: float("nan")})
+    if allowed.endswith(("inf)", "inf]")):  # no finite upper bound: infinity passes only an explicit one
+        ok = allowed.endswith("inf]")
+        try:
+            attention.make_options(name, **{option: math.inf})
+        except attention.InvalidOption:
+            assert not ok, f"{name}.{option}: infinity refused though its range is {allowed}"
+        else:
+            assert ok, f"{name}.{option}: infinity accepted though its range is {allowed}"
+
+
+def test_check_range_refuses_nan_everywhere_and_infinity_unless_the_bound_says_so():
+    for bounds in [(None, None), (0.0, None), (0.0, 1.0), (None, math.inf), (-math.inf, math.inf)]:
+        with pytest.raises(attention.InvalidOption, match="'x'=nan is not a number"):
+            attention.check_range("x", math.nan, *bounds)
+    with pytest.raises(attention.InvalidOption, match=r"'x'=inf out of range \[0\.0, inf\)"):
+        attention.check_range("x", math.inf, 0.0)
+    with pytest.raises(attention.InvalidOption, match=r"'x'=-inf out of range \(-inf, 1\.0\]"):
+        attention.check_range("x", -math.inf, None, 1.0)
+    with pytest.raises(attention.InvalidOption, match=r"'x'=inf out of range \[0\.0, inf\)"):
+        attention.check_range("x", math.inf, 0.0, math.inf, hi_open=True)
+    attention.check_range("x", math.inf, 0.0, math.inf)  # a bound explicitly open to infinity
+    attention.check_range("x", 10**400, 0, None, integer=True)  # a huge integer is finite
+
+
+def test_attn_options_dropout_nan_is_one_line_before_any_work():
+    """The command line's path: `attn.options.dropout=nan` is a ConfigError (exit 2), not a traceback."""
+    from lra.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match=r"'dropout'=nan is not a number; allowed: \[0\.0, 1\.0\)") as e:
+        load(["experiment=quick", "attn=softmax", "attn.options.dropout=nan"])
+    assert "\n" not in str(e.value)

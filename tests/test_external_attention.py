@@ -4,14 +4,17 @@ point group, gets option checks, the memory fit, the public contract checks and 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
 import attention
-from attention import testing
+from attention import registry, testing
 from tests.test_train import TINY
 
 BACKEND = '''
@@ -48,6 +51,21 @@ class MaskBlind(TempSoftmax):
 
     def forward(self, q, k, v, mask=None):
         return super().forward(q, k, v, None)
+
+
+class WrongShape(TempSoftmax):
+    """Drops the last feature of every output row."""
+
+    def forward(self, q, k, v, mask=None):
+        return super().forward(q, k, v, mask)[..., :-1]
+
+
+class NanOut(TempSoftmax):
+    """Divides by a zero norm: NaN everywhere."""
+
+    def forward(self, q, k, v, mask=None):
+        out = super().forward(q, k, v, mask)
+        return out / (out * 0).sum(-1, keepdim=True)
 '''
 
 
@@ -119,3 +137,103 @@ def test_entry_point_gives_a_typed_config_node(tmp_path, user_package):
     assert ok.returncode == 0 and "'temperature': 3.0" in ok.stdout, ok.stderr[-2000:]
     bad = fit("attn=temp_softmax", "attn.options.temperature=hot")
     assert bad.returncode == 2 and "attn.options.temperature" in bad.stderr
+
+
+# ------------------------------------------------------------------- issue 19: errors name the backend
+def tiny_classifier(name):
+    from lra.model import LRAClassifier
+
+    torch.manual_seed(0)
+    return LRAClassifier(vocab_size=16, seq_len=12, num_classes=2, attn_name=name, dim=16, hidden=16, head_dim=8,
+                         head_hidden=8)
+
+
+def tokens_and_mask():
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 7:] = False
+    return torch.randint(1, 16, (2, 12), generator=torch.Generator().manual_seed(0)), mask
+
+
+def fit_estimate(name):
+    """The memory fit's training step on fake tensors: the first place a run calls the backend."""
+    from lra.config import AttnSpec, ModelSpec
+    from lra.fit import train_step_peak
+
+    return train_step_peak(ModelSpec(vocab_size=16, seq_len=12, num_classes=2, attn=AttnSpec(name), dim=16,
+                                     hidden=16, head_dim=8, head_hidden=8), 2)
+
+
+def test_external_backend_returning_the_wrong_shape_names_the_backend(user_package):
+    """Before: a reshape traceback in lra/model.py naming no backend. Now the backend's call fails,
+    naming it, its import path and the contract: in the memory fit (fake tensors, before training),
+    in the model, and in the public contract checks (as AssertionError)."""
+    name = attention.load_external("my_pkg.attn:WrongShape")
+    said = (r"attention 'WrongShape' \(my_pkg\.attn:WrongShape\) returned shape \(2, 2, 12, 7\) for q \(2, 2, 12, 8\) "
+            r"and v \(2, 2, 12, 8\): the contract is out of shape \(batch, heads, n, head_dim\)")
+    with pytest.raises(attention.BackendContractError, match=said):
+        fit_estimate(name)
+    with pytest.raises(attention.BackendContractError, match=said):
+        tiny_classifier(name)(*tokens_and_mask())
+    with pytest.raises(AssertionError, match=r"attention 'WrongShape' \(my_pkg\.attn:WrongShape\) returned shape"):
+        testing.check_backend(name)
+
+
+def test_external_backend_returning_nan_names_the_backend(user_package):
+    """Before: the run failed on a non-finite loss, nothing named the backend. Now its first call
+    with real tensors says so. Checked once per module (a device sync per step would stall the GPU),
+    never on the memory fit's fake tensors, and never on padded rows (the README's backend returns
+    NaN for the queries of an all-padding sample, which is no fault)."""
+    name = attention.load_external("my_pkg.attn:NanOut")
+    assert fit_estimate(name) > 0
+    model = tiny_classifier(name)
+    with pytest.raises(attention.BackendContractError,
+                       match=r"attention 'NanOut' \(my_pkg\.attn:NanOut\) returned NaN or inf at real \(unmasked\) "
+                             r"positions for finite q, k, v on its first call"):
+        model(*tokens_and_mask())
+    assert torch.isnan(model(*tokens_and_mask())).all()  # once: the second call is not checked again
+
+    good = tiny_classifier(attention.load_external("my_pkg.attn:TempSoftmax"))
+    tokens, mask = tokens_and_mask()
+    mask[0] = False  # a sample without real tokens: its rows are all padding, NaN there is allowed
+    assert torch.isfinite(good(tokens, mask)[1]).all()
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example() -> tuple[str, str, str, str]:
+    """The README's external-attention example: (file path, code, load_external target, check_backend name)."""
+    text = README.read_text()
+    block = re.search(r"```python\n# (\S+\.py)\n(.*?)```", text, re.S)
+    target = re.search(r'attention\.load_external\("([^"]+)"\)', text)
+    name = re.search(r'attention\.testing\.check_backend\("([^"]+)"\)', text)
+    assert block and target and name, "README.md: the external-attention example or its check_backend line moved"
+    return block[1], block[2], target[1], name[1]
+
+
+@pytest.fixture()
+def fresh_registry(monkeypatch):
+    """The built-in backends only, and no ``my_pkg`` imported yet: the README's steps as a user
+    runs them in a fresh process (this file's own my_pkg is put back afterwards)."""
+    attention.available()
+    monkeypatch.setattr(registry, "_REGISTRY", {k: e for k, e in registry._REGISTRY.items()
+                                                if e.cls.__module__.startswith("attention.")})
+    ours = {m: sys.modules.pop(m) for m in list(sys.modules) if m.partition(".")[0] == "my_pkg"}
+    yield
+    for m in [m for m in sys.modules if m.partition(".")[0] == "my_pkg"]:
+        del sys.modules[m]
+    sys.modules.update(ours)
+
+
+def test_readme_external_attention_example_passes_check_backend(tmp_path, monkeypatch, fresh_registry):
+    """Before: the README's example failed check_backend (it wanted a module docstring the README
+    never mentions). Now the example, as written, passes the checks the README tells a user to run."""
+    path, code, target, name = readme_example()
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(code)
+    for pkg in (tmp_path / path).relative_to(tmp_path).parents:
+        if pkg != Path("."):
+            (tmp_path / pkg / "__init__.py").touch()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert attention.load_external(target) == name
+    testing.check_backend(name)
