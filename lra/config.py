@@ -21,8 +21,10 @@ the backend's default < ``attn.base_options`` (a named variant such as ``conf/at
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import os
 import re
 import typing
@@ -51,17 +53,24 @@ class ConfigError(ValueError):
 # Resolvers and composition
 
 
-def _tag(override_dirname: str = "") -> str:
-    """Extra folder level for overrides that are not part of the standard run name."""
-    if not override_dirname:
-        return ""
-    name = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", override_dirname)
-    if len(name) > 150:  # keep folder names short, but never let two configurations share one
-        name = name[:140] + "-" + hashlib.sha1(override_dirname.encode()).hexdigest()[:9]
-    return "/" + name
+def _folder_name(text: str) -> str:
+    """``text`` as one folder name: unsafe characters replaced, and then (or when long) a hash of the
+    exact text added, so two different texts never give one name."""
+    name = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
+    if name != text or len(name) > 200:  # a file name holds 255 bytes
+        name = name[:190] + "-" + hashlib.sha1(text.encode()).hexdigest()[:9]
+    return name
+
+
+def _tag(run_tag: str | None = None, override_dirname: str = "") -> str:
+    """The run folder's last level: ``run_tag`` (the canonical one, set by ``lra.train`` and the sweep:
+    :func:`run_tag`); without it (a bare Hydra ``-m``) the override text, as Hydra spells it."""
+    text = run_tag if run_tag is not None else override_dirname
+    return "/" + _folder_name(str(text)) if text else ""
 
 
 SEMANTICS = ("clean", "paper")
+SEED_MAX = 2 ** 32 - 1  # what numpy and Lightning's seed_everything accept
 
 
 def _quirk(path: str, clean, *, _root_):
@@ -176,6 +185,76 @@ def load(overrides: list[str] | tuple[str, ...] = (), run_dir: str | Path | None
 
 
 # ---------------------------------------------------------------------------------------------
+# The run folder: named by the resolved configuration, not by how the command line spelled it
+
+# Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>), or
+# pick where things live: the configuration they give is the base the tag is measured against.
+FOLDER_KEYS = ("experiment", "semantics", "quirks", "task", "attn", "attn.target", "seed", "runs_root",
+               "data_root")
+# Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
+# (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
+# is executed or logged but not what it computes (the resume key and record still hold them).
+UNTAGGED = ("preset", "semantics", "seed", "task.name", "attn.name", "attn.label", "attn.target",
+            "attn.base_options", "protocol", "attn_options", "quirks", "runs_root", "data_root", "run_tag",
+            "force", "num_threads", "fit", "hardware", "logger", "trainer.progress", "trainer.num_workers",
+            "trainer.log_every_n_steps", "train.compile", "train.ckpt_every_steps")
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict) and node:
+        out: dict = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _untagged(key: str) -> bool:
+    return any(key == u or key.startswith(u + ".") for u in UNTAGGED)
+
+
+def _canonical(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=64)  # a sweep names many runs of a few bases
+def _base_config(named: tuple[str, ...]) -> dict:
+    """The flat resolved config of the folder-naming overrides alone."""
+    cfg = compose_checked(list(named))
+    try:
+        return _flat(resolve(cfg).config)
+    except ConfigError:  # the base alone need not be a valid run (the overrides may repair it)
+        return _flat(_container(cfg))
+
+
+def run_tag(overrides: list[str] | tuple[str, ...], spec: "RunSpec | None" = None) -> str:
+    """The run folder's last level for ``overrides``: every resolved value that differs from the
+    configuration of the folder-naming overrides alone (:data:`FOLDER_KEYS`), as sorted ``key=value``
+    with canonical values (``train.lr=1e-3`` and ``train.lr=0.001`` are one folder, and no folder
+    when the preset's lr is 1e-3). Empty for the preset's own configuration.
+
+    Example::
+
+        run_tag(["experiment=quick", "train.lr=0.002", "train.max_steps=120"])
+        # 'train.lr=0.002,train.max_steps=120'
+    """
+    spec = spec or load(overrides)
+    new, old = _flat(spec.config), _base_config(tuple(o for o in overrides if _override_key(o) in FOLDER_KEYS))
+    keys = sorted(k for k in set(new) | set(old) if not _untagged(k) and new.get(k, ...) != old.get(k, ...))
+    return _folder_name(",".join(f"{k}={_canonical(new.get(k))}" for k in keys))
+
+
+def run_folder(spec: "RunSpec", tag: str) -> Path:
+    """Where ``python -m lra.train`` writes: ``<runs_root>/<preset>/<semantics>/<task>/<attn>/seed<s>[/<tag>]``
+    (the same template as ``hydra.run.dir`` in conf/config.yaml, with ``run_tag=<tag>``)."""
+    return Path(spec.config["runs_root"]) / spec.preset / spec.semantics / spec.where / f"seed{spec.seed}{_tag(tag)}"
+
+
+# ---------------------------------------------------------------------------------------------
 # Checks: one line naming the key, the value and what is allowed
 
 
@@ -184,22 +263,25 @@ def _check(ok: bool, key: str, value, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
 
 
-def _int(key: str, value, lo: int | None = None, optional: bool = False) -> None:
+def _int(key: str, value, lo: int | None = None, optional: bool = False, hi: int | None = None) -> None:
     if optional and value is None:
         return
     is_int = isinstance(value, int) and not isinstance(value, bool)
-    _check(is_int and (lo is None or value >= lo), key, value,
-           f"an integer{'' if lo is None else f' >= {lo}'}{' or null' if optional else ''}")
+    ok = is_int and (lo is None or value >= lo) and (hi is None or value <= hi)
+    span = f" in [{lo}, {hi}]" if hi is not None else ("" if lo is None else f" >= {lo}")
+    _check(ok, key, value, f"an integer{span}{' or null' if optional else ''}")
 
 
 def _num(key: str, value, lo: float, *, open_lo: bool = False, hi: float | None = None, open_hi: bool = False,
          optional: bool = False) -> None:
     if optional and value is None:
         return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > lo if open_lo else value >= lo)
-    ok = ok and (hi is None or (value < hi if open_hi else value <= hi))
-    span = f"{'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'}{')' if open_hi or hi is None else ']'}"
-    _check(ok, key, value, f"a number in {span}{' or null' if optional else ''}")
+    # NaN passes no comparison and so every range: refuse it (and infinity) before comparing
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > lo if open_lo else value >= lo) and (hi is None or (value < hi if open_hi else value <= hi))
+    span = (f"{'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}" if hi is not None
+            else f"{'>' if open_lo else '>='} {lo}")
+    _check(ok, key, value, f"a finite number {'in ' if hi is not None else ''}{span}{' or null' if optional else ''}")
 
 
 def _choice(key: str, value, choices) -> None:
@@ -219,8 +301,12 @@ PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "64-true")
 def resolve_precision(setting: str, cuda: bool) -> str:
     """``auto`` is fp16 mixed precision on a GPU (as in the papers) and fp32 elsewhere; the attention
     kernel itself is always fp32 (lra/model.py). ``cuda`` says whether the device is a GPU: the one
-    trained on (the Trainer) or the one planned for (a ``hardware=`` profile with a memory budget)."""
-    return ("16-mixed" if cuda else "32-true") if setting == "auto" else setting
+    trained on (the Trainer) or the one planned for (a ``hardware=`` profile with a memory budget).
+    On a CPU, ``16-mixed`` is what Lightning runs there: bf16 autocast, so the spec (and the record)
+    says ``bf16-mixed``."""
+    if setting == "auto":
+        return "16-mixed" if cuda else "32-true"
+    return "bf16-mixed" if setting == "16-mixed" and not cuda else setting
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +494,7 @@ class RunSpec:
 
     def __post_init__(self):
         _choice("semantics", self.semantics, SEMANTICS)
-        _int("seed", self.seed, 0)
+        _int("seed", self.seed, 0, hi=SEED_MAX)
         _int("num_threads", self.num_threads, 1, optional=True)
         _check(set(self.logger) <= {"csv", "wandb", "tensorboard"}, "logger", list(self.logger),
                "csv, wandb, tensorboard, or a list of them: logger=[wandb,tensorboard]")
@@ -543,6 +629,9 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
 
 def _external(cfg: DictConfig) -> None:
     """Import ``attn.target`` and put its registry name (and the label) in place of ``external``."""
+    if OmegaConf.is_missing(cfg.attn, "target"):
+        raise ConfigError("attn.target is missing: attn=external needs the backend's class, "
+                          "attn.target=package.module:ClassName (README, 'Your own attention')")
     try:
         name = attention.load_external(str(cfg.attn.target))
     except attention.InvalidOption as e:

@@ -59,6 +59,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
+import attention
 from lra.config import ConfigError, ModelSpec, RunSpec, attn_configs, load
 from lra.files import write_json, write_text
 from lra.model import build_model, loss_and_correct
@@ -252,6 +253,8 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
     where = f"{spec.where} at n={spec.model.seq_len} on {hw.name}"
     try:
         whole = fits(per_dev)
+    except attention.BackendContractError:  # a broken backend: no estimate could make it train
+        raise
     except Exception as e:  # noqa: BLE001 - an op the fake tensors cannot trace must not block training
         log.warning("%s: the memory estimate failed (%s: %s); training without accumulation", where,
                     type(e).__name__, str(e).splitlines()[0][:200])
@@ -292,28 +295,45 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
 TABLE_TASKS = ("text", "listops", "retrieval", "pathfinder", "image")  # the papers' column order
 
 
+def _progress_line(row: dict, i: int, total: int, elapsed: float) -> str:
+    """``fit listops/skeinformer: micro-batch 32 x 1 (3.1 s) [4/130, 41 s]``: one decision, which of
+    how many, and the time since the table started (a table takes minutes: it must be seen to move)."""
+    what = f"fit {row['task']}/{row['attn']}: "
+    if "micro_batch" in row:
+        took = "cached" if row.get("cached") else f"{row.get('seconds') or 0:.1f} s"
+        what += f"micro-batch {row['micro_batch']} x {row['accum_steps']} ({took})"
+    else:
+        what += row["error"]
+    return f"{what} [{i}/{total}, {elapsed:.0f} s]"
+
+
 def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress=True) -> list[dict]:
-    """One row per (attention config, task): micro-batch, accumulation, estimate, or why it was skipped."""
+    """One row per (attention config, task): micro-batch, accumulation, estimate, or why it was skipped.
+    ``progress``: a line per decision on stderr (:func:`_progress_line`)."""
     rows = []
     attns = list(attns or attn_configs())
     extra = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]
-    for label, ov in [(a, [f"attn={a}"]) for a in attns] + extra:
-        for task in tasks:
-            row = {"attn": label, "task": task}
-            try:
-                spec = load([f"task={task}", *ov, *overrides])
-                p = plan(spec)
-                row.update(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
-                           estimate_gib=None if p.estimate_bytes is None else round(p.estimate_bytes / GIB, 3),
-                           seconds=p.seconds, cached=p.cached, impl=spec.attn.options.get("impl"))
-            except FitError as e:
-                row.update(error="micro-batch 1 does not fit", detail=str(e))
-            except Exception as e:  # noqa: BLE001 - a missing task config or a backend the estimator cannot trace
-                row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-            rows.append(row)
-            if progress:
-                print(f"  {label:28s} {task:10s} {row.get('micro_batch', '-')!s:>5} x {row.get('accum_steps', '-')!s:>3}"
-                      f"  {row.get('seconds') or 0:6.1f}s {row.get('error', '')}", file=sys.stderr, flush=True)
+    cells = [(label, ov, task) for label, ov in [(a, [f"attn={a}"]) for a in attns] + extra for task in tasks]
+    if progress:
+        print(f"lra.fit: {len(cells)} decisions ({len(attns) + len(extra)} attention configs x {len(tasks)} tasks); "
+              f"one not cached yet takes 1-4 memory estimates of seconds each on a CPU; a line per decision, "
+              f"then the table", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    for i, (label, ov, task) in enumerate(cells, 1):
+        row = {"attn": label, "task": task}
+        try:
+            spec = load([f"task={task}", *ov, *overrides])
+            p = plan(spec)
+            row.update(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
+                       estimate_gib=None if p.estimate_bytes is None else round(p.estimate_bytes / GIB, 3),
+                       seconds=p.seconds, cached=p.cached, impl=spec.attn.options.get("impl"))
+        except FitError as e:
+            row.update(error="micro-batch 1 does not fit", detail=str(e))
+        except Exception as e:  # noqa: BLE001 - a missing task config or a backend the estimator cannot trace
+            row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        rows.append(row)
+        if progress:
+            print(_progress_line(row, i, len(cells), time.perf_counter() - t0), file=sys.stderr, flush=True)
     return rows
 
 
@@ -389,6 +409,7 @@ def _table(args: list[str], out: Path | None) -> int:
     picked = {k: a.split("=", 1)[1].split(",") for a in args for k in ("task", "attn") if a.startswith(f"{k}=")}
     args = [a for a in args if not a.startswith(("task=", "attn="))]
     load(args)  # a bad override is one line before hours of estimates
+    log.setLevel(logging.WARNING)  # plan()'s line per decision would repeat the progress line
     t0 = time.perf_counter()
     tasks = tuple(picked.get("task", TABLE_TASKS))
     rows = decision_table(args, tasks=tasks, attns=picked.get("attn"))

@@ -17,8 +17,10 @@ protocol and the record.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -33,8 +35,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+import attention
+
 from lra import CONF_DIR
-from lra.config import ConfigError, RunSpec, load, resolve
+from lra.config import ConfigError, RunSpec, load, resolve, run_folder, run_tag
 from lra.data import DataError, Split, fingerprint, load_task
 from lra.data.module import LRADataModule
 from lra.fit import FitError, Plan, plan
@@ -206,8 +210,23 @@ def _prepare(spec: RunSpec, ckpt_dir: Path) -> None:
     L.seed_everything(spec.seed, workers=True, verbose=False)
 
 
+_LOADED: dict[str, dict[str, Split]] = {}  # the splits main() checked, handed to the run it starts
+
+
+def _splits(spec: RunSpec) -> dict[str, Split]:
+    """The task's splits (generated or tokenised on first use), loaded once per process; raises a
+    one-line ConfigError when the effective batch is larger than the training split."""
+    key = json.dumps([spec.data.options, str(spec.data.root)], sort_keys=True, default=str)
+    splits = _LOADED.pop(key, None) or load_task(spec.data.options, spec.data.root)
+    n = len(splits["train"])
+    if spec.train.batch_size > n:  # every step would be the whole split, recorded as a batch it never was
+        raise ConfigError(f"train.batch_size={spec.train.batch_size} is larger than the {n} training examples of "
+                          f"{spec.task}: set train.batch_size to at most {n}")
+    return splits
+
+
 def _load_data(spec: RunSpec, rec: dict) -> dict[str, Split]:
-    splits = load_task(spec.data.options, spec.data.root)
+    splits = _splits(spec)
     rec["majority_acc"] = splits["test"].majority_rate()
     rec["split_sizes"] = {k: len(v) for k, v in splits.items()}
     return splits
@@ -277,6 +296,9 @@ def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     if spec.hardware.compile_note:
         log.warning("%s", spec.hardware.compile_note)
+    if spec.hardware.precision_setting == "16-mixed" and spec.hardware.precision != "16-mixed":
+        log.warning("trainer.precision=16-mixed runs as %s on a CPU (fp16 autocast is a GPU feature); the record "
+                    "says %s", spec.hardware.precision, spec.hardware.precision)
     return {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
             "loader_workers": spec.hardware.num_workers,
             "compiled": spec.hardware.compile, "compile_note": spec.hardware.compile_note}
@@ -336,15 +358,30 @@ def _fmt(x):
 def _hydra_main(cfg: DictConfig) -> float | None:
     try:
         rec = run(resolve(cfg, HydraConfig.get().runtime.output_dir))
+    except Interrupted as e:  # the record says interrupted; the console says how to go on
+        code = int(e.code)
+        _exit(code, "interrupted (%s): the record says where it stopped; resume with the same command: %s",
+              signal.Signals(code - 128).name if code > 128 else f"exit {code}", _command())
     except (ConfigError, DataError, RunError) as e:  # the user's to fix: one line
         _exit(2, "%s", e)
+    except attention.BackendContractError as e:  # a backend broke its contract: the record says failed, and why
+        _exit(1, "%s", e)
     except FitError as e:
         _exit(3, "does not fit, not training: %s", e)
     except RunLocked as e:
         _exit(EXIT_LOCKED, "%s", e)
     except OSError as e:  # disk full, a read-only folder: the environment's, not a harness bug
         _exit(1, "%s: %s (the run's record says where it stopped)", type(e).__name__, e)
+    if rec.get("status") == "failed":  # exit 1, as the README says: a script must not take it for done
+        _exit(1, "the run failed: %s (record: %s)", rec.get("reason"), Path(HydraConfig.get().runtime.output_dir) /
+              "result.json")
     return rec.get("best_val_acc")  # the objective for Hydra sweepers
+
+
+def _command() -> str:
+    """The command line that started this run (what resumes it), without the harness's own run_tag."""
+    args = [a for a in sys.argv[1:] if not a.startswith("run_tag=")]
+    return shlex.join(["python", "-m", "lra.train", *args])
 
 
 def _exit(code: int, fmt: str, *args) -> None:
@@ -369,6 +406,24 @@ HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--re
                "--config-dir", "-i", "--info", "--experimental-rerun"}
 
 
+def check_before_run(args: list[str]) -> str:
+    """Everything the user can get wrong, checked before Hydra makes the run folder: every value, the
+    loggers, the runs root, the data (prepared here if absent) against the batch. Returns the run's
+    folder tag (:func:`lra.config.run_tag`)."""
+    spec = load(args)
+    check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
+    check_writable(Path(spec.config["runs_root"]))
+    tag = run_tag(args, spec)
+    try:
+        old = read_record(run_folder(spec, tag))
+    except ValueError:  # a damaged record: the run says so (RunError), in its own words
+        old = None
+    if spec.force or not (old and old.get("status") in FINISHED):  # a finished run needs no data to be skipped
+        key = json.dumps([spec.data.options, str(spec.data.root)], sort_keys=True, default=str)
+        _LOADED[key] = _splits(spec)
+    return tag
+
+
 def main() -> None:
     args = sys.argv[1:]
     try:
@@ -376,14 +431,15 @@ def main() -> None:
         if unknown:
             raise ConfigError(f"unknown argument {unknown[0]!r}: overrides are key=value (python -m lra.train --help)")
         if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
-            spec = load(args)  # every value checked before Hydra makes the run folder
-            check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
-            check_writable(Path(spec.config["runs_root"]))
+            logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+            tag = check_before_run(args)
+            sys.argv.append(f"run_tag='{tag}'")  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
         _hydra_main()
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C before the run started: nothing to record
+    except KeyboardInterrupt:  # Ctrl-C before the run started (e.g. while generating data): nothing written
+        print("interrupted before the run started; nothing was written to the runs root", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
 
 

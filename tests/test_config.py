@@ -82,7 +82,7 @@ def test_describe_shows_type_default_range_and_meaning():
     for name in NAMES:  # every option of every backend says what it means (the comment on its field)
         assert all(i["doc"] and i["type"] for i in attention.option_info(name).values()), name
     text = str(attention.describe("skeinformer"))
-    assert "num_features: int = 256  integer [1, inf]" in text and "pilot rows" in text
+    assert "num_features: int = 256  integer [1, inf)" in text and "pilot rows" in text
     assert attention.describe("skeinformer")["options"]["num_features"] == 256  # still a dict for programs
 
 

@@ -145,7 +145,10 @@ def out_problem(out: Path) -> str | None:
     """Why ``out`` cannot be the output folder (it, or the nearest existing parent, is no folder)."""
     for p in (out, *out.parents):
         if p.exists():
-            return None if p.is_dir() else f"{p} is a file, not a folder; pass a folder (created if missing)"
+            if not p.is_dir():
+                return f"{p} is a file, not a folder; pass a folder (created if missing)"
+            return None if os.access(p, os.W_OK | os.X_OK) else f"{p} cannot be written; pass --out DIR to a " \
+                                                                  f"folder you can write"
     return None
 
 
@@ -197,6 +200,10 @@ def main(argv=None) -> int:
                       plots=not args.no_plots)
     except CollectError as e:
         print(f"lra.collect: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only file system, a full disk: what was written is whole (atomic), the rest not
+        print(f"lra.collect: cannot write into {out} ({type(e).__name__}: {e.strerror or e}); pass --out DIR to a "
+              f"folder you can write", file=sys.stderr)
         return 2
     runs = res.runs
     ok = runs["usable"] & runs["kept"]
