@@ -95,6 +95,9 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
                                           signal.SIGINT)
     assert rc == 130 and "Traceback" not in out, out[-3000:]
     assert _record(tmp_path, "runs")["status"] == "interrupted"
+    # the console says so, and the command that resumes it (without the harness's own run_tag)
+    assert "interrupted (SIGINT)" in out and "resume with the same command: python -m lra.train experiment=quick" in out
+    assert "run_tag" not in out.split("resume with the same command:")[1].splitlines()[0]
 
 
 def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
