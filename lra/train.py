@@ -432,15 +432,21 @@ def main() -> None:
             raise ConfigError(f"unknown argument {unknown[0]!r}: overrides are key=value (python -m lra.train --help)")
         if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
             logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
-            tag = check_before_run(args)
+            previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the data's temporary folders go
+            try:
+                tag = check_before_run(args)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
             sys.argv.append(f"run_tag='{tag}'")  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
         _hydra_main()
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C before the run started (e.g. while generating data): nothing written
-        print("interrupted before the run started; nothing was written to the runs root", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
+    except (KeyboardInterrupt, Interrupted) as e:  # before the run started (e.g. while generating data)
+        code = int(e.code) if isinstance(e, Interrupted) else 128 + signal.SIGINT
+        print(f"interrupted ({signal.Signals(code - 128).name}) before the run started; nothing was written to the "
+              f"runs root", file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

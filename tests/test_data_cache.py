@@ -201,3 +201,79 @@ def test_fingerprint_follows_every_array_and_not_the_storage(tmp_path):
     assert fingerprint({k: v for k, v in base.items() if k != "test"}) != fp
     cast = {k: Split(v.tokens.astype(np.int16), v.lengths, v.labels) for k, v in base.items()}
     assert fingerprint(cast) != fp  # another dtype is another cache format: a resume should notice
+
+
+# ------------------------------------------------------------------------------ issue 19: checksums of cached arrays
+def _copies(s):
+    return {k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels"))) for k, v in s.items()}
+
+
+def test_cached_labels_rewritten_with_random_labels_of_the_same_shape_are_rebuilt_with_a_warning(tmp_path, caplog):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return splits(50, 8)
+
+    first = _copies(cached_splits(tmp_path, "demo", {"x": 5}, build))
+    (entry,) = (tmp_path / "cache").iterdir()
+    labels = np.load(entry / "train.labels.npy")
+    forged = np.random.default_rng(7).integers(0, 2, labels.shape).astype(labels.dtype)
+    assert forged.shape == labels.shape and not np.array_equal(forged, labels)
+    np.save(entry / "train.labels.npy", forged)  # same shape and dtype: only the checksum can tell
+    with caplog.at_level("WARNING"):
+        again = cached_splits(tmp_path, "demo", {"x": 5}, build)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(calls) == 2 and len(warnings) == 1
+    assert "train.labels.npy" in warnings[0] and "checksum" in warnings[0] and str(entry) in warnings[0]
+    assert np.array_equal(np.asarray(again["train"].labels), first["train"].labels)
+    caplog.clear()
+    cached_splits(tmp_path, "demo", {"x": 5}, build)
+    assert len(calls) == 2 and not caplog.records
+
+
+def test_cache_checksums_are_hashed_again_only_when_a_file_changes(tmp_path, monkeypatch, caplog):
+    from lra.data import cache
+
+    monkeypatch.setattr(cache, "SETTLE_S", 0.0)  # here files settle at once (the default covers the clock tick)
+    monkeypatch.setattr(cache, "_checked", {})
+    hashed, real = [], cache.file_sha256
+    monkeypatch.setattr(cache, "file_sha256", lambda p, *a: hashed.append(p.name) or real(p, *a))
+    build = lambda: splits(20, 8)  # noqa: E731
+    cached_splits(tmp_path, "demo", {"x": 6}, build)
+    assert len(hashed) == 9  # the build records 3 arrays x 3 splits
+    (entry,) = (tmp_path / "cache").iterdir()
+    hashed.clear()
+    cached_splits(tmp_path, "demo", {"x": 6}, build)  # first use: hashed once, the stats recorded
+    assert len(hashed) == 9
+    monkeypatch.setattr(cache, "_checked", {})  # a new process
+    hashed.clear()
+    cached_splits(tmp_path, "demo", {"x": 6}, build)
+    assert hashed == []  # nothing changed: stat calls only
+    st = (entry / "val.tokens.npy").stat()
+    os.utime(entry / "val.tokens.npy", ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # touched: same bytes
+    with caplog.at_level("WARNING"):
+        cached_splits(tmp_path, "demo", {"x": 6}, build)
+    assert hashed == ["val.tokens.npy"] and not caplog.records  # hashed again, matched, kept
+
+
+def test_a_cache_entry_from_before_checksums_is_rebuilt_once(tmp_path, caplog):
+    import json
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        return splits(10, 8)
+
+    cached_splits(tmp_path, "demo", {"x": 7}, build)
+    (entry,) = (tmp_path / "cache").iterdir()
+    meta = json.loads((entry / "meta.json").read_text())
+    del meta["checksums"]  # as an older harness wrote it
+    (entry / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        cached_splits(tmp_path, "demo", {"x": 7}, build)
+        cached_splits(tmp_path, "demo", {"x": 7}, build)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(calls) == 2 and len(warnings) == 1 and "no checksums" in warnings[0]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [entry.name]  # rebuilt in place

@@ -5,6 +5,7 @@ task's reader. Also: interrupted downloads leave nothing a reader accepts and re
 in one line, the user's folders are never replaced."""
 
 import io
+import logging
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -285,3 +286,67 @@ def test_a_damaged_download_of_ours_is_replaced(tmp_path, tiny):
     assert _left_over(root) == []
     aside = [p for p in root.iterdir() if p.name.startswith(".replaced-")]
     assert len(aside) == 1 and (aside[0] / "extra.txt").read_text() == "left by hand"  # moved aside, not deleted
+
+
+# ------------------------------------------------------------------------------ issue 19: no network
+NETWORK_ENV = ("LRA_HUB", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy",
+               "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy")
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every connection attempt raises ``state["error"]`` and is recorded; nothing may be fetched."""
+    import socket
+
+    for v in NETWORK_ENV:
+        monkeypatch.delenv(v, raising=False)
+    state = {"error": socket.gaierror(-2, "Name or service not known"), "tries": []}
+
+    def connect(address, timeout=None, *a, **k):
+        state["tries"].append(address)
+        raise state["error"]
+
+    def fetch(*a, **k):
+        raise AssertionError("a download was attempted without a network")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    monkeypatch.setattr(download, "_load_dataset", fetch)
+    monkeypatch.setattr(download, "_copy_files", fetch)
+    return state
+
+
+@pytest.mark.parametrize("failure", ["name resolution", "connection refused"])
+@pytest.mark.parametrize("task,by_hand", [("text", "aclImdb_v1.tar.gz"), ("retrieval", "lra_release.gz"),
+                                          ("image", "cifar-10-python.tar.gz")])
+def test_download_with_no_network_is_one_clear_line_at_once_without_retries(tmp_path, no_network, task, by_hand,
+                                                                             failure):
+    if failure == "connection refused":
+        no_network["error"] = ConnectionRefusedError(111, "Connection refused")
+    with pytest.raises(DataError) as e:
+        load_task({**TASKS[task], "download": True}, tmp_path / "data")
+    msg = str(e.value)
+    assert no_network["tries"] == [("huggingface.co", 443)]  # one attempt, no retry
+    assert "\n" not in msg and "no network" in msg and download.SOURCES[task].repo in msg
+    assert ("cannot resolve huggingface.co" if failure == "name resolution" else "refused") in msg
+    assert by_hand in msg and str(tmp_path / "data") in msg  # how to get it by hand, and where to put it
+    assert not (tmp_path / "data").exists()  # nothing written, not even the download's dot folder
+
+
+def test_no_network_through_make_data_is_exit_2_with_one_line(tmp_path, no_network, monkeypatch, caplog):
+    monkeypatch.setenv("LRA_DATA", str(tmp_path / "data"))
+    with caplog.at_level("WARNING"):
+        assert data_main.main(["task=text", "task.download=true"]) == 2
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "no network" in lines[0] and len(no_network["tries"]) == 1
+
+
+def test_the_network_check_goes_through_the_proxy_and_honours_offline_mode(tmp_path, no_network, monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    no_network["error"] = ConnectionRefusedError(111, "Connection refused")
+    with pytest.raises(DataError, match="the proxy proxy.example:3128 refused"):
+        load_task({**TASKS["text"], "download": True}, tmp_path)
+    assert no_network["tries"] == [("proxy.example", 3128)]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="HF_HUB_OFFLINE=1 forbids the network"):
+        load_task({**TASKS["text"], "download": True}, tmp_path)
+    assert len(no_network["tries"]) == 1  # offline mode: not even one attempt

@@ -283,33 +283,59 @@ def test_official_subset_by_n_images(tmp_path):
     assert sum(len(x) for x in s.values()) == 50
 
 
-def test_generated_when_absent_regenerated_when_params_change(tmp_path):
+def _spy_generation(monkeypatch) -> list:
+    made, real = [], pf.write_dataset
+    monkeypatch.setattr(pf, "write_dataset", lambda folder, *a, **k: made.append(folder) or real(folder, *a, **k))
+    return made
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_generated_pathfinder_other_settings_get_their_own_folder_and_none_is_regenerated(tmp_path, monkeypatch):
+    made = _spy_generation(monkeypatch)
     c = cfg(generate=True, n_images=30, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
-    first = load_task(c, tmp_path)
-    folder = tmp_path / "pf-small" / "pathfinder32" / HARD
+    first = pf.load(c, tmp_path, progress=False)
+    (folder,) = made
+    assert folder.relative_to(tmp_path).parts[:1] == ("generated",) and folder.parts[-2:] == ("pathfinder32", HARD)
+    assert folder.parts[-3].startswith("pf-small-")
     assert json.loads((folder / "GENERATED.json").read_text())["params"]["n_images"] == 30
     assert (folder / "examples.png").exists() and sum(len(x) for x in first.values()) == 30
-    again = load_task(c, tmp_path)
+    before = _snapshot(folder)
+    other = pf.load({**c, "n_images": 20}, tmp_path, progress=False)  # other settings: a folder of their own
+    assert len(made) == 2 and made[1] != folder and sum(len(x) for x in other.values()) == 20
+    again = pf.load(c, tmp_path, progress=False)  # the first settings again: found, not regenerated
+    assert len(made) == 2 and _snapshot(folder) == before
     assert np.array_equal(np.asarray(first["train"].tokens), np.asarray(again["train"].tokens))
-    c["generator"] = {"seed": 2, "chunk": 1000}
-    other = load_task(c, tmp_path)
-    assert not np.array_equal(np.asarray(first["train"].tokens), np.asarray(other["train"].tokens))
     # a generated set is never mistaken for official data by the search
     assert pf.locate(tmp_path, None, 32, HARD) is None
+
+
+def test_a_pathfinder_set_generated_by_an_older_harness_is_used_as_is(tmp_path, monkeypatch):
+    params = pf.generator_params(cfg(n_images=20, generator={"seed": 1, "chunk": 1000}))
+    legacy = gen.write_dataset(tmp_path / "pf-small" / "pathfinder32" / HARD, params, workers=1, progress=False)
+    before = _snapshot(legacy)
+    made = _spy_generation(monkeypatch)
+    c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
+    assert sum(len(x) for x in pf.load(c, tmp_path, progress=False).values()) == 20
+    assert made == [] and _snapshot(legacy) == before
 
 
 def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_replaced(tmp_path):
     c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
     pf.load(c, tmp_path, progress=False)
-    folder = tmp_path / "pf-small" / "pathfinder32" / HARD
+    (folder,) = (tmp_path / "generated").glob("pf-small-*/pathfinder32/" + HARD)
     (folder / "NOTES.txt").write_text("mine")
     old_meta = (folder / "metadata" / "0.npy").read_bytes()
-    pf.load({**c, "generator": {"seed": 2, "chunk": 1000}}, tmp_path, progress=False)
+    (folder / "GENERATED.json").write_text("{cut")  # damaged: the harness regenerates what it wrote
+    pf.load(c, tmp_path, progress=False)
     assert (folder / "NOTES.txt").read_text() == "mine"
-    assert (folder / "metadata" / "0.npy").read_bytes() != old_meta
-    assert json.loads((folder / "GENERATED.json").read_text())["params"]["seed"] == 2
+    assert (folder / "metadata" / "0.npy").read_bytes() == old_meta  # seeded: the same images again
+    assert json.loads((folder / "GENERATED.json").read_text())["params"]["seed"] == 1
     assert sorted(p.name for p in folder.parent.iterdir()) == [HARD]  # no temp or old folder left
-    # a folder at the generation target without GENERATED.json (here: images without metadata) is the user's
+    # a folder where an older harness generated, without GENERATED.json (here: images without metadata), is the user's
     mine = tmp_path / "root" / "pathfinder32" / HARD
     (mine / "imgs" / "0").mkdir(parents=True)
     (mine / "imgs" / "0" / "sample_0.png").write_bytes(b"user image")
@@ -318,6 +344,7 @@ def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_repla
     assert str(mine) in str(e.value) and "left as it is" in str(e.value)
     assert (mine / "imgs" / "0" / "sample_0.png").read_bytes() == b"user image"
     assert sorted(p.name for p in mine.rglob("*")) == ["0", "imgs", "sample_0.png"]
+    assert not (tmp_path / "root" / "generated").exists()
 
 
 def test_missing_without_generation_explains(tmp_path):
@@ -353,4 +380,4 @@ def test_end_to_end_quick_run_on_a_tiny_generated_set(tmp_path):
     assert rec["status"] == "completed" and rec["task"] == "pathfinder" and rec["steps"] == 2
     assert rec["split_sizes"] == {"train": 48, "val": 6, "test": 6} and 0 <= rec["test_acc"] <= 1
     assert rec["config"]["task"]["seq_len"] == 1024
-    assert (tmp_path / "data" / "pathfinder-quick" / "pathfinder32" / HARD / "GENERATED.json").exists()
+    assert len(list((tmp_path / "data" / "generated").glob(f"pathfinder-quick-*/pathfinder32/{HARD}/GENERATED.json"))) == 1

@@ -139,23 +139,31 @@ def test_corrupt_line_reports_file_and_line(tmp_path, line, needle):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
-def test_generated_folder_regenerates_when_params_change(tmp_path):
-    small = dict(seed=1, n_train=50, n_val=5, n_test=5, min_length=10, max_length=60, max_depth=5)
-    cfg = {**_cfg("listops-small", **small), "generate": True, "max_length": 60, "seq_len": 64}
-    first = load_listops(cfg, tmp_path)
-    stamp = json.loads((tmp_path / "listops-small" / "GENERATED.json").read_text())
-    assert stamp["params"]["seed"] == 1 and len(first["train"]) == 50
-    cfg["generator"] = {**small, "seed": 2}
-    second = load_listops(cfg, tmp_path)
-    assert not np.array_equal(np.asarray(first["train"].tokens), np.asarray(second["train"].tokens))
-
-
 # ------------------------------------------------------------------------------ never lose data, never accept wrong data
 SMALL = dict(seed=1, n_train=256, n_val=5, n_test=5, min_length=10, max_length=60, max_depth=5)
 
 
 def _gen_cfg(generate=True, **over):
     return {**_cfg("listops-small", **{**SMALL, **over}), "generate": generate, "max_length": 60, "seq_len": 64}
+
+
+@pytest.fixture(autouse=True)
+def one_worker(monkeypatch):
+    """Generation in one process here (a pool costs seconds to start; the pool is tested on its own)."""
+    monkeypatch.setattr(lo, "data_workers", lambda: 1)
+
+
+def _generated(root):
+    """The one generated set under ``root``."""
+    (folder,) = (root / "generated").iterdir()
+    return folder
+
+
+def _spy_generation(monkeypatch) -> list:
+    """Folders ``write_dataset`` generates into from now on."""
+    made, real = [], lo.write_dataset
+    monkeypatch.setattr(lo, "write_dataset", lambda folder, *a, **k: made.append(folder) or real(folder, *a, **k))
+    return made
 
 
 def _snapshot(folder):
@@ -181,32 +189,33 @@ def test_incomplete_official_folder_is_an_error_and_left_untouched(tmp_path):
 
 def test_generated_folder_records_rows_and_bytes_and_is_made_by_rename(tmp_path):
     load_listops(_gen_cfg(), tmp_path)
-    folder = tmp_path / "listops-small"
+    folder = _generated(tmp_path)
     stamp = json.loads((folder / "GENERATED.json").read_text())
     for name, facts in stamp["files"].items():
         lines = (folder / name).read_bytes().count(b"\n")
         assert facts == {"rows": lines - 1, "bytes": (folder / name).stat().st_size}
     assert stamp["files"]["basic_train.tsv"]["rows"] == 256
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert sorted(p.name for p in (tmp_path / "generated").iterdir()) == [folder.name]  # no temporary folder left
 
 
 def test_regeneration_keeps_files_the_user_added(tmp_path):
     load_listops(_gen_cfg(), tmp_path)
-    folder = tmp_path / "listops-small"
+    folder = _generated(tmp_path)
     (folder / "NOTES.txt").write_bytes(b"mine\x00\xff")
     (folder / "extra").mkdir()
     (folder / "extra" / "a.tsv").write_text("x\n")
-    old_train = (folder / "basic_train.tsv").read_bytes()
-    load_listops(_gen_cfg(seed=2), tmp_path)
+    train = folder / "basic_train.tsv"
+    full = train.read_bytes()
+    train.write_bytes(full[:len(full) // 2])  # damaged: the harness regenerates its own files
+    load_listops(_gen_cfg(), tmp_path)
     assert (folder / "NOTES.txt").read_bytes() == b"mine\x00\xff" and (folder / "extra" / "a.tsv").read_text() == "x\n"
-    assert (folder / "basic_train.tsv").read_bytes() != old_train
-    assert json.loads((folder / "GENERATED.json").read_text())["params"]["seed"] == 2
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert train.read_bytes() == full
+    assert sorted(p.name for p in (tmp_path / "generated").iterdir()) == [folder.name]
 
 
 def test_generated_tsv_truncated_at_a_line_boundary_is_detected(tmp_path, caplog):
     first = load_listops(_gen_cfg(), tmp_path)
-    path = tmp_path / "listops-small" / "basic_train.tsv"
+    path = _generated(tmp_path) / "basic_train.tsv"
     full = path.read_bytes()
     lines = full.splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:100]))  # header + 99 of 256 rows, ends with a newline
@@ -258,7 +267,7 @@ def test_task_path_is_honoured_and_checked(tmp_path):
 
 def test_a_stamp_without_file_facts_is_upgraded_only_when_rows_match(tmp_path):
     load_listops(_gen_cfg(), tmp_path)
-    folder = tmp_path / "listops-small"
+    folder = _generated(tmp_path)
     stamp = json.loads((folder / "GENERATED.json").read_text())
     old = {k: v for k, v in stamp.items() if k != "files"}  # as written before rows/bytes were recorded
     (folder / "GENERATED.json").write_text(json.dumps(old))
@@ -268,3 +277,140 @@ def test_a_stamp_without_file_facts_is_upgraded_only_when_rows_match(tmp_path):
     path = folder / "basic_val.tsv"
     path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:4]))
     assert "rows" in lo.check_generated(folder, lo.GeneratorParams(**SMALL))
+
+
+# ------------------------------------------------------------------------------ issue 19: generated sets keyed by their settings
+def test_generated_listops_other_settings_get_their_own_folder_and_the_default_is_not_regenerated(tmp_path,
+                                                                                                   monkeypatch):
+    made = _spy_generation(monkeypatch)
+    default = load_listops(_gen_cfg(), tmp_path)
+    (first,) = made
+    before = _snapshot(first)
+    other = load_listops(_gen_cfg(n_train=300), tmp_path)  # other generation settings: a folder of their own
+    assert len(made) == 2 and made[1] != first and len(other["train"]) == 300
+    assert json.loads((made[1] / "GENERATED.json").read_text())["params"]["n_train"] == 300
+    again = load_listops(_gen_cfg(), tmp_path)  # the default again: found, not regenerated
+    assert len(made) == 2 and _snapshot(first) == before
+    assert np.array_equal(np.asarray(again["train"].tokens), np.asarray(default["train"].tokens))
+    assert sorted(p.name for p in (tmp_path / "generated").iterdir()) == sorted(p.name for p in made)
+    assert not (tmp_path / "listops-small").exists()  # the release's folder name is never generated into
+
+
+def test_a_listops_folder_the_user_copies_in_after_generation_is_used_and_never_overwritten(tmp_path, monkeypatch):
+    load_listops(_gen_cfg(), tmp_path)
+    made = _spy_generation(monkeypatch)
+    folder = tmp_path / "listops-small"
+    _write_official(folder, {"train": [("( ( ( [MAX 2 ) 9 ) ] )", 9), ("( ( ( [SM 3 ) 4 ) ] )", 7)]})
+    before = _snapshot(folder)
+    for seed in (1, 2):  # whatever the generation settings, the user's complete folder wins and stays as it is
+        got = load_listops(_gen_cfg(seed=seed), tmp_path)
+        assert list(got["train"].labels) == [9, 7]
+    assert made == [] and _snapshot(folder) == before
+
+
+def test_a_set_generated_by_an_older_harness_at_the_release_name_is_used_as_is(tmp_path, monkeypatch, caplog):
+    legacy = lo.write_dataset(tmp_path / "listops-small", lo.GeneratorParams(**SMALL), workers=1, progress=False)
+    stamp = json.loads((legacy / lo.STAMP).read_text())
+    (legacy / lo.STAMP).write_text(json.dumps({k: v for k, v in stamp.items() if k != "files"}))  # the oldest form
+    before = _snapshot(legacy)
+    made = _spy_generation(monkeypatch)
+    load_listops(_gen_cfg(), tmp_path)  # same settings: read where it is, as it is; nothing generated
+    assert made == [] and not (tmp_path / "generated").exists() and _snapshot(legacy) == before
+    load_listops(_gen_cfg(seed=2), tmp_path)  # other settings: their own folder; the old one is not touched
+    assert made == [_generated(tmp_path)] and _snapshot(legacy) == before
+    (legacy / "basic_val.tsv").write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")  # the user's copy over it
+    before = _snapshot(legacy)
+    with caplog.at_level("WARNING"):
+        load_listops(_gen_cfg(), tmp_path)
+    assert f"delete its {lo.STAMP}" in caplog.text and str(legacy) in caplog.text
+    assert _snapshot(legacy) == before and len(made) == 2
+
+
+# ------------------------------------------------------------------------------ issue 19: Ctrl-C during generation
+def _interrupt_generation(monkeypatch, tmp_path, how):
+    """Run ``python -m lra.data`` in this process on a ListOps generation that ``how()`` interrupts."""
+    from lra.data import __main__ as data_main
+
+    monkeypatch.setenv("LRA_DATA", str(tmp_path / "data"))
+    calls = []
+    real = lo._chunk
+
+    def chunk(args):
+        calls.append(1)
+        if len(calls) == 2:
+            how()
+        return real(args)
+
+    monkeypatch.setattr(lo, "_chunk", chunk)
+    return data_main.main(["task=listops", "experiment=quick", "protocol.listops.data.n_train=100000"])
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_listops_generation_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch, caplog, capsys,
+                                                                           sig):
+    import os
+    import signal
+    import time
+
+    def interrupt():
+        if sig == "SIGINT":
+            raise KeyboardInterrupt  # what Python makes of SIGINT in the main process
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises before this ends
+
+    def not_handled(signum, frame):  # here only if lra.data left SIGTERM to the process's previous handler
+        raise AssertionError("SIGTERM reached the handler lra.data should have replaced")
+
+    previous = signal.signal(signal.SIGTERM, not_handled)
+    try:
+        with caplog.at_level("INFO"):
+            code = _interrupt_generation(monkeypatch, tmp_path, interrupt)
+        assert signal.getsignal(signal.SIGTERM) is not_handled  # the process's own handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 128 + getattr(signal, sig)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith(f"interrupted by {sig}") and "same command again" in errors[0]
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").rglob("*"))  # no half folder, no temp
+
+
+def test_data_pool_workers_leave_ctrl_c_to_the_main_process():
+    import signal
+
+    from lra.data.base import worker_pool
+
+    with worker_pool(1) as pool:  # a worker that took SIGINT would print its own KeyboardInterrupt traceback
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,extra", [("listops", "protocol.listops.data.n_train=1000000"),
+                                        ("pathfinder", "protocol.pathfinder.data.n_images=100000")])
+def test_ctrl_c_to_the_process_group_during_generation_prints_one_line(tmp_path, task, extra):
+    """The real thing: Ctrl-C reaches `python -m lra.data` and its worker processes at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "LRA_DATA": str(tmp_path / "data")}
+    proc = subprocess.Popen([sys.executable, "-m", "lra.data", f"task={task}", "experiment=quick", extra], env=env,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    try:
+        lines = []
+        for line in proc.stderr:  # wait until the workers are generating
+            lines.append(line)
+            if "generating" in line:
+                break
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out = "".join(lines) + proc.communicate(timeout=60)[1]  # a pool stopped badly can hang: fail, not wait
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    assert "Traceback" not in out and out.count("interrupted by SIGINT") == 1
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").rglob("*"))

@@ -95,7 +95,7 @@ def test_ctrl_c_before_the_run_starts_is_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         lra.train.main()
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 130 and err.startswith("interrupted before the run started") and "\n" not in err
+    assert e.value.code == 130 and err.startswith("interrupted (SIGINT) before the run started") and "\n" not in err
 
 
 def test_failed_run_exits_1_with_one_line_and_a_failed_record(tmp_path):

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from lra import REPO_ROOT
+
+
+GENERATED_DIR = "generated"  # <data root>/generated/: every set the harness generates, one folder per setting
 
 
 class DataError(RuntimeError):
@@ -74,8 +79,31 @@ class Split:
 def worker_pool(workers: int):
     """A process pool for data preparation. Workers come from a fresh forkserver process, not from a
     fork of this one: a fork copies locks that another thread holds at that instant (a logging or
-    stdout lock while the output pipe is full, torch's thread pools) and such a worker waits forever."""
-    return mp.get_context("forkserver").Pool(workers)
+    stdout lock while the output pipe is full, torch's thread pools) and such a worker waits forever.
+    Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the main process alone reports
+    it and stops the pool (each worker would print its own KeyboardInterrupt traceback)."""
+    return mp.get_context("forkserver").Pool(workers, initializer=_leave_sigint_to_the_main_process)
+
+
+def _leave_sigint_to_the_main_process() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def made_parents(folder: Path):
+    """Create ``folder``'s missing parent folders; if the block fails or is interrupted, remove again those
+    it created that are still empty (an interrupted generation leaves no empty shell of its layout)."""
+    made = [p for p in Path(folder).parents if not p.exists()]
+    Path(folder).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for p in made:  # nearest first
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def hf_datasets(why: str):

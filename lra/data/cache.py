@@ -7,8 +7,17 @@ nothing is copied into RAM until a batch touches it, and DataLoader workers shar
 (HF ``datasets`` Arrow files would also work, but for fixed-shape integer matrices a raw ``.npy``
 is simpler and as fast.) An entry is built in a temporary folder and renamed into place only when
 complete, so an interrupted build never leaves an entry a later run would trust; an entry damaged
-later (a truncated ``.npy``, a bad ``meta.json``) fails the checks of :func:`load_entry` and is
-rebuilt with one warning. :func:`fingerprint` hashes the arrays a run sees (for resume keys).
+later (a truncated ``.npy``, a bad ``meta.json``, an array rewritten with other values of the same
+shape) fails the checks of :func:`load_entry` and is rebuilt with one warning.
+
+Checksums: ``meta.json`` records the SHA-256 of every array file. A file is hashed again only when its
+size, mtime or ctime differ from those ``meta.json`` recorded after its last check, so a run start costs
+three ``stat`` calls per split, not a read of gigabytes. The ctime is what makes this safe: every write
+(``np.save``, ``cp``, an editor) sets it and no user-level call can set it back, unlike the mtime
+(``touch -d``). File times come from a coarse clock, so a file changed within the last
+``SETTLE_S`` seconds is hashed every time and its stat is recorded only once it is older (a rewrite
+within the same clock tick could otherwise keep all three values). :func:`fingerprint` hashes the
+arrays a run sees (for resume keys).
 """
 
 from __future__ import annotations
@@ -25,10 +34,13 @@ from typing import Callable
 import numpy as np
 
 from lra.data.base import Split
+from lra.files import write_text
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1
+CACHE_VERSION = 1  # entries from before checksums keep their key: they are rebuilt in place, once
 FIELDS = ("tokens", "lengths", "labels")
+SETTLE_S = 2.0  # a file last changed more recently than this may change again without a new stat
+_checked: dict[str, list] = {}  # file -> the stat its checksum was last verified at, in this process
 
 
 def cache_key(params: dict) -> str:
@@ -47,14 +59,15 @@ def source_fingerprint(paths) -> list:
 
 def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[str, Split]]) -> dict[str, Split]:
     """Load the entry for ``params`` or build it with ``build()`` and store it atomically. A damaged entry
-    (truncated ``.npy``, bad ``meta.json``: a full disk, a copy cut short) is rebuilt with one warning."""
+    (truncated ``.npy``, bad ``meta.json``, an array that fails its checksum: a full disk, a copy cut short,
+    an edit) or one from before checksums is rebuilt in place with one warning."""
     key = cache_key(params)
     final = Path(root) / "cache" / f"{task}-{key}"
     if final.exists():
         try:
             return load_entry(final)
         except DamagedEntry as e:
-            log.warning("cache entry %s is damaged (%s); rebuilding it", final, e)
+            log.warning("cache entry %s %s; rebuilding it", final, e)
     t0 = time.perf_counter()
     splits = build()
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
@@ -67,6 +80,8 @@ def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[
         meta = {"task": task, "params": params, "splits": {k: len(v) for k, v in splits.items()},
                 "arrays": {k: {f: [list(getattr(v, f).shape), getattr(v, f).dtype.str] for f in FIELDS}
                            for k, v in splits.items()},
+                "checksums": {f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")}
+                              for k in splits for f in FIELDS},
                 "built_in_s": round(time.perf_counter() - t0, 2)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         if final.exists():  # a damaged entry, or a concurrent builder finished first: the cache is ours
@@ -77,32 +92,76 @@ def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("cached %s in %s (%.1f s)", task, final, time.perf_counter() - t0)
-    return load_entry(final)
+    return load_entry(final, verify=False)  # just written and hashed: nothing to check yet
 
 
 class DamagedEntry(Exception):
-    """A cache entry that cannot be read as written (it is rebuilt)."""
+    """A cache entry that cannot be trusted as written (it is rebuilt); the message completes
+    "cache entry <folder> ..."."""
 
 
-def load_entry(folder: Path) -> dict[str, Split]:
-    """The memory-mapped splits of an entry, checked against its ``meta.json`` (lengths, and for entries
-    that record them, shapes and dtypes); :class:`DamagedEntry` if anything does not match."""
+def load_entry(folder: Path, verify: bool = True) -> dict[str, Split]:
+    """The memory-mapped splits of an entry, checked against its ``meta.json`` (lengths, shapes, dtypes,
+    and with ``verify`` the checksums: module docstring); :class:`DamagedEntry` if anything does not match."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        sizes, arrays = meta["splits"], meta.get("arrays")
+        if "checksums" not in meta:
+            raise DamagedEntry("has no checksums (written by an older harness)")
+        sizes, arrays = meta["splits"], meta["arrays"]
         out = {}
         for name, n in sizes.items():
             got = {f: np.load(folder / f"{name}.{f}.npy", mmap_mode="r") for f in FIELDS}
             for f, a in got.items():
                 if len(a) != n:
-                    raise DamagedEntry(f"{name}.{f}.npy has {len(a)} rows, meta.json says {n}")
-                if arrays is not None and [list(a.shape), a.dtype.str] != arrays[name][f]:
-                    raise DamagedEntry(f"{name}.{f}.npy is {a.dtype.str}{list(a.shape)}, meta.json says "
-                                       f"{arrays[name][f][1]}{arrays[name][f][0]}")
+                    raise DamagedEntry(f"is damaged ({name}.{f}.npy has {len(a)} rows, meta.json says {n})")
+                if [list(a.shape), a.dtype.str] != arrays[name][f]:
+                    raise DamagedEntry(f"is damaged ({name}.{f}.npy is {a.dtype.str}{list(a.shape)}, meta.json says "
+                                       f"{arrays[name][f][1]}{arrays[name][f][0]})")
             out[name] = Split(*(got[f] for f in FIELDS))
+        if verify:
+            _verify_checksums(folder, meta, [f"{k}.{f}.npy" for k in sizes for f in FIELDS])
         return out
     except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DamagedEntry(f"{type(e).__name__}: {e}") from None
+        raise DamagedEntry(f"is damaged ({type(e).__name__}: {e})") from None
+
+
+def _verify_checksums(folder: Path, meta: dict, names: list[str]) -> None:
+    """Hash each array whose stat is not the one recorded (or verified earlier in this process); record
+    the stat of those that match once they are old enough (module docstring)."""
+    sums = meta["checksums"]
+    if sorted(sums) != sorted(names):
+        raise DamagedEntry("is damaged (meta.json does not list a checksum for each array)")
+    recorded = False
+    for name in names:
+        path, want = folder / name, sums[name]
+        stat = file_stat(path)
+        if stat == want.get("stat") or _checked.get(str(path)) == stat:
+            continue
+        if file_sha256(path) != want["sha256"]:
+            raise DamagedEntry(f"is damaged ({name} does not match the checksum recorded when the entry was built: "
+                               f"edited or corrupted)")
+        if stat[2] < time.time_ns() - SETTLE_S * 1e9:
+            _checked[str(path)] = want["stat"] = stat
+            recorded = True
+    if recorded:
+        try:  # the next process trusts these stats; a read-only cache is simply hashed again
+            write_text(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True, default=str))
+        except OSError as e:
+            log.debug("could not record verified stats in %s: %s", folder, e)
+
+
+def file_stat(path: Path) -> list[int]:
+    """What any write to a file changes: size, mtime and ctime (nanoseconds)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def file_sha256(path: Path, chunk: int = 16 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------ data fingerprint

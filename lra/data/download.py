@@ -18,6 +18,13 @@ stamped with ``DOWNLOADED.json``, then renamed to ``<root>/<folder>/`` in one st
 leaves only the dot folder; the next try reuses what is complete there (the ``datasets`` download
 cache; whole TSVs, and a partial TSV continues from its last byte) and rebuilds the rest.
 
+No network: before anything is fetched, one TCP connection is opened to the Hub (``HF_ENDPOINT``, or the
+HTTPS proxy the environment names). A name that does not resolve, a refused or unreachable connection, or no
+answer within ``PROBE_TIMEOUT_S`` is one line at once, saying how to get the data by hand; so is
+``HF_HUB_OFFLINE``. Without this the Hub client retries the first request five times over about 25 s, which
+helps against a flaky connection, never against none. Errors after the connection is made (a dropped
+transfer, a server error) keep the libraries' retries, and a cut transfer continues on the next try.
+
 ``LRA_HUB=/some/folder`` (or ``hub=``) reads ``<folder>/<owner>/<name>/`` instead of the Hub: an
 offline mirror (e.g. made with ``hf download <repo> --repo-type dataset --local-dir``) and what the
 tests use, through the same code path. The revision then is whatever the mirror holds.
@@ -30,7 +37,10 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +51,8 @@ log = logging.getLogger(__name__)
 HUB_ENV = "LRA_HUB"
 STAMP = "DOWNLOADED.json"
 CHUNK = 1 << 20
+HUB_ENDPOINT = "https://huggingface.co"  # HF_ENDPOINT overrides it, as for the Hub client
+PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -89,8 +101,9 @@ def hint(task: str, root: Path) -> str:
 
 
 def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = True,
-          hub: str | None = None) -> Path:
-    """Download ``task``'s data into ``<root>/<folder>/`` (see the module docstring); return that folder."""
+          hub: str | None = None, by_hand: str = "") -> Path:
+    """Download ``task``'s data into ``<root>/<folder>/`` (see the module docstring); return that folder.
+    ``by_hand`` says how to get the data without the Hub (the no-network message ends with it)."""
     src = SOURCES[task]
     root = Path(root)
     if explicit is not None:
@@ -101,6 +114,8 @@ def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = 
     if final.exists() and not (final / STAMP).is_file():
         raise DataError(f"{final} exists but was not written by task.download (no {STAMP}) and the reader did not "
                         f"accept it: move it away, or point task.path at it")
+    if not hub:
+        check_network(task, by_hand)
     where = src.location(hub)
     log.info("%s: fetching %s at revision %s into %s", task, where, src.revision, final)
     t0 = time.perf_counter()
@@ -116,6 +131,46 @@ def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = 
     _replace(final, out, tmp)
     log.info("%s: %s ready (%s)", task, final, ", ".join(f"{s} {n} rows" for s, n in stamp["rows"].items()))
     return final
+
+
+# ------------------------------------------------------------------------------ is there a network at all?
+def check_network(task: str, by_hand: str = "") -> None:
+    """One connection attempt to the Hub (or to its proxy), no retry; DataError if there is no network."""
+    src = SOURCES[task]
+    offline = next((v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+                    if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")), None)
+    if offline:
+        raise DataError(f"task.download=true cannot fetch {src.repo}: {offline}={os.environ[offline]} forbids the "
+                        f"network (unset it); or {by_hand or 'put the data under the data root'}, or set {HUB_ENV} "
+                        f"to a local copy of the Hub repository")
+    host, port, via = _probe_target(os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        raise DataError(f"task.download=true cannot fetch {src.repo}: no network ({_why(e, host, port, via)}). "
+                        f"Connect and run again, or {by_hand or 'put the data under the data root'} (or set "
+                        f"{HUB_ENV} to a local copy of the Hub repository)") from None
+
+
+def _probe_target(endpoint: str) -> tuple[str, int, str]:
+    """``(host, port, what it is)``: the endpoint's, or the proxy's when the environment routes it through one."""
+    url = urllib.parse.urlsplit(endpoint)
+    host = url.hostname or "huggingface.co"
+    proxy = urllib.request.getproxies().get(url.scheme or "https")
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        return p.hostname or "", p.port or {"https": 443, "http": 80}.get(p.scheme, 1080), "the proxy "
+    return host, url.port or (80 if url.scheme == "http" else 443), ""
+
+
+def _why(e: OSError, host: str, port: int, via: str) -> str:
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve {via}{host}: {e.strerror or e}"
+    if isinstance(e, ConnectionRefusedError):
+        return f"{via}{host}:{port} refused the connection"
+    if isinstance(e, TimeoutError):
+        return f"no answer from {via}{host}:{port} within {PROBE_TIMEOUT_S:.0f} s"
+    return f"cannot connect to {via}{host}:{port}: {e.strerror or e}"
 
 
 # ------------------------------------------------------------------------------ datasets route

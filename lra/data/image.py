@@ -263,7 +263,8 @@ def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     explicit = explicit_path(cfg)
     found, notes = locate(root, explicit)
     if found is None and fetch:
-        download.fetch("image", root, explicit, progress)
+        download.fetch("image", root, explicit, progress,
+                       by_hand=f"download {CIFAR_URL} to {root}/cifar-10-python.tar.gz")
         found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)

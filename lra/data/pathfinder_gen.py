@@ -57,13 +57,14 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from lra.data.base import DataError, worker_pool
+from lra.data.base import DataError, made_parents, worker_pool
 
 log = logging.getLogger(__name__)
 
 DIFFICULTIES = {"easy": ("curv_baseline", 6), "intermediate": ("curv_contour_length_9", 9),
                 "hard": ("curv_contour_length_14", 14)}
 LANCZOS = Image.Resampling.LANCZOS
+GENERATOR_VERSION = 1  # part of a generated folder's key: a change to the distribution gets new folders
 
 
 @dataclass(frozen=True)
@@ -453,7 +454,12 @@ def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = N
                         f"it is. Complete it (imgs/ and metadata/), move it away, or set task.gen_dir to generate "
                         f"Pathfinder images elsewhere.")
     workers = max(1, workers or os.cpu_count() or 1)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    with made_parents(folder):
+        _write(folder, params, workers, progress)
+    return folder
+
+
+def _write(folder: Path, params: GeneratorParams, workers: int, progress: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
     (tmp / "metadata").mkdir()
     jobs = [(params, tmp, k, count) for k, count in chunks(params)]
@@ -479,8 +485,8 @@ def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = N
                     bar.update(count)
         elapsed = time.perf_counter() - t0
         (tmp / "GENERATED.json").write_text(json.dumps(
-            {"generator": "lra.data.pathfinder_gen", "params": asdict(params), "positives": positives,
-             "seconds": round(elapsed, 1), "workers": workers}, indent=1))
+            {"generator": "lra.data.pathfinder_gen", "version": GENERATOR_VERSION, "params": asdict(params),
+             "positives": positives, "seconds": round(elapsed, 1), "workers": workers}, indent=1))
         save_grid(tmp, tmp / "examples.png")
         if folder.exists():
             _replace_ours(tmp, folder)
@@ -493,7 +499,6 @@ def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = N
     log.info("generated %d pathfinder%d %s images in %.1f s (%.0f images/s, %d workers) into %s",
              params.n_images, params.resolution, params.difficulty, elapsed, params.n_images / elapsed, workers,
              folder)
-    return folder
 
 
 def save_grid(folder: Path, out: Path, per_class: int = 16, cols: int = 8) -> Path:

@@ -22,13 +22,15 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from lra.data.base import DataError
+from lra.data.base import GENERATED_DIR, DataError
 
 log = logging.getLogger(__name__)
 
 MAX_DEPTH = 7  # <root>/hub/datasets--OpenNLPLab--lra/snapshots/<rev>/data/aan/ is 6 levels down
-# Folders never worth entering: our cache, image and review leaf folders (tens of thousands of files).
-PRUNE = {"cache", "imgs", "pos", "neg", "unsup", "__pycache__", "node_modules", "checkpoints", "runs"}
+# Folders never worth entering: our cache and generated sets, image and review leaf folders (tens of
+# thousands of files).
+PRUNE = {"cache", GENERATED_DIR, "imgs", "pos", "neg", "unsup", "__pycache__", "node_modules", "checkpoints",
+         "runs"}
 RELEASE_ARCHIVES = ("lra_release.gz", "lra_release.tar.gz", "lra_release.tgz", "lra_release.tar")
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 

@@ -159,7 +159,9 @@ def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     explicit = explicit_path(cfg)
     found, notes = locate(root, explicit)
     if found is None and fetch:
-        download.fetch("retrieval", root, explicit, progress)
+        download.fetch("retrieval", root, explicit, progress,
+                       by_hand=f"download {RELEASE_URL} to {root}/ (read without unpacking), or put "
+                               f"new_aan_pairs.{{train,eval,test}}.tsv in {root}/tsv_data/")
         found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)

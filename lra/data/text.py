@@ -315,7 +315,8 @@ def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
     explicit = explicit_path(cfg)
     src, notes = locate(root, explicit)
     if src is None and fetch:
-        download.fetch("text", root, explicit, progress)
+        download.fetch("text", root, explicit, progress,
+                       by_hand=f"download {IMDB_URL} to {root}/aclImdb_v1.tar.gz")
         src, notes = locate(root, explicit)
     if src is None:
         raise missing_error(root, explicit, notes)
