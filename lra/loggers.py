@@ -78,8 +78,10 @@ def _importable(name: str) -> bool:
 def csv_logger(run_dir: Path, resume_from: int | None) -> CSVLogger:
     """Lightning's CSVLogger, keeping the history of a resumed run.
 
-    Its writer deletes an existing metrics.csv when it starts; a resumed run keeps the rows up to the
-    step it resumes from (later rows are logged again) so curves cover the whole run.
+    Its writer deletes an existing metrics.csv when it starts; a resumed run keeps the rows logged
+    before the optimizer step it resumes from, so curves cover the whole run and each row is there once.
+    A row's ``step`` is Lightning's logging step, one less than the optimizer steps done when it was
+    logged: rows at ``resume_from`` and later come from the steps that are trained (and logged) again.
     """
     path = run_dir / "metrics.csv"
     old, keys = [], []
@@ -87,7 +89,7 @@ def csv_logger(run_dir: Path, resume_from: int | None) -> CSVLogger:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             keys = list(reader.fieldnames or [])
-            old = [r for r in reader if r.get("step", "") == "" or int(float(r["step"])) <= resume_from]
+            old = [r for r in reader if r.get("step", "") == "" or int(float(r["step"])) < resume_from]
     # flush at every logging call: a killed run keeps its history up to its last checkpoint
     logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
     with warnings.catch_warnings():  # the run folder already holds result.json: nothing of ours is deleted
@@ -128,9 +130,10 @@ def wandb_run_id(run_dir: Path, resume_from: int | None) -> str:
 
 
 def tensorboard_logger(run_dir: Path, resume_from: int | None) -> TensorBoardLogger:
-    """Event files in <run folder>/tensorboard/. A resumed run logs again the steps after its checkpoint:
-    ``purge_step`` hides the earlier copies of those steps, as csv_logger drops their rows."""
-    purge = {} if resume_from is None else {"purge_step": resume_from + 1}
+    """Event files in <run folder>/tensorboard/. A resumed run logs again the steps after its checkpoint
+    (logging steps ``resume_from`` and later, see csv_logger): ``purge_step`` hides the earlier copies
+    of those steps, as csv_logger drops their rows."""
+    purge = {} if resume_from is None else {"purge_step": resume_from}
     return TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False,
                              **purge)
 

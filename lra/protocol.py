@@ -3,8 +3,9 @@ what the outcome of a run is (docs/protocol.md).
 
 * :func:`callbacks` builds a run's callbacks from its spec: progress bar, training-only timer,
   best-validation selection (after ``select_after``), resume checkpoints, early stopping on val loss,
-  and the guard that stops diverged (NaN/inf) and stuck runs. All keep their state in the checkpoint,
-  so a restarted run ends with the same record.
+  the guard that stops diverged (NaN/inf) and stuck runs, and the epoch count every logger records
+  (:class:`DataEpoch`). All keep their state in the checkpoint, so a restarted run ends with the same
+  record and the same metrics.csv.
 * :func:`outcome` classifies a finished ``fit`` (completed, stopped early, stuck, diverged) and
   chooses the checkpoint to test; :func:`measured` collects its steps, times and throughput.
 """
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 
 from lra.config import RunSpec
 from lra.data.base import Split
+from lra.data.module import ResumableLoader
 
 
 class StepProgress(L.Callback):
@@ -161,6 +163,36 @@ class ResumeCheckpoint(Checkpoint):
             self._save(trainer)
 
 
+class DataEpoch(L.Callback):
+    """Keeps ``trainer.current_epoch`` (the ``epoch`` Lightning adds to every logged row: metrics.csv,
+    TensorBoard, W&B) at the epoch of the training data consumed, as the loader counts it.
+
+    Lightning counts epochs itself, and its count drifts (an epoch up or down) once a run restarts
+    from checkpoints written mid-epoch or at an epoch's last batch: its fit loop's restart rules leave
+    the epoch counters out of step, and each later restart builds on them. The loader's position is
+    checkpointed and exact, so the count is taken from it: during a batch, the epoch of that batch;
+    after training, one more (Lightning closes the epoch training stopped in), as an uninterrupted run
+    logs its test row."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._set(trainer, 0)
+
+    def on_train_end(self, trainer, pl_module):
+        self._set(trainer, 1)
+
+    @staticmethod
+    def _set(trainer, after: int) -> None:
+        loader = trainer.train_dataloader
+        if isinstance(loader, ResumableLoader):
+            trainer.fit_loop.epoch_progress.current.completed = last_batch_epoch(loader) + after
+
+
+def last_batch_epoch(loader: ResumableLoader) -> int:
+    """Epoch of the last batch the loader delivered: its state names the next batch, and position 0
+    means the last one closed the epoch before (-1: none delivered yet)."""
+    return loader.epoch - 1 if loader.position == 0 else loader.epoch
+
+
 class RunGuard(L.Callback):
     """Stops a run that diverged (non-finite training or validation loss) or is stuck at chance
     (after ``stuck_after`` optimizer steps, validation loss within ``loss_tol`` of the entropy of
@@ -266,7 +298,7 @@ def callbacks(spec: RunSpec, val: Split, ckpt_dir: Path, extra: list | None = No
     if tr.patience:
         stopper = EarlyStopping(monitor="val/loss", mode="min", patience=tr.patience, check_on_train_epoch_end=False,
                                 check_finite=False)
-    cbs = [timer, guard, best, resume, *(extra or [])]
+    cbs = [DataEpoch(), timer, guard, best, resume, *(extra or [])]
     if spec.progress:
         cbs.append(StepProgress(tr.max_steps))
     if stopper is not None:

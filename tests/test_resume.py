@@ -1,7 +1,9 @@
 """Resume: a real ``python -m lra.train`` subprocess killed mid-training and restarted with the same
-command ends with the record of an uninterrupted run of the same seed (same steps, same metrics)."""
+command ends with the record of an uninterrupted run of the same seed (same steps, same metrics); a run
+stopped and resumed several times in this process ends with the uninterrupted run's metrics.csv."""
 
 import csv
+import importlib.util
 import json
 import os
 import signal
@@ -9,8 +11,10 @@ import subprocess
 import sys
 import time
 
+import lightning as L
 import pytest
 
+from lra.config import load
 from tests.test_train import TINY
 
 # Long enough to be killed mid-training; micro-batch 16 x accumulation 2 exercises accumulation
@@ -133,3 +137,88 @@ def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
     assert step2 < reference["steps"], "the run finished before it could be killed the second time"
     _run(tmp_path, "runs")
     _compare(_record(tmp_path, "runs"), reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# Interrupted and resumed in this process: a callback stops the run at an optimizer step, as a kill
+# would (the record says failed, last.ckpt stays), and the same spec run again resumes it.
+
+# 64 training examples in micro-batches of 8 x accumulation 2: 8 batches, 4 optimizer steps per epoch,
+# so 14 steps cross 3 epoch boundaries. Evaluation every 3 steps; a resume checkpoint at each evaluation
+# and at every 2nd step.
+EPOCHS = [*[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.listops.data.n_"))],
+          "protocol.listops.data.n_train=64", "protocol.listops.data.n_val=16", "protocol.listops.data.n_test=16",
+          "protocol.listops.data.max_length=60", "protocol.listops.data.seq_len=64", "train.batch_size=16",
+          "hardware.micro_batch=8", "train.max_steps=14", "train.eval_every=3", "train.ckpt_every_steps=2",
+          "trainer.log_every_n_steps=1", "trainer.progress=false",
+          *(["logger=tensorboard"] if importlib.util.find_spec("tensorboard") else [])]  # a dev extra
+
+
+class _Killed(Exception):
+    pass
+
+
+class _KillAt(L.Callback):
+    """Raises once optimizer step ``step`` is done: logged, evaluated and checkpointed where due."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise _Killed(self.step)
+
+
+def _run_in_process(tmp_path, name, monkeypatch, kill_at=None):
+    from lra import train as lra_train
+
+    monkeypatch.setattr(lra_train, "_extra_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
+    spec = load([*EPOCHS, f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}",
+                 f"fit.cache_dir={tmp_path / 'cache'}"], run_dir=tmp_path / "runs" / name)
+    try:
+        return lra_train.run(spec)
+    except _Killed:
+        return None
+
+
+def _metrics_rows(run_dir):
+    """(step, epoch, names of the metrics logged) of every metrics.csv row, in order."""
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    logged = [tuple(sorted(k for k, v in r.items() if v and k not in ("step", "epoch"))) for r in rows]
+    return [(int(r["step"]), int(r["epoch"]), names) for r, names in zip(rows, logged)]
+
+
+def _tensorboard_epochs(run_dir):
+    """(step, epoch) of the TensorBoard ``epoch`` scalar as TensorBoard shows it (purged steps hidden)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, int(e.value)) for e in acc.Scalars("epoch")]
+
+
+def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    """Stopped three times, each time resumed: from a checkpoint at an epoch's last batch (step 4), one
+    written at a mid-epoch evaluation (step 6) and a mid-epoch step checkpoint (step 10). metrics.csv
+    holds the uninterrupted run's rows, each once, with the same step and ``epoch`` (Lightning's own
+    epoch count drifted by an epoch or more on such restarts; rows of re-trained steps were doubled)."""
+    ref = _run_in_process(tmp_path, "ref", monkeypatch)
+    assert ref["status"] == "completed" and ref["steps"] == 14 and ref["accum_steps"] == 2
+    record = tmp_path / "runs" / "resumed" / "result.json"
+    for kill_at, starts_from in ((5, None), (7, 4), (11, 6)):
+        assert _run_in_process(tmp_path, "resumed", monkeypatch, kill_at) is None
+        rec = json.loads(record.read_text())
+        assert rec["status"] == "failed" and rec["resumed_from_step"] == starts_from
+    resumed = _run_in_process(tmp_path, "resumed", monkeypatch)
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 10
+
+    expected = _metrics_rows(tmp_path / "runs" / "ref")
+    # the epoch of the data: 4 optimizer steps per epoch; a row at logging step k comes from step k + 1
+    assert [e for _, e, m in expected if "train/loss" in m] == [k // 4 for k in range(14)]
+    assert expected[-1][1:] == (4, ("test/acc", "test/count", "test/loss"))  # after training: epochs begun
+    assert _metrics_rows(tmp_path / "runs" / "resumed") == expected
+    if "logger=tensorboard" in EPOCHS:  # TensorBoard gets the same rows
+        tb = _tensorboard_epochs(tmp_path / "runs" / "ref")
+        assert tb == [(k, e) for k, e, _ in expected]
+        assert _tensorboard_epochs(tmp_path / "runs" / "resumed") == tb
