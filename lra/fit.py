@@ -358,7 +358,9 @@ USAGE = """usage: python -m lra.fit [--table] [--out PATH] [hydra overrides ...]
 The micro-batch x accumulation a run would use under its hardware= memory budget; nothing is trained.
   python -m lra.fit task=listops attn=softmax hardware=v100_16gb
   python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] [--out runs/fit/table]
---table: every task x attention config (the shape of Skeinformer Table 4); --out writes .json and .md."""
+--table: every task x attention config (the shape of Skeinformer Table 4), a line per decision on stderr
+(the first table takes many minutes on a CPU, YOSO's estimates most of it; cached decisions take none),
+then the table on stdout; --out writes .json and .md."""
 
 
 def main(argv: list[str] | None = None) -> int:

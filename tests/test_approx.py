@@ -121,3 +121,22 @@ def test_quirks_twin_builds_the_public_code_options_at_the_study_budget():
     assert (mod.options.num_landmarks, mod.options.ns_init, mod.options.landmark_split) == (16, "colsum_batch", "halves")
     twin = {m.name: m for m in approx.with_quirks(methods, "skeinformer")}["skeinformer[skeinformer]"]
     assert twin.build(8, 64, 2).options.pilot_batch == "shared" and twin.budget_option == "num_features"
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """``python -m lra.approx`` with an unknown method or a zero count: one line, exit 2 (bad input, as
+    the README says; it was exit 1, and ``--lengths 0`` a ZeroDivisionError traceback), nothing written."""
+    monkeypatch.setattr(approx, "_keep_freed_memory", lambda: None)  # process-wide: not in the test process
+    monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
+    for argv, words in ((["--methods", "no_such_attention"], ("no_such_attention", "available", "vmean")),
+                        (["--trials", "0"], ("--trials 0", ">= 1")),
+                        (["--lengths", "0"], ("--lengths 0", ">= 1"))):
+        monkeypatch.setattr("sys.argv", ["lra.approx", "--quick", "--sources", "random", *argv])
+        try:
+            code = approx.cli()
+        except SystemExit as stop:  # the argument parser's own errors
+            code = stop.code
+        assert code == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(w in err[0] for w in words), err
+    assert not (tmp_path / "runs").exists()

@@ -229,7 +229,10 @@ def test_task_mode_bad_input_is_one_line_before_work(capsys):
                         (["--tasks", "--backends", "no_such_attention"], ("no_such_attention", "skeinformer")),
                         (["--tasks", "--lengths", "512"], ("--lengths", "--layer")),
                         (["--tasks", "--hardware", "no_such_gpu"], ("hardware", "no_such_gpu")),
-                        (["--layer", "--hardware", "a100_40gb"], ("--hardware", "--tasks"))):
+                        (["--layer", "--hardware", "a100_40gb"], ("--hardware", "--tasks")),
+                        # 0 used to mean "the default" (and ran the full benchmark); NaN passes every comparison
+                        (["--tasks", "--repeats", "0"], ("--repeats", "0 is not allowed", ">= 1")),
+                        (["--layer", "--time-budget-s", "nan"], ("--time-budget-s", "nan", "finite number > 0"))):
         with pytest.raises(SystemExit) as exc:
             bench.main([*argv, "--device", "cpu", "--quick"])
         assert exc.value.code == 2

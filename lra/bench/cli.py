@@ -8,19 +8,44 @@ against n (:mod:`lra.bench.layer`), the default on a CPU. Bad input is one line 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import torch
 
-from lra import REPO_ROOT
 from lra.cli import Parser
 from lra.bench import layer, tasks
+from lra.files import runs_root
 
 # layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
 LAYER_ONLY = {"lengths": None, "batch": 2, "heads": 2, "head_dim": 32, "time_budget_s": 2.0,
               "baseline_budget_factor": 4.0, "mem_budget_gib": None, "no_mask": False, "overrides": None}
 TASK_ONLY = {"hardware": "v100_16gb", "max_batch": None, "compile": False, "spec_overrides": None}
+
+
+def whole(minimum: int):
+    """An argparse type: a whole number >= ``minimum`` (``--repeats 0`` used to mean "the default")."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is not allowed: a whole number >= {minimum}")
+        return value
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (NaN passes every comparison, so it is named here)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not allowed: a finite number > 0")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,33 +62,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="layer: n in 256, 512, 3 repeats; tasks: the quick preset's shapes at batch <= 4, softmax + "
                    "skeinformer, 2 repeats")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench", help="output folder")
+    p.add_argument("--out", type=Path, help="output folder (default: bench/ under the runs root, $LRA_RUNS or runs/)")
     p.add_argument("--backends", nargs="+", help="rows to run (the fused softmax baseline is always added)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
-    p.add_argument("--repeats", type=int,
+    p.add_argument("--repeats", type=whole(1),
                    help="timed calls (layer: at most, default 10 CPU / 50 CUDA; tasks: 5 CPU / 20 CUDA; quick 3)")
-    p.add_argument("--warmup", type=int, help="untimed calls before the timed ones (default 1; tasks --quick 0)")
-    p.add_argument("--threads", type=int, help="torch threads (default: all cores available to the process)")
+    p.add_argument("--warmup", type=whole(0), help="untimed calls before the timed ones (default 1; tasks --quick 0)")
+    p.add_argument("--threads", type=whole(1),
+                   help="torch threads (default: all cores available to the process; --tasks --quick: 1)")
     p.add_argument("--seed", type=int, default=0)
     t = p.add_argument_group("task mode")
     t.add_argument("--hardware",
                    help="the hardware= profile the micro-batch is fitted to (conf/hardware/; default v100_16gb)")
-    t.add_argument("--max-batch", type=int,
+    t.add_argument("--max-batch", type=whole(1),
                    help="measure min(fitted micro-batch, N) without accumulation (quick: 4; default: the fit's choice)")
     t.add_argument("--compile", action="store_true", help="also torch.compile on a CPU (always on CUDA; slow)")
     t.add_argument("--override", dest="spec_overrides", action="append", metavar="KEY=VALUE",
                    help="a config override for every run spec, repeatable (e.g. --override experiment=quick)")
     g = p.add_argument_group("layer mode")
-    g.add_argument("--lengths", type=int, nargs="+", help=f"sequence lengths (default {list(layer.DEFAULT_LENGTHS)})")
-    g.add_argument("--time-budget-s", type=float, help="per-point budget: a median fwd+bwd above it (default 2) "
+    g.add_argument("--lengths", type=whole(1), nargs="+", help=f"sequence lengths (default {list(layer.DEFAULT_LENGTHS)})")
+    g.add_argument("--time-budget-s", type=positive, help="per-point budget: a median fwd+bwd above it (default 2) "
                    "ends the backend's sweep")
-    g.add_argument("--baseline-budget-factor", type=float,
+    g.add_argument("--baseline-budget-factor", type=positive,
                    help="the fused softmax baseline gets this multiple of the time budget (default 4)")
-    g.add_argument("--mem-budget-gib", type=float,
+    g.add_argument("--mem-budget-gib", type=positive,
                    help="per-point peak budget (default: CPU min(8, half of available RAM); CUDA 80%% of free)")
-    g.add_argument("--batch", type=int, help="default 2")
-    g.add_argument("--heads", type=int, help="default 2")
-    g.add_argument("--head-dim", type=int, help="default 32")
+    g.add_argument("--batch", type=whole(1), help="default 2")
+    g.add_argument("--heads", type=whole(1), help="default 2")
+    g.add_argument("--head-dim", type=whole(1), help="default 32")
     g.add_argument("--no-mask", action="store_true", help="pass mask=None instead of an all-real bool mask")
     g.add_argument("--set", dest="overrides", action="append", metavar="BACKEND.OPTION=VALUE",
                    help="backend option override, repeatable (e.g. --set linformer.k=128)")
@@ -97,7 +123,10 @@ def task_config(args, device: str) -> tasks.TaskConfig:
         max_batch=args.max_batch if args.max_batch is not None else (4 if args.quick else None),
         repeats=args.repeats or (2 if args.quick else (20 if cuda else 5)),
         warmup=max(0, args.warmup if args.warmup is not None else (0 if args.quick else 1)),
-        threads=int(args.threads or layer.default_threads()), seed=args.seed, overrides=tuple(args.spec_overrides or ()))
+        # quick: one thread, as a smoke run on a shared machine should (2 threads on a busy 2-core machine
+        # measured 2.2x the wall time of 1: docs/bench.md)
+        threads=int(args.threads or (1 if args.quick else layer.default_threads())), seed=args.seed,
+        overrides=tuple(args.spec_overrides or ()))
     tasks.validate(cfg)
     return cfg
 
@@ -122,9 +151,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             lcfg, rows = layer.check_layer_args(args, device)
     except ValueError as err:
         p.error(str(err))
+    out = args.out or runs_root() / "bench"  # LRA_RUNS moves it, as it moves the runs
     if tasks_run:
-        return tasks.main_tasks(cfg, args.out)
-    return layer.run_layer(lcfg, rows, args.out)
+        return tasks.main_tasks(cfg, out)
+    return layer.run_layer(lcfg, rows, out)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import datetime as _dt
 import gc
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,10 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
     micro, accum, source = p.micro_batch, p.accum_steps, p.source
     if cfg.max_batch is not None:  # a smoke run: one small micro-batch per step, the same for every backend
         micro, accum, source = min(micro, cfg.max_batch), 1, f"{p.source}, capped at {cfg.max_batch} without accumulation"
+    # the fit can take seconds per backend (memory estimates): say what it decided and what it cost
+    log(f"fit {task}/{backend}: micro-batch {p.micro_batch} x {p.accum_steps} "
+        f"({'cached' if p.cached else f'{p.seconds or 0:.1f} s'})"
+        + (f"; measured at {micro} x {accum} (--max-batch {cfg.max_batch})" if cfg.max_batch is not None else ""))
     for r in rows:
         r.update(micro_batch=micro, accum_steps=accum, fit_micro_batch=p.micro_batch, fit_accum_steps=p.accum_steps,
                  effective_batch=micro * accum, plan_source=source)
@@ -336,15 +341,20 @@ def add_ratios(rows: list[dict]) -> list[dict]:
 
 
 def run(cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Every task x backend (the fused baseline first, so the ratios have their reference)."""
+    """Every task x backend (the fused baseline first, so the ratios have their reference). Every line
+    logged ends with ``[i/N, elapsed]``: which (task, backend) of how many, so a slow run is seen to move."""
     torch.set_num_threads(cfg.threads)
     rows: list[dict] = []
-    for task in cfg.tasks:
-        for backend in cfg.backends:
-            rows += measure_backend(cfg, task, backend, log)
-            add_ratios(rows)
-            if on_row is not None:
-                on_row(rows)
+    items = [(task, backend) for task in cfg.tasks for backend in cfg.backends]
+    t0 = time.perf_counter()
+    for i, (task, backend) in enumerate(items, 1):
+        def counted(text: str, i: int = i) -> None:
+            log(f"{text} [{i}/{len(items)}, {time.perf_counter() - t0:.0f} s]")
+
+        rows += measure_backend(cfg, task, backend, counted)
+        add_ratios(rows)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -353,7 +363,8 @@ def _ratio(x) -> str:
     return "—" if x in ("", None) else f"{float(x):.3g}"
 
 
-def render_markdown(rows: list[dict], meta: dict) -> str:
+def ratio_tables(rows: list[dict]) -> list[str]:
+    """The time- and memory-ratio tables (backends x tasks) of the step and of the attention layer."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     by = {(r["task"], r["backend"], r["part"], r["mode"]): r for r in rows}
@@ -364,20 +375,7 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
             return "—"
         return _ratio(r.get(key)) if r.get("status") == "ok" else r.get("status", "—")
 
-    lines = [
-        f"# Benchmark at the tasks' training shapes ({meta['kind']})", "",
-        f"{meta['date']} · device **{meta['device_name']}** (`{meta['device']}`) · torch {torch.__version__} · "
-        f"{meta['threads']} threads · git {meta['git']} · hardware={meta['hardware']}"
-        f"{' · quick preset shapes' if meta['quick'] else ''} · load {meta.get('load', '?')}", "",
-        "Per task: the whole training step (forward, loss, backward, AdamW; "
-        f"precision {meta['precision']}) at the micro-batch `lra.fit.plan` chooses for `hardware={meta['hardware']}`"
-        + (f" **capped at {meta['max_batch']} without accumulation (a smoke run: the ratios are per step at that "
-           "batch, not the tasks' training figures)**" if meta.get("max_batch") else "")
-        + ", and the first attention layer alone (fp32, forward + backward) at that micro-batch, with a padding mask "
-        "of seeded per-sample lengths. Ratios are backend / fused softmax (SDPA) in the same task, part and mode, "
-        "per optimizer step (micro-batch time × accumulation): below 1 is faster / smaller. "
-        f"Time: median of {meta['repeats']} steps after warm-up.", "",
-    ]
+    lines = []
     for part, title in (("step", "Whole training step"), ("attention", "Attention layer alone")):
         for key, what in (("time_ratio", "time ratio"), ("mem_ratio", "peak-memory ratio")):
             modes = [m for m in MODES if any(r["part"] == part and r["mode"] == m for r in rows)]
@@ -392,6 +390,25 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
             for b in backends:
                 lines.append(f"| {b} | " + " | ".join(cell(t, b, part, m, key) for t in tasks for m in modes) + " |")
             lines.append("")
+    return lines
+
+
+def render_markdown(rows: list[dict], meta: dict) -> str:
+    lines = [
+        f"# Benchmark at the tasks' training shapes ({meta['kind']})", "",
+        f"{meta['date']} · device **{meta['device_name']}** (`{meta['device']}`) · torch {torch.__version__} · "
+        f"{meta['threads']} threads · git {meta['git']} · hardware={meta['hardware']}"
+        f"{' · quick preset shapes' if meta['quick'] else ''} · load {meta.get('load', '?')}", "",
+        "Per task: the whole training step (forward, loss, backward, AdamW; "
+        f"precision {meta['precision']}) at the micro-batch `lra.fit.plan` chooses for `hardware={meta['hardware']}`"
+        + (f" **capped at {meta['max_batch']} without accumulation (a smoke run: the ratios are per step at that "
+           "batch, not the tasks' training figures)**" if meta.get("max_batch") else "")
+        + ", and the first attention layer alone (fp32, forward + backward) at that micro-batch, with a padding mask "
+        "of seeded per-sample lengths. Ratios are backend / fused softmax (SDPA) in the same task, part and mode, "
+        "per optimizer step (micro-batch time × accumulation): below 1 is faster / smaller. "
+        f"Time: median of {meta['repeats']} steps after warm-up.", "",
+    ]
+    lines += ratio_tables(rows)
     lines += ["## Absolute values", "",
               "| task | backend | n | micro × accum | part | mode | ms (median) | ms per optimizer step "
               "| first call s | peak MiB |",
@@ -417,19 +434,25 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def main_tasks(cfg: TaskConfig, out: Path) -> list[dict]:
-    """Task mode with its outputs, ``bench_tasks.csv`` (rewritten after every backend) and ``bench_tasks.md``."""
+    """Task mode with its outputs, ``bench_tasks.csv`` (rewritten after every backend) and ``bench_tasks.md``.
+    Progress (one line per fit and per measurement, with ``[i/N, elapsed]``) goes to stderr; the ratio
+    tables and where the files are, to stdout at the end."""
     kind = "GPU" if cfg.device.startswith("cuda") else "CPU" + (" quick" if cfg.quick else "")
     modes = "eager and compiled" if (cfg.compile or cfg.device.startswith("cuda")) else "eager"
-    print(f"lra.bench: the {kind} benchmark at the tasks' training shapes: {len(cfg.backends)} backends × "
-          f"tasks {list(cfg.tasks)}, whole training step and attention layer, {modes}, micro-batch fitted to "
-          f"hardware={cfg.hardware}, on {device_name(cfg.device)} [{cfg.device}], {cfg.threads} threads → {out}",
-          flush=True)
+    _progress(f"lra.bench: the {kind} benchmark at the tasks' training shapes: {len(cfg.backends)} backends × "
+              f"tasks {list(cfg.tasks)} = {len(cfg.backends) * len(cfg.tasks)} items, whole training step and "
+              f"attention layer, {modes}, micro-batch fitted to hardware={cfg.hardware}, on "
+              f"{device_name(cfg.device)} [{cfg.device}], {cfg.threads} thread{'s' if cfg.threads != 1 else ''} → {out}")
     out.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     t0 = time.perf_counter()
     csv_path, md_path = out / "bench_tasks.csv", out / "bench_tasks.md"
-    rows = run(cfg, log=lambda s: print(s, flush=True), on_row=lambda rs: write_csv(csv_path, rs, CSV_COLUMNS))
+    rows = run(cfg, log=_progress, on_row=lambda rs: write_csv(csv_path, rs, CSV_COLUMNS))
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     precisions = sorted({r["precision"] for r in rows})
     meta = {"kind": kind, "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "device": cfg.device,
@@ -438,6 +461,7 @@ def main_tasks(cfg: TaskConfig, out: Path) -> list[dict]:
             "repeats": cfg.repeats, "max_batch": cfg.max_batch, "load": f"{load0:.2f} / {load1:.2f}"}
     write_csv(csv_path, rows, CSV_COLUMNS)
     write_text(md_path, render_markdown(rows, meta))
+    print("\n".join(ratio_tables(rows)))
     print(f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {md_path}", flush=True)
     return rows
 

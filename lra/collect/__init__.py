@@ -32,11 +32,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from lra import REPO_ROOT
 from lra.cli import Parser
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
 from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
-from lra.files import write_text
+from lra.files import runs_root, write_text
 from lra.collect.tables import PAPERS, TABLES, build, summary
 
 FORMATS = ("csv", "tex", "md")
@@ -56,7 +55,7 @@ class Result:
 
 
 def default_runs_root() -> Path:
-    return Path(os.environ.get("LRA_RUNS") or REPO_ROOT / "runs")
+    return runs_root()
 
 
 def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(), presets=None,
