@@ -428,6 +428,14 @@ class DataSpec:
             _choice("task.tokenizer", self.options["tokenizer"], ("brackets", "alnum"))
         if "mask" in self.options:  # pixel tasks: every pixel real, or pixel 0 as padding (the public code)
             _choice("task.mask", self.options["mask"], ("all", "nonzero"))
+        for k in ("generate", "download", "dual"):
+            if k in self.options:
+                _flag(f"task.{k}", self.options[k])
+        for k in ("max_length", "n_images"):
+            if k in self.options:
+                _int(f"task.{k}", self.options[k], 1, optional=True)
+        for k, v in (self.options.get("generator") or {}).items():  # ListOps: counts, lengths, depth, seed
+            _int(f"task.generator.{k}", v, 0 if k == "seed" else 1, hi=SEED_MAX if k == "seed" else None)
 
 
 @dataclass(frozen=True)
@@ -496,6 +504,7 @@ class RunSpec:
         _choice("semantics", self.semantics, SEMANTICS)
         _int("seed", self.seed, 0, hi=SEED_MAX)
         _int("num_threads", self.num_threads, 1, optional=True)
+        _int("trainer.log_every_n_steps", self.log_every_n_steps, 1)
         _check(set(self.logger) <= {"csv", "wandb", "tensorboard"}, "logger", list(self.logger),
                "csv, wandb, tensorboard, or a list of them: logger=[wandb,tensorboard]")
         per_device, rest = divmod(self.train.batch_size, self.hardware.devices)
@@ -679,6 +688,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         run_dir=Path(run_dir) if run_dir else None,
         force=_flag("force", cfg.force), num_threads=cfg.num_threads,
         progress=_flag("trainer.progress", cfg.trainer.progress),
-        log_every_n_steps=int(cfg.trainer.log_every_n_steps), search=_container(cfg.get("search")),
-        fit_cache_dir=Path(str(fit.cache_dir)) if fit.get("cache", True) and fit.get("cache_dir") else None,
+        log_every_n_steps=cfg.trainer.log_every_n_steps, search=_container(cfg.get("search")),
+        fit_cache_dir=Path(str(fit.cache_dir)) if _flag("fit.cache", fit.get("cache", True)) and fit.get("cache_dir")
+        else None,
         config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task))
