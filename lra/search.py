@@ -7,8 +7,10 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
 (an RDB URL). Optuna drives the study directly, trial by trial:
 
 * the study is persistent: ``<runs root>/<preset>/sweeps/<grid>/optuna.db`` (SQLite), study
-  ``<grid>-<preset>-<task>-<attn>``; ``n_trials`` is the study's total, so running the same command
-  again only adds the trials still missing (``n_trials=40``: 20 more);
+  ``<grid>-<preset>-<task>-<attn>-<key>`` (``<key>``: a hash of the search's definition, its fixed
+  overrides, space, sampler and pruner: :func:`search_definition`; a study named without the key by an
+  earlier version is continued when its fixed overrides are these); ``n_trials`` is the study's
+  total, so running the same command again only adds the trials still missing (``n_trials=40``: 20 more);
 * every trial is an ordinary ``python -m lra.train <fixed> <sampled values>`` process in the run
   folder a plain run with those overrides gets, ``parallel`` at a time, its output in
   ``<sweep folder>/logs/``; the objective is the record's ``best_val_acc`` (result.json), maximised;
@@ -18,7 +20,11 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
   count towards ``n_trials``) and its parameters are enqueued again: the new trial runs in the same
   run folder, where lra.train resumes from the last checkpoint, so no training is lost. (Re-queued,
   not only failed: a FAIL alone would throw that work away and make the sampler avoid a point for
-  no reason of its own.)
+  no reason of its own.) SIGINT or SIGTERM to the driver does the same at once: the trials get the
+  signal (or had it already), their trials are re-queued, the manifest is written and one line says
+  how to resume (exit 130/143).
+
+``python -m lra.search --help``: this in short; searches run through ``python -m lra.sweep``.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from lra import REPO_ROOT
 from lra.pruning import make_pruner, pruned_info, storage_for
 from lra.files import write_json
 from lra.gpu_share import MEMORY_LIMIT_ENV
-from lra.sweep import (FINISHED, MANIFEST_VERSION, MARKER, Composer, Grid, Progress, ShareError, _fmt_counts, _hw_of,
-                       _now, _parser, _quote, _read_json, _rel, check_sharing, device_total_gib, gpu_of_slot, job_share,
-                       run_status, sweep_lock, visible_gpus)
+from lra.sweep import (FINISHED, LAUNCH_ONLY, MANIFEST_VERSION, MARKER, STOP_GRACE_S, Composer, Grid, Progress,
+                       ShareError, _canonical, _fmt_counts, _hw_of, _now, _parser, _quote, _read_json, _rel,
+                       available_grids, check_sharing, command, device_total_gib, gpu_of_slot, interruptible,
+                       job_share, load_grid, run_status, signal_of, sweep_key, sweep_lock, visible_gpus)
 
 log = logging.getLogger("lra.search")
 
@@ -131,16 +138,36 @@ class Search:
     jobs_per_gpu: int | None = None   # k trials share each GPU of ``gpus`` (lra.sweep's jobs_per_gpu)
     gpus: list[str] = field(default_factory=list)
     hw: dict = field(default_factory=dict)   # the trials' hardware profile (their share is computed from it)
+    legacy_name: str | None = None    # the study's name before keys (continued when its fixed overrides match)
+    key: str = ""                     # lra.sweep.sweep_key of ``definition``: in the study's and manifest's names
+    started: list[int] = field(default_factory=list)   # trials this driver launched (the invocation's count)
+    definition: dict = field(default_factory=dict)
+    command: str = ""                 # the lra.sweep command line (the resume line)
 
     @property
     def manifest(self) -> Path:
         return self.folder / (f"manifest-{self.tag}.json" if self.tag else "manifest.json")
 
 
+def adopt_legacy(s: Search, storage) -> None:
+    """A study an earlier version named without the key (``<grid>-<preset>-<task>-<attn>``) is this
+    search's when no keyed one exists and it was run with the same fixed overrides: go on with it."""
+    if not s.legacy_name:
+        return
+    names = set(optuna.get_all_study_names(storage))
+    if s.name in names or s.legacy_name not in names:
+        return
+    old = optuna.load_study(study_name=s.legacy_name, storage=storage)
+    if old.user_attrs.get("fixed_overrides") == list(s.fixed):
+        log.info("continuing study %s (named before studies had a key)", s.legacy_name)
+        s.name = s.legacy_name
+
+
 def open_study(s: Search) -> optuna.Study:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = storage_for(s.storage)
+        adopt_legacy(s, storage)
         study = optuna.create_study(study_name=s.name, storage=storage, direction="maximize", load_if_exists=True)
         n = len(study.trials)
         spec = dict(s.sampler or {})
@@ -163,14 +190,21 @@ def recover(study: optuna.Study) -> list[int]:
     sid = storage.get_study_id_from_name(study.study_name)
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
-        storage.set_trial_user_attr(tid, "interrupted", True)
-        study.tell(t.number, state=TrialState.FAIL)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
+        requeue(study, t, storage.get_trial_id_from_study_id_trial_number(sid, t.number))
         out.append(t.number)
     return out
+
+
+def requeue(study: optuna.Study, trial, tid: int, status: str | None = None) -> None:
+    """An interrupted trial: FAIL, marked ``interrupted`` (it does not count), its parameters enqueued again."""
+    storage = study._storage          # noqa: SLF001
+    storage.set_trial_user_attr(tid, "interrupted", True)
+    if status:
+        storage.set_trial_user_attr(tid, "status", status)
+    study.tell(trial.number, state=TrialState.FAIL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.enqueue_trial(dict(trial.params), user_attrs={"requeued_from": trial.number})
 
 
 def counted(study: optuna.Study) -> list:
@@ -240,6 +274,7 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
         _mark(run_dir, host=socket.gethostname(), pid=proc.pid, started=_now(), t_start=clock(), finished=None,
               t_end=None, returncode=None, trial=trial.number, study=s.name, overrides=ovs)
         active.append(Active(trial.number, run_dir, proc, clock(), slot))
+        s.started.append(trial.number)
 
     try:
         while True:
@@ -279,14 +314,52 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                 if progress is not None and not active and not deferred and s.target <= len(counted(study)):
                     progress.update(done=len(durations), running=0, failed=failed, pending=0, durations=durations)
             time.sleep(poll_s)
-    except BaseException:   # Ctrl-C / SIGTERM: each trial writes its "interrupted" record; re-run resumes
-        for a in active:
-            with contextlib.suppress(Exception):
-                a.proc.send_signal(signal.SIGTERM)
-        for a in active:
-            with contextlib.suppress(Exception):
-                a.proc.wait(timeout=60)
+    except BaseException as e:   # Ctrl-C / SIGTERM: each trial writes its "interrupted" record; re-run resumes
+        interrupted = isinstance(e, KeyboardInterrupt)
+        stop_trials(active, signal_of(e) if interrupted else signal.SIGTERM,
+                    grace_s=STOP_GRACE_S if interrupted else 0.0, clock=clock)
+        if interrupted:   # the study says so now, not at the next start: the manifest stays true
+            for a in active:
+                _mark(a.run_dir, finished=_now(), t_end=clock(), returncode=a.proc.poll())
+            settle(study, {a.number: (a.run_dir, a.proc.poll()) for a in active}, [t.number for t, _ in deferred])
         raise
+
+
+def stop_trials(active: list[Active], signum: int, grace_s: float, wait_s: float = 60.0, clock=time.time,
+                poll_s: float = 0.2) -> None:
+    """The running trials end: ``grace_s`` to end on the signal they got with the driver (a Ctrl-C reaches
+    the process group; a second one while lra.train writes its record is what the grace avoids), then
+    ``signum`` to the rest, and up to ``wait_s`` for them."""
+    def running():
+        return [a for a in active if a.proc.poll() is None]
+
+    deadline = clock() + grace_s
+    while running() and clock() < deadline:
+        time.sleep(poll_s)
+    for a in running():
+        with contextlib.suppress(Exception):
+            a.proc.send_signal(signum)
+    for a in active:
+        with contextlib.suppress(Exception):
+            a.proc.wait(timeout=wait_s)
+
+
+def settle(study: optuna.Study, stopped: dict[int, tuple[Path, int | None]], deferred: list[int]) -> None:
+    """After an interruption, the trials the study still has RUNNING: one whose run finished anyway is
+    told as usual (:func:`finish`); the others (stopped, or asked while their folder was busy) are
+    re-queued as :func:`recover` would at the next start, with the status their folder shows."""
+    storage = study._storage          # noqa: SLF001
+    sid = storage.get_study_id_from_name(study.study_name)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number in stopped:
+            run_dir, returncode = stopped[t.number]
+            status = run_status(run_dir)[0]
+            if status in FINISHED:
+                finish(study, t.number, run_dir, returncode)
+            else:
+                requeue(study, t, storage.get_trial_id_from_study_id_trial_number(sid, t.number), status)
+        elif t.number in deferred:
+            requeue(study, t, storage.get_trial_id_from_study_id_trial_number(sid, t.number))
 
 
 def _gpu_slot(k: int, parallel: int, visible: list[str] | None = None) -> dict:
@@ -316,10 +389,11 @@ def trial_placement(s: Search, slot: int) -> tuple[dict, list[str]]:
 def trial_rows(study: optuna.Study, s: Search) -> list[dict]:
     rows = []
     for t in study.get_trials(deepcopy=False):
+        params = t.params or dict(t.system_attrs.get("fixed_params") or {})   # a queued trial: what it will run
         run_dir = None
         with contextlib.suppress(Exception):
-            run_dir = _rel(s.job_dir(s.fixed + param_overrides(t.params)), s.root)
-        rows.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+            run_dir = _rel(s.job_dir(s.fixed + param_overrides(params)), s.root)
+        rows.append({"number": t.number, "state": t.state.name, "value": t.value, "params": params,
                      "run_dir": run_dir, **{k: v for k, v in t.user_attrs.items()},
                      "last_step": max(t.intermediate_values) if t.intermediate_values else None})
     return rows
@@ -334,7 +408,7 @@ def write_manifest(study: optuna.Study, s: Search, invocation: dict) -> dict:
             "kind": "search", "study": s.name, "storage": s.storage, "runs_root": str(s.root),
             "n_trials_target": s.target, "fixed_overrides": s.fixed,
             "space": {k: repr(v) for k, v in s.space.items()}, "pruner": s.pruner,
-            "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),
+            "key": s.key, "definition": s.definition, "command": s.command,
             "invocations": old.get("invocations", []) + ([invocation] if invocation else []),
             "best": best, "trials": trial_rows(study, s)}
     write_json(s.manifest, body)
@@ -379,7 +453,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
                          f"{str(e).splitlines()[0]}); check `overrides` and search.params of conf/sweep/{grid.name}.yaml")
     folder = root / preset / "sweeps" / grid.name
     storage = str(spec.get("storage") or f"sqlite:///{folder / 'optuna.db'}")
-    target = int(opts["n_trials"] or spec.get("n_trials", 20))
+    target = int(opts["n_trials"] if opts["n_trials"] is not None else spec.get("n_trials", 20))
     if target < 1:
         raise SystemExit(f"lra.sweep: n_trials={target}: give at least 1 (the study's total)")
     pruner = dict(spec["pruner"]) if spec.get("pruner") is not None else dict(DEFAULT_PRUNER)
@@ -397,10 +471,23 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
             job_share(hw, k, gpus[0], total_of=lambda g: None)
         except ShareError as e:
             raise SystemExit(f"lra.sweep: {e}") from None
-    return Search(name=f"{grid.name}-{preset}-{task}-{attn}", storage=storage, folder=folder, root=root,
+    sampler = dict(spec.get("sampler") or {"name": "tpe", "seed": 0})
+    defn = search_definition(grid.name, fixed, space, sampler, pruner, hydra_ovs)
+    key = sweep_key(defn)
+    return Search(name=f"{grid.name}-{preset}-{task}-{attn}-{key}", storage=storage, folder=folder, root=root,
                   space=space, fixed=fixed, target=target, parallel=parallel, jobs_per_gpu=k, gpus=gpus, hw=hw,
-                  job_dir=job_dir, hydra_ovs=hydra_ovs, sampler=dict(spec.get("sampler") or {"name": "tpe", "seed": 0}),
-                  pruner=pruner, tag=f"{task}-{attn}")
+                  job_dir=job_dir, hydra_ovs=hydra_ovs, sampler=sampler, pruner=pruner, tag=f"{task}-{attn}-{key}",
+                  legacy_name=f"{grid.name}-{preset}-{task}-{attn}", key=key, definition=defn, command=grid.command)
+
+
+def search_definition(grid: str, fixed: list[str], space: dict, sampler: dict, pruner: dict,
+                      hydra_ovs: list[str]) -> dict:
+    """What a search is, whatever the spelling (lra.sweep.definition for searches): the fixed overrides
+    with canonical values, the space as Optuna distributions, the sampler and the pruner. Left out:
+    ``n_trials`` (the same study, grown), parallel, jobs_per_gpu and the storage (where, not what)."""
+    return {"kind": "search", "grid": grid, "fixed": dict(sorted(_canonical(o) for o in fixed)),
+            "space": {k: repr(space[k]) for k in sorted(space)}, "sampler": sampler, "pruner": pruner,
+            "hydra": sorted(o for o in hydra_ovs if not o.lstrip("+~").startswith(LAUNCH_ONLY))}
 
 
 def _fmt_trial_share(s: Search) -> str:
@@ -413,19 +500,10 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
     t0 = time.time()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    with Composer() as composer:
+    with interruptible(), Composer() as composer:
         s = prepare(grid, opts, hydra_ovs, composer)
         if opts["dry_run"]:
-            n = 0
-            db = s.storage[len("sqlite:///"):] if s.storage.startswith("sqlite:///") else None
-            if db is None or Path(db).exists():
-                with contextlib.suppress(KeyError):
-                    n = len(counted(optuna.load_study(study_name=s.name, storage=storage_for(s.storage))))
-            print(f"search {grid.name}: study {s.name} in {s.storage}; {n} trials so far, target {s.target}, "
-                  f"{s.parallel} at a time"
-                  + (f", {s.jobs_per_gpu} per GPU on GPUs {','.join(s.gpus)}" + _fmt_trial_share(s) if s.jobs_per_gpu
-                     else "") + f"; fixed {' '.join(s.fixed)}; space "
-                  + ", ".join(f"{k}: {v!r}" for k, v in s.space.items()) + f"; pruner {s.pruner}")
+            _print_plan(s, grid)
             return 0
         s.folder.mkdir(parents=True, exist_ok=True)
         with sweep_lock(s.folder):
@@ -438,17 +516,25 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                      else "; nothing to do"), flush=True)
             progress = Progress(label=f"lra.sweep {grid.name}", parallel=s.parallel,
                                 every_s=30.0 if opts.get("progress") is None else float(opts["progress"]))
-            launched0 = len(study.trials)
-            previous = signal.signal(signal.SIGTERM, _sigterm)
+            stopped = None
             try:
                 drive(s, study, progress=progress)
+            except KeyboardInterrupt as e:   # SIGINT or SIGTERM: drive stopped and re-queued the running trials
+                stopped = signal_of(e)
             finally:
-                signal.signal(signal.SIGTERM, previous)
                 body = write_manifest(study, s, {"started": _dt_iso(t0), "wall_s": round(time.time() - t0, 1),
-                                                 "launched": len(study.trials) - launched0 - len(requeued)})
+                                                 "launched": len(s.started),
+                                                 "command": s.command,
+                                                 **({"interrupted": signal.Signals(stopped).name} if stopped else {})})
     states: dict[str, int] = {}
     for t in body["trials"]:
         states[t["state"]] = states.get(t["state"], 0) + 1
+    if stopped:
+        left = max(s.target - len(counted(study)), 0)
+        print(f"lra.sweep {grid.name}: interrupted by {signal.Signals(stopped).name}: {len(body['trials'])} trials "
+              f"({_fmt_counts(states)}), {left} of {s.target} to go; resume with: {s.command or 'the same command'}",
+              file=sys.stderr, flush=True)
+        return 128 + stopped
     print(f"\nlra.sweep {grid.name}: {len(body['trials'])} trials ({_fmt_counts(states)}) in {time.time() - t0:.0f} s")
     if body["best"]:
         b = body["best"]
@@ -458,10 +544,65 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
     return 0 if done >= s.target else 1
 
 
+def _print_plan(s: Search, grid: Grid) -> None:
+    """dry_run=true: the study (the one an earlier version named, when it is taken over), nothing written."""
+    n = 0
+    db = s.storage[len("sqlite:///"):] if s.storage.startswith("sqlite:///") else None
+    if db is None or Path(db).exists():   # reading a missing SQLite file would create it
+        storage = storage_for(s.storage)
+        adopt_legacy(s, storage)
+        with contextlib.suppress(KeyError):
+            n = len(counted(optuna.load_study(study_name=s.name, storage=storage)))
+    print(f"search {grid.name}: study {s.name} in {s.storage}; {n} trials so far, target {s.target}, "
+          f"{s.parallel} at a time"
+          + (f", {s.jobs_per_gpu} per GPU on GPUs {','.join(s.gpus)}" + _fmt_trial_share(s) if s.jobs_per_gpu
+             else "") + f"; fixed {' '.join(s.fixed)}; space "
+          + ", ".join(f"{k}: {v!r}" for k, v in s.space.items()) + f"; pruner {s.pruner}; manifest {s.manifest}")
+
+
 def _dt_iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _sigterm(signum, frame):
-    """A scheduler's SIGTERM: unwind like Ctrl-C (trials get SIGTERM, the manifest is written)."""
-    raise KeyboardInterrupt(f"signal {signum}")
+# ----------------------------------------------------------------------------- python -m lra.search
+USAGE = """usage: python -m lra.search grid=<search file> [overrides ...] [n_trials=N] [parallel=N] [dry_run=true]
+Runs the Optuna search of conf/sweep/<name>.yaml (a grid file with a `search` block): the same as
+`python -m lra.sweep grid=<name> ...`, which runs grids and searches alike (python -m lra.sweep --help).
+Each trial is a `python -m lra.train` run; the study lives in <runs root>/<preset>/sweeps/<name>/optuna.db
+and the same command again continues it up to n_trials (the study's total). docs/sweeps.md has the rest.
+
+options (any other key=value joins every trial; key=interval(a,b) or choice(a,b) adds a search parameter):
+  n_trials=N            the study's total number of trials (default: the file's search.n_trials)
+  parallel=N            trials at a time on this machine
+  jobs_per_gpu=k        k trials share each visible GPU, 1/k of its memory each
+  dry_run=true          the study, its trials so far and the space; nothing runs
+  progress=S            seconds between progress lines (0: on changes only)
+  search.<key>=value    edit the search block (search.pruner.name=hyperband); ~search.<key> deletes
+
+examples:
+  python -m lra.search grid=search_quick dry_run=true
+  python -m lra.search grid=search_quick n_trials=40 parallel=2
+  python -m lra.search grid=search_quick attn=performer '++attn.options.features=choice(64,128,256)'
+
+search files: {grids}"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    searches = [g for g in available_grids() if load_grid(g).search is not None]
+    if "-h" in args or "--help" in args:
+        print(USAGE.format(grids=", ".join(searches)))
+        return 0
+    flags = [a for a in args if a.startswith("-")]
+    grid_arg = [a.split("=", 1)[1] for a in args if a.startswith("grid=")]
+    problem = (f"unknown argument {flags[0]!r}" if flags else "no grid=<search file>" if not grid_arg
+               else None if grid_arg[-1] in searches else f"grid={grid_arg[-1]} is not a search")
+    if problem:
+        print(f"lra.search: {problem}; search files: {', '.join(searches)} (python -m lra.search --help)",
+              file=sys.stderr)
+        return 2
+    return command(args, run_search)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

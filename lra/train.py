@@ -138,6 +138,9 @@ def recorded(run_dir: Path, rec: dict):
                                                      f"checkpoint")
         else:
             rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
+        if code is not None and handlers:  # a second Ctrl-C must not cut the interrupted record short
+            for s in handlers:
+                signal.signal(s, signal.SIG_IGN)
         _write_or_keep(run_dir, rec)
         if code is not None and not isinstance(e, Interrupted):
             raise Interrupted(code) from e

@@ -330,7 +330,10 @@ def _trial_states(tmp_path):
     db = tmp_path / "runs" / "quick" / "sweeps" / "search_quick" / "optuna.db"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return optuna.load_study(study_name="search_quick-quick-listops-skeinformer", storage=f"sqlite:///{db}").trials
+        storage = f"sqlite:///{db}"
+        prefix = "search_quick-quick-listops-skeinformer-"   # + the search's key
+        (name,) = [n for n in optuna.get_all_study_names(storage) if n.startswith(prefix)]
+        return optuna.load_study(study_name=name, storage=storage).trials
 
 
 @pytest.mark.slow
@@ -366,8 +369,8 @@ def test_real_search_killed_then_resumed(tmp_path):
     trials = _trial_states(tmp_path)
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     assert trials[0].value == first.value and trials[2].params == trials[1].params
-    m = json.loads((tmp_path / "runs" / "quick" / "sweeps" / "search_quick" /
-                    "manifest-listops-skeinformer.json").read_text())
+    (path,) = (tmp_path / "runs" / "quick" / "sweeps" / "search_quick").glob("manifest-listops-skeinformer-*.json")
+    m = json.loads(path.read_text())
     row = m["trials"][2]
     rec = json.loads((tmp_path / "runs" / row["run_dir"] / "result.json").read_text())
     assert rec["status"] == "completed" and rec["resumed_from_step"] and rec["best_val_acc"] == trials[2].value

@@ -182,7 +182,8 @@ def test_shared_gpu_sweep_end_to_end_on_cpu(tmp_path):
         assert rec["status"] == "completed"
         assert rec["config"]["hardware"]["total_gib"] == share_gib(T, 2)
         assert rec["fit_budget_bytes"] / 2 ** 30 == pytest.approx(budget_gib(T, 0.75, 0.10, 2), abs=1e-6)
-    m = json.loads((tmp_path / "runs" / "quick" / "sweeps" / "quick" / "manifest.json").read_text())
+    (path,) = (tmp_path / "runs" / "quick" / "sweeps" / "quick").glob("manifest-*.json")
+    m = json.loads(path.read_text())
     assert m["jobs_per_gpu"] == 2 and m["gpus"] == ["0"]
 
 

@@ -1,4 +1,4 @@
-"""Sweeps (lra/sweep.py): grid files, the quick grid as a local multirun, a killed sweep that resumes,
+"""Sweeps (lra/sweep/): grid files, the quick grid as a local multirun, a killed sweep that resumes,
 and the W&B extras. Runs use tiny generated ListOps (a few seconds of training each)."""
 
 import json
@@ -37,7 +37,9 @@ def run_sweep(tmp_path, *args, check=True, timeout=900):
 
 
 def manifest(tmp_path, grid="quick", preset="quick"):
-    return json.loads((tmp_path / "runs" / preset / "sweeps" / grid / "manifest.json").read_text())
+    """The manifest of the one sweep of ``grid`` under the test's runs root (manifest-<key>.json)."""
+    (path,) = (tmp_path / "runs" / preset / "sweeps" / grid).glob("manifest-*.json")
+    return json.loads(path.read_text())
 
 
 def run_dirs(tmp_path):

@@ -15,15 +15,20 @@ single runs alike. A grid is:
 
 1. expanded and composed job by job with Hydra (the run folder of each; two jobs that would share a
    folder stop the sweep before anything runs);
-2. written to ``<runs root>/<preset>/sweeps/<name>/manifest.json`` with each job's status read from
-   its run folder: ``completed``/``stopped_early``/``stuck`` (finished: skipped), ``running`` (a live
-   job holds it: skipped), ``failed``, ``interrupted`` (a job started there and died: launched, and
-   lra.train resumes it from its last checkpoint), ``pending``, ``invalid`` (does not compose);
+2. written to ``<runs root>/<preset>/sweeps/<name>/manifest-<key>.json`` with each job's status read
+   from its run folder: ``completed``/``stopped_early``/``stuck`` (finished: skipped), ``running`` (a
+   live job holds it: skipped), ``failed``, ``interrupted`` (a job started there and died: launched,
+   and lra.train resumes it from its last checkpoint), ``pending``, ``invalid`` (does not compose).
+   ``<key>`` is a short hash of the sweep's definition (:func:`definition`: its jobs' overrides with
+   the values as Hydra reads them, order-free), so two sweeps of one grid with other overrides keep
+   their own manifests and the same command again finds its own (:func:`find_manifest`);
 3. launched as one Hydra multirun of the unfinished jobs through the chosen launcher (Hydra's
    ``basic``, ``local`` = submitit_local, ``slurm`` = submitit_slurm; conf/hydra/launcher/), in
    batches of ``parallel`` on one machine, as one job array on SLURM;
 4. watched while the launcher blocks (a progress line with an ETA, :class:`GridWatch`), and
-   summarised (and the manifest updated) when it returns.
+   summarised (and the manifest updated) when it returns. SIGINT or SIGTERM to the driver
+   (:func:`interruptible`) stops the jobs (:func:`stop_jobs`), re-reads every job's status from its
+   folder, writes the manifest and says so in one line with the command that resumes (exit 130/143).
 
 Run the same command again and it finishes where it stopped. Why not ``python -m lra.train -m``
 with the basic sweeper: that can only launch cartesian products, not "the jobs still to do", and
@@ -36,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import fcntl
+import hashlib
 import itertools
 import json
 import logging
@@ -65,7 +72,56 @@ GRID_DIR = CONF_DIR / "sweep"
 FINISHED = ("completed", "stopped_early", "stuck")  # = lra.train.FINISHED: lra.train returns at once
 MARKER = ".sweep_job.json"        # written by run_job in the run folder: who runs it, attempts
 SWEEP_OPTIONS = ("grid", "parallel", "jobs_per_gpu", "dry_run", "n_trials", "progress")   # consumed here, never passed to a run
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2                # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
+LEGACY_MANIFEST = "manifest.json"   # a version-1 manifest: read as it is, never rewritten or deleted
+STOP_GRACE_S = 10.0                 # an interrupted sweep's jobs get this long to end on their own signal
+
+
+class Refusal(SystemExit):
+    """A one-line refusal of the command (exit 2: bad input; 75: the sweep is in use); its text is the line."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the sweep's driver (:func:`interruptible`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def signal_of(e: BaseException) -> int:
+    """The signal behind an interruption: Interrupted knows it; a bare KeyboardInterrupt is a Ctrl-C."""
+    return getattr(e, "signum", signal.SIGINT)
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the driver, once: a second signal while the sweep
+    winds down is ignored, so the jobs are stopped and the manifest is written (without this a SIGTERM
+    ends the driver at once, silently, its manifest left saying ``pending``)."""
+    if threading.current_thread() is not threading.main_thread():   # signal.signal works in the main thread only
+        yield
+        return
+    got: list[int] = []
+
+    def handler(signum, frame):
+        if not got:
+            got.append(signum)
+            raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # ----------------------------------------------------------------------------- the grid file
@@ -79,6 +135,7 @@ class Grid:
     jobs_per_gpu: int | None = None      # k runs share each GPU (None: each parallel job its own GPUs)
     search: dict | None = None           # {sweeper, n_trials, params: {key: "interval(..)"}}
     doc: str = ""
+    command: str = ""                    # the lra.sweep command line that runs it (apply_cli): the resume line
 
     def jobs(self) -> list[list[str]]:
         fixed = [v for k, v in self.overrides.items() if k not in self.axes]
@@ -122,8 +179,55 @@ def _parser():
     return OverridesParser.create()
 
 
+def _parse(parser, line: str):
+    """One override, or a one-line refusal naming it (Hydra's own error is a multi-line traceback)."""
+    from hydra.errors import HydraException
+
+    try:
+        return parser.parse_override(str(line))
+    except HydraException as e:
+        raise SystemExit(f"lra.sweep: {line!r} is not an override ({str(e).splitlines()[0]}); give key=value, "
+                         "a list key=a,b or a sweep key=range(0,3)") from None
+
+
 def _key_of(line: str) -> str:
-    return _parser().parse_override(line).get_key_element()
+    return _parse(_parser(), line).get_key_element()
+
+
+# ----------------------------------------------------------------------------- which sweep this is
+NOT_DEFINING = ("force",)   # re-runs the same jobs: the same sweep
+LAUNCH_ONLY = ("hydra/launcher", "hydra.launcher.", "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging")
+
+
+def _canonical(line: str) -> tuple[str, str]:
+    """(key, value) of one override, the value as Hydra reads it: ``train.lr=1e-3`` and ``train.lr=0.001``
+    are one entry, ``a=true`` and ``a=True`` too."""
+    ov = _parse(_parser(), line)
+    return ov.get_key_element(), json.dumps(ov.value(), sort_keys=True, default=str)
+
+
+def definition(grid: Grid, hydra_ovs: list[str]) -> dict:
+    """What a grid sweep is, whatever the spelling: its fixed overrides and axes (canonical values, the
+    order of axes and values left out: they order the jobs, they do not make others; an axis of one
+    value is a fixed override), and the Hydra overrides that reach the jobs. Left out: how the jobs are
+    launched (launcher, its resources, parallel, jobs_per_gpu) and ``force`` (the same jobs again)."""
+    fixed = dict(_canonical(v) for k, v in grid.overrides.items() if k not in grid.axes)
+    axes = {}
+    for k, values in grid.axes.items():
+        canon = sorted({_canonical(v)[1] for v in values})
+        if len(canon) == 1:
+            fixed[k] = canon[0]
+        else:
+            axes[k] = canon
+    fixed = {k: v for k, v in fixed.items() if k.lstrip("+~") not in NOT_DEFINING}
+    hydra = sorted(o for o in hydra_ovs if not o.lstrip("+~").startswith(LAUNCH_ONLY))
+    return {"kind": "grid", "grid": grid.name, "fixed": dict(sorted(fixed.items())),
+            "axes": dict(sorted(axes.items())), "hydra": hydra}
+
+
+def sweep_key(defn: dict) -> str:
+    """10 hex digits of the definition's hash: the manifest's name (and a search's study name)."""
+    return hashlib.sha256(json.dumps(defn, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
@@ -131,24 +235,22 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
     opts = {"parallel": None, "jobs_per_gpu": None, "dry_run": False, "n_trials": None, "progress": None}
     hydra_ovs: list[str] = []
     parser = _parser()
+    grid.command = shlex.join(["python", "-m", "lra.sweep", *args])
     for arg in args:
         key = arg.split("=", 1)[0]
         if key in SWEEP_OPTIONS:
             value = arg.split("=", 1)[1] if "=" in arg else ""
-            if key in ("parallel", "jobs_per_gpu"):
+            if key in ("parallel", "jobs_per_gpu", "n_trials"):
                 opts[key] = _positive_int(key, value)
             elif key == "dry_run":
-                opts["dry_run"] = value.lower() in ("1", "true", "yes", "")
-            elif key in ("n_trials", "progress"):
-                try:
-                    opts[key] = int(value) if key == "n_trials" else float(value)
-                except ValueError:
-                    raise SystemExit(f"lra.sweep: {arg!r}: {key} takes a number") from None
+                opts["dry_run"] = switch(f"lra.sweep: {key}", value)
+            elif key == "progress":
+                opts[key] = _seconds(key, value)
             continue
         if grid.search is not None and arg.lstrip("~").startswith("search."):   # the search block itself
             grid.search = _edit_search(grid.search, arg)
             continue
-        ov = parser.parse_override(arg)
+        ov = _parse(parser, arg)
         k = ov.get_key_element()
         if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
             hydra_ovs.append(arg)
@@ -184,6 +286,25 @@ def _positive_int(key: str, value) -> int:
     return n
 
 
+def switch(what: str, value: str) -> bool:
+    """A true/false option: ``dry_run=ture`` must not run the sweep for real. A bare ``dry_run`` is true."""
+    if value.lower() in ("true", ""):
+        return True
+    if value.lower() == "false":
+        return False
+    raise SystemExit(f"{what}={value}: give true or false")
+
+
+def _seconds(key: str, value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = float("nan")
+    if not (x >= 0 and x != float("inf")):   # NaN fails every comparison: refused with the rest
+        raise SystemExit(f"lra.sweep: {key}={value}: give a number of seconds >= 0 (0: a line on changes only)")
+    return x
+
+
 def _edit_search(search: dict, arg: str) -> dict:
     """``search.pruner.name=hyperband`` sets, ``~search.pruner.n_startup_trials`` deletes a key of the block."""
     key, _, value = arg.lstrip("~").partition("=")
@@ -207,6 +328,32 @@ def _edit_search(search: dict, arg: str) -> dict:
     else:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([arg]))
     return OmegaConf.to_container(cfg, resolve=False)["search"]
+
+
+def command(args: list[str], run) -> int:
+    """``python -m lra.sweep`` / ``lra.search`` once the flags are checked: the grid of ``grid=``, the command
+    line folded in, ``run(grid, opts, hydra_ovs)``. A refusal is one line on stderr and exit code 2 (75:
+    the sweep is in use); an interruption before any job started is one line and 130/143."""
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)   # optuna's SQLite storage is chatty
+    name = [a for a in args if a.startswith("grid=")][-1].split("=", 1)[1]
+    grid = None
+    try:
+        grid = load_grid(name)
+        opts, hydra_ovs = apply_cli(grid, args)
+        return run(grid, opts, hydra_ovs)
+    except Refusal as e:
+        print(e, file=sys.stderr)
+        raise
+    except SystemExit as e:
+        if isinstance(e.code, str):   # the sweep's one-line refusals: bad input, exit 2 (README)
+            print(e.code, file=sys.stderr)
+            raise Refusal(e.code) from None
+        raise
+    except KeyboardInterrupt as e:   # before any job started (run_grid and run_search say it themselves after)
+        print(f"lra.sweep {name}: interrupted by {signal.Signals(signal_of(e)).name} before any job started; "
+              f"resume with: {(grid.command if grid else '') or 'the same command'}", file=sys.stderr)
+        return 128 + signal_of(e)
 
 
 # ----------------------------------------------------------------------------- Hydra plumbing
@@ -393,6 +540,7 @@ def run_job(cfg: DictConfig) -> float | None:
     given = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in {e.split("=", 1)[0] for e in extra}]
     cmd = [sys.executable, "-m", "lra.train", *given, *extra, f"hydra.run.dir={_quote(run_dir)}"]
     log.info("%s", " ".join(shlex.quote(c) for c in cmd))
+    _ctrl_c_for_the_run()
     proc = subprocess.Popen(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
     try:
         rc = proc.wait()
@@ -415,6 +563,36 @@ def run_job(cfg: DictConfig) -> float | None:
         raise RuntimeError(f"lra.train exited {rc}, status {rec.get('status')!r}: {rec.get('reason')} "
                            f"(log: {run_dir / 'train.log'})")
     return rec.get("best_val_acc")
+
+
+def _ctrl_c_for_the_run() -> None:
+    """A local launcher's job starts with SIGINT blocked (:func:`_ctrl_c_to_the_driver`). Its lra.train
+    must still get a Ctrl-C to write its ``interrupted`` record: unblock it, with a do-nothing handler
+    here (a handler is reset to the default in an exec'd child; this process just waits for lra.train
+    and reports how it ended)."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or threading.current_thread() is not threading.main_thread():
+        return   # the basic launcher runs jobs in the driver: its Ctrl-C handling is the driver's
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _ctrl_c_to_the_driver(on: bool):
+    """The local launcher starts a submitit controller per job, a child of the driver in the terminal's
+    process group: a Ctrl-C would end each with a KeyboardInterrupt traceback on the sweep's console.
+    Started while this thread blocks SIGINT, they keep it blocked (a blocked signal stays blocked across
+    fork and exec; lra.train gets it back in :func:`_ctrl_c_for_the_run`). The driver still gets it: the
+    kernel hands it to a thread that does not block it (the :class:`GridWatch` thread, started before),
+    and Python runs the handler in this thread at its next poll (submitit polls every second)."""
+    if not on or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _assign_gpus(env: dict, job_num: int, cfg: DictConfig) -> list[str]:
@@ -481,6 +659,63 @@ def _alive(info: dict | None) -> bool:
     return True
 
 
+def folder_holder(run_dir: Path) -> int | None:
+    """The pid of the lra.train process that holds ``run_dir`` on this host (lra/runlock.py: an flock on
+    ``.lock``, its pid inside), or None. Asked with a shared lock taken and dropped at once, so a pid
+    reused by another process is never taken for a run."""
+    path = Path(run_dir) / ".lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_json(path) or {}
+            return int(info["pid"]) if info.get("host") == socket.gethostname() and info.get("pid") else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def stop_jobs(run_dirs: list[Path], signum: int, grace_s: float | None = None, wait_s: float = 60.0,
+              poll_s: float = 0.2) -> list[int]:
+    """After the driver was interrupted: give the runs still holding their folders ``grace_s`` to end by
+    themselves (a Ctrl-C, ``timeout`` or a scheduler signals the whole process group: each lra.train
+    writes its ``interrupted`` record), then send ``signum`` to those still there (the driver alone was
+    signalled) and wait up to ``wait_s``. Returns the pids signalled. Runs on other hosts (SLURM) are
+    left to the scheduler; a second signal to a run busy writing its record is what the grace avoids."""
+    run_dirs = [Path(d) for d in run_dirs if d is not None]
+    grace_s = STOP_GRACE_S if grace_s is None else grace_s
+
+    def holders() -> dict[Path, int]:
+        return {d: pid for d in run_dirs if (pid := folder_holder(d)) is not None}
+
+    def busy() -> bool:   # a run, or the job process around it that has yet to mark its folder finished
+        return bool(holders()) or any(_job_here(_read_json(d / MARKER)) for d in run_dirs)
+
+    deadline = time.monotonic() + grace_s
+    while busy() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    sent = []
+    for d, pid in holders().items():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+            sent.append(pid)
+            log.info("stopping %s (pid %d) with %s", d, pid, signal.Signals(signum).name)
+    deadline = time.monotonic() + wait_s
+    while busy() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return sent
+
+
+def _job_here(info: dict | None) -> bool:
+    """A job process on this host that has not marked its folder finished (SLURM jobs: not waited for)."""
+    return bool(info) and not info.get("finished") and not info.get("slurm_job") and _alive(info)
+
+
 def run_status(run_dir: Path) -> tuple[str, dict]:
     """(status, record or {}) of a run folder."""
     try:
@@ -542,10 +777,33 @@ def counts(jobs: list[Job]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path) -> None:
-    old = _read_json(path) or {}
-    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created", _now()), "updated": _now(),
+def _job_ids(rows: list[dict]) -> list[str]:
+    """The jobs of a manifest, by run folder (or, for an invalid job, its overrides)."""
+    return sorted(r.get("run_dir") or " ".join(r.get("overrides") or []) for r in rows)
+
+
+def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path) -> tuple[Path, dict]:
+    """(the sweep's manifest, what an earlier invocation left in it). ``manifest-<key>.json`` when there;
+    else a version-1 ``manifest.json`` (one per grid) listing exactly these jobs is taken over: its
+    creation time and invocations carry into the new file, and the old file stays as it is."""
+    path = folder / f"manifest-{key}.json"
+    if path.exists():
+        return path, _read_json(path) or {}
+    legacy = _read_json(folder / LEGACY_MANIFEST) or {}
+    ours = _job_ids([{"run_dir": _rel(j.run_dir, root) if j.run_dir else None, "overrides": j.overrides}
+                     for j in jobs])
+    if legacy.get("kind", "grid") == "grid" and legacy.get("jobs") and _job_ids(legacy["jobs"]) == ours:
+        return path, {"created": legacy.get("created"), "invocations": legacy.get("invocations", []),
+                      "migrated_from": LEGACY_MANIFEST}
+    return path, {}
+
+
+def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path, previous: dict | None = None) -> None:
+    """Every job's row as its folder says now; ``previous``: what to carry over when ``path`` is new."""
+    old = _read_json(path) or previous or {}
+    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created") or _now(), "updated": _now(),
             "runs_root": str(root), **head, "invocations": old.get("invocations", []),
+            **({"migrated_from": old["migrated_from"]} if old.get("migrated_from") else {}),
             "counts": counts(jobs), "jobs": [j.row(root) for j in jobs]}
     if head.get("invocation"):
         body["invocations"] = body["invocations"] + [head["invocation"]]
@@ -559,8 +817,8 @@ def sweep_lock(folder: Path):
     lock = folder / ".lock"
     info = _read_json(lock)
     if info and info.get("host") == socket.gethostname() and info.get("pid") != os.getpid() and _alive(info):
-        raise SystemExit(f"lra.sweep: {folder.name} is already being run by pid {info['pid']} on this host "
-                         f"(since {info.get('started')}); wait for it, or remove {lock} if that is wrong")
+        raise Refusal(f"lra.sweep: {folder.name} is already being run by pid {info['pid']} on this host "
+                      f"(since {info.get('started')}); wait for it, or remove {lock} if that is wrong", code=75)
     if info and info.get("host") != socket.gethostname():
         log.warning("%s was last driven from %s; make sure that driver is gone", folder, info.get("host"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -717,7 +975,9 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
     k = opts.get("jobs_per_gpu") or grid.jobs_per_gpu
     gpus = visible_gpus() if k else []
     parallel = opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel)
-    with Composer() as composer:
+    defn = definition(grid, hydra_ovs)
+    key = sweep_key(defn)
+    with interruptible(), Composer() as composer:
         primary, jobs = plan(grid, hydra_ovs, composer)
         root = Path(str(primary.runs_root))
         folder = sweep_folder(root, grid, jobs)
@@ -738,30 +998,42 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                                  "report its memory to torch.cuda; check the GPUs or name a profile (hardware=h100_80gb)")
         if opts["dry_run"]:
             _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares)
+            path, previous = find_manifest(folder, key, jobs, root)
+            state = "exists" if path.exists() else f"new, taking over {LEGACY_MANIFEST}" if previous else "new"
+            print(f"manifest: {path} ({state})")
             return 0
         with sweep_lock(folder):
-            head = {"grid": grid.name, "kind": "grid", "command": " ".join(["python", "-m", "lra.sweep", *sys.argv[1:]]),
+            manifest, previous = find_manifest(folder, key, jobs, root)
+            head = {"grid": grid.name, "kind": "grid", "key": key, "definition": defn, "command": grid.command,
                     "launcher": kind, "parallel": parallel, "plain_hydra_command": plain_hydra_command(grid, hydra_ovs),
                     **({"jobs_per_gpu": k, "gpus": gpus} if k else {})}
-            manifest = folder / "manifest.json"
-            write_manifest(manifest, head, jobs, root)
+            write_manifest(manifest, head, jobs, root, previous)
             skipped = len(jobs) - len(todo)
             print(f"lra.sweep {grid.name}: {len(jobs)} jobs, {len(todo)} to run, {skipped} skipped "
                   f"({_fmt_counts(counts(jobs))}); launcher {kind}, {parallel} at a time"
                   + (f", {k} per GPU on GPUs {','.join(gpus)}" if k else "") + f"; manifest {manifest}",
                   flush=True)
-            if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
-                prepare_data(todo)
-            if todo:
-                launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs, root,
-                       every_s=opts["progress"] if opts["progress"] is not None else 30.0,
-                       jobs_per_gpu=k, gpus=gpus)
-            for j in jobs:
+            stopped = None
+            try:
+                if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
+                    prepare_data(todo)
+                if todo:
+                    launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs,
+                           root, every_s=opts["progress"] if opts["progress"] is not None else 30.0,
+                           jobs_per_gpu=k, gpus=gpus)
+            except KeyboardInterrupt as e:   # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
+                stopped = signal_of(e)
+                stop_jobs([j.run_dir for j in todo], stopped)
+            for j in jobs:   # each job's status as its folder says now, whatever the launcher reported
                 j.refresh()
             wall = time.time() - t0
             inv = {"started": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
-                   "wall_s": round(wall, 1), "launched": len(todo), "skipped": skipped}
+                   "wall_s": round(wall, 1), "launched": len(todo), "skipped": skipped, "command": grid.command,
+                   **({"interrupted": signal.Signals(stopped).name} if stopped else {})}
             write_manifest(manifest, {**head, "invocation": inv}, jobs, root)
+    if stopped:
+        print(interrupted_line(grid.name, stopped, counts(jobs), grid.command), file=sys.stderr, flush=True)
+        return 128 + stopped
     _print_summary(grid, jobs, todo, root, manifest, wall)
     if any(o.startswith("logger=") and "wandb" in o for o in (jobs[0].overrides if jobs else [])):
         from lra.wandb_extras import log_sweep_table
@@ -769,6 +1041,12 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
         with contextlib.suppress(Exception):
             log_sweep_table(_read_json(manifest), folder)
     return 0 if all(j.status in FINISHED for j in jobs) else 1
+
+
+def interrupted_line(name: str, signum: int, job_counts: dict[str, int], command: str) -> str:
+    """The one line an interrupted sweep ends with: what happened, where its jobs stand, how to go on."""
+    return (f"lra.sweep {name}: interrupted by {signal.Signals(signum).name}: {_fmt_counts(job_counts)}; "
+            f"resume with: {command or 'the same command'}")
 
 
 def prepare_data(todo: list[Job]) -> None:
@@ -807,25 +1085,28 @@ def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job],
     ctx = composer.context(primary)
     ctx.callbacks.on_multirun_start(config=primary, config_name="config")
     launcher = Plugins.instance().instantiate_launcher(hydra_context=ctx, task_function=run_job, config=primary)
-    OmegaConf.save(primary, folder / "multirun.yaml")
+    OmegaConf.save(primary, folder / f"multirun-{head['key']}.yaml")
     size = len(todo) if kind == "slurm" else (parallel if kind == "local" else 1)
     slots = (parallel if parallel > 1 else len(todo)) if kind == "slurm" else size
     watch = GridWatch([j.run_dir for j in todo], Progress(f"lra.sweep {grid.name}", parallel=slots,
                                                            every_s=every_s), since=time.time() - 5)
     watch.start()
     idx = 0
-    for start in range(0, len(todo), size):
-        batch = todo[start:start + size]
-        try:
-            launcher.launch([j.overrides for j in batch], initial_job_idx=idx)
-        except Exception as e:  # noqa: BLE001 - a job killed hard (OOM, node lost): the others go on
-            log.error("a job of this batch died without a result (%s: %s); its folder keeps what it wrote",
-                      type(e).__name__, e)
-        idx += len(batch)
-        for j in batch:
-            j.refresh()
-        write_manifest(manifest, head, jobs, root)
-    watch.stop()
+    try:
+        with _ctrl_c_to_the_driver(kind == "local"):
+            for start in range(0, len(todo), size):
+                batch = todo[start:start + size]
+                try:
+                    launcher.launch([j.overrides for j in batch], initial_job_idx=idx)
+                except Exception as e:  # noqa: BLE001 - a job killed hard (OOM, node lost): the others go on
+                    log.error("a job of this batch died without a result (%s: %s); its folder keeps what it wrote",
+                              type(e).__name__, e)
+                idx += len(batch)
+                for j in batch:
+                    j.refresh()
+                write_manifest(manifest, head, jobs, root)
+    finally:   # interrupted too: no progress line after the sweep's last word
+        watch.stop()
     watch.tick()
     ctx.callbacks.on_multirun_end(config=primary, config_name="config")
 
