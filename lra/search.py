@@ -53,6 +53,7 @@ from lra.files import write_json
 from lra.gpu_share import MEMORY_LIMIT_ENV
 from lra.sweep import (FINISHED, LAUNCH_ONLY, MANIFEST_VERSION, MARKER, STOP_GRACE_S, Composer, Grid, Progress,
                        ShareError, _canonical, _fmt_counts, _hw_of, _now, _parser, _quote, _read_json, _rel,
+                       with_run_tag,
                        available_grids, check_sharing, command, device_total_gib, gpu_of_slot, interruptible,
                        job_share, load_grid, run_status, signal_of, sweep_key, sweep_lock, visible_gpus)
 
@@ -442,7 +443,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     preset, task, attn = str(primary.preset), str(primary.task.name), str(primary.attn.label)
 
     def job_dir(ovs: list[str]) -> Path:
-        return composer.job(primary, hydra_ovs + ovs)[1]
+        return composer.job(primary, with_run_tag(hydra_ovs + ovs))[1]
 
     # one sampled point composes (bad fixed overrides or keys stop here, before any trial)
     probe = {k: (d.choices[0] if isinstance(d, CategoricalDistribution) else d.low) for k, d in space.items()}

@@ -417,8 +417,9 @@ def check_before_run(args: list[str]) -> str:
     check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
     check_writable(Path(spec.config["runs_root"]))
     tag = run_tag(args, spec)
+    given = [a.split("=", 1)[1].strip("'\"") for a in args if a.startswith("hydra.run.dir=")]  # a sweep's job
     try:
-        old = read_record(run_folder(spec, tag))
+        old = read_record(Path(given[-1]) if given else run_folder(spec, tag))
     except ValueError:  # a damaged record: the run says so (RunError), in its own words
         old = None
     if spec.force or not (old and old.get("status") in FINISHED):  # a finished run needs no data to be skipped
@@ -428,6 +429,7 @@ def check_before_run(args: list[str]) -> str:
 
 
 def main() -> None:
+    sys.argv = [a for a in sys.argv if not a.startswith("run_tag=")]  # the harness sets it (a sweep passes one on)
     args = sys.argv[1:]
     try:
         unknown = [a for a in args if a.startswith("-") and a.split("=")[0] not in HYDRA_FLAGS]

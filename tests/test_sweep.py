@@ -97,8 +97,17 @@ def test_dry_run_lists_jobs_and_refuses_colliding_folders(tmp_path, capsys, monk
     assert "2 jobs" in out and "quick/clean/listops/softmax/seed0" in out and "quick/clean/listops/softmax/seed1" in out
     assert "python -m lra.train -m" in out and not (tmp_path / "runs").exists()
     # num_threads is left out of the folder name: two jobs would write into one folder
-    with pytest.raises(SystemExit, match="two jobs would share"):
+    with pytest.raises(SystemExit, match="name one run folder"):
         main(["grid=quick", "task=listops", "attn=softmax", "seed=0", "num_threads=1,2", "dry_run=true"])
+
+
+def test_sweep_jobs_are_named_by_the_resolved_config_as_lra_train_names_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
+    assert main(["grid=quick", "task=listops", "attn=softmax", "seed=0", "train.lr=2e-3", "dry_run=true"]) == 0
+    assert "quick/clean/listops/softmax/seed0/train.lr=0.002" in capsys.readouterr().out
+    # the quick preset's lr is 1e-3: both spellings are the preset's run, one folder
+    with pytest.raises(SystemExit, match="name one run folder"):
+        main(["grid=quick", "task=listops", "attn=softmax", "seed=0", "train.lr=1e-3,0.001", "dry_run=true"])
 
 
 def test_unknown_grid_lists_available():

@@ -60,7 +60,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lra import CONF_DIR, REPO_ROOT
-from lra.config import register_resolvers
+from lra.config import ConfigError, register_resolvers, run_tag
 from lra.files import write_json
 from lra.gpu_share import MEMORY_LIMIT_ENV, budget_gib, limit_gib, share_gib
 from lra.record import read_record
@@ -401,6 +401,18 @@ class Composer:
         return HydraContext(config_loader=self.hydra.config_loader, callbacks=Callbacks(cfg))
 
 
+def with_run_tag(overrides: list[str]) -> list[str]:
+    """``overrides`` with the run folder's canonical tag (:func:`lra.config.run_tag`, what ``lra.train``
+    names its folder by), so the launcher composes the folder the run will use: grid points that resolve
+    to one configuration share it, whatever their spelling. A job that cannot be resolved keeps its
+    overrides (it is reported as the run's own one-line error)."""
+    ovs = [o for o in overrides if not o.startswith(("run_tag=", "hydra.", "hydra/"))]
+    try:
+        return [*overrides, f"run_tag={_quote(run_tag(ovs))}"]
+    except ConfigError:
+        return list(overrides)
+
+
 def _quote(s: str) -> str:
     """A Hydra override value that stays one string whatever it holds (paths hold '=' and ',')."""
     return "'" + str(s).replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -525,15 +537,14 @@ def run_job(cfg: DictConfig) -> float | None:
     marker = run_dir / MARKER
     info = _read_json(marker) or {}
     name = str(hc.job.override_dirname)
-    if info.get("override_dirname") not in (None, name):
-        # conf/config.yaml cuts long folder names: another configuration already lives here
-        raise RuntimeError(f"run folder collision: {run_dir} holds a run of [{info['override_dirname']}], "
-                           f"this job is [{name}]; shorten the overrides or give them another key")
+    tag = cfg.get("run_tag")
+    if tag is not None and info.get("run_tag") not in (None, tag):  # run_tag names the folder: never happens
+        raise RuntimeError(f"run folder collision: {run_dir} holds a run of [{info['run_tag']}], this job is [{tag}]")
     if rank0:
         info.update(attempts=int(info.get("attempts", 0)) + 1, host=socket.gethostname(), pid=os.getpid(),
                     slurm_job=_slurm_job_id(), started=_now(), t_start=time.time(), finished=None, t_end=None,
                     returncode=None,
-                    overrides=overrides, override_dirname=name)
+                    overrides=overrides, override_dirname=name, run_tag=tag)
         write_json(marker, info)
     env = dict(os.environ)
     extra = _assign_gpus(env, int(hc.job.get("num") or 0), cfg)
@@ -929,9 +940,9 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
     primary = composer.primary(hydra_ovs + extra + common)
     jobs = []
     for ovs in job_lists:
-        job = Job(overrides=ovs)
+        job = Job(overrides=with_run_tag(ovs))
         try:
-            cfg, job.run_dir = composer.job(primary, ovs)
+            cfg, job.run_dir = composer.job(primary, job.overrides)
             job.task, job.attn, job.seed, job.preset = cfg.task.name, cfg.attn.label, int(cfg.seed), cfg.preset
             job.data = (OmegaConf.to_container(cfg.task, resolve=True), str(cfg.data_root))
             job.hw = _hw_of(cfg)
@@ -943,9 +954,10 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
         if j.run_dir is None:
             continue
         if j.run_dir in seen:
-            raise SystemExit(f"lra.sweep: two jobs would share {j.run_dir}:\n  {' '.join(seen[j.run_dir].overrides)}\n"
-                             f"  {' '.join(j.overrides)}\n(an override that does not name the folder? see "
-                             "hydra.job.config.override_dirname.exclude_keys in conf/config.yaml)")
+            raise SystemExit(f"lra.sweep: two jobs of grid {grid.name} name one run folder, {j.run_dir}: "
+                             f"[{' '.join(seen[j.run_dir].overrides)}] and [{' '.join(j.overrides)}] are one "
+                             f"configuration, or differ only in how a run executes (lra.config.UNTAGGED); remove "
+                             f"one of the grid's values")
         seen[j.run_dir] = j
     return primary, jobs
 
