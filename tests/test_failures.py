@@ -77,6 +77,7 @@ def test_sigterm_to_process_group_then_rerun_matches_uninterrupted(tmp_path, wor
         assert resumed[k] == reference[k], (k, resumed[k], reference[k])  # exact: same RNG streams, same data
 
 
+@pytest.mark.slow  # the SIGTERM test above compares 2 workers with an uninterrupted run in the main suite
 def test_worker_count_does_not_change_the_run(tmp_path):
     """Every loader has its own generator: 0 and 2 workers draw the same dropout and give one record."""
     runs = {}

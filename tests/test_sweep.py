@@ -149,6 +149,7 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
     assert manifest(tmp_path)["invocations"][-1]["launched"] == 0
 
 
+@pytest.mark.slow  # the main suite keeps a real local multirun and the interrupted-sweep manifest tests
 def test_killed_sweep_restarts_without_rerunning_finished_jobs(tmp_path):
     args = ["grid=quick", "task=listops", "attn=softmax,skeinformer,performer", "seed=0", "hydra/launcher=basic",
             *TINY]
