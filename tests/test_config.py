@@ -95,6 +95,18 @@ def test_describe_shows_type_default_range_and_meaning():
     # a string is no boolean: bool("no") is True, and force=true retrains a finished run
     ("force=no", "force='no'"), ("force=off", "force='off'"), ("trainer.progress=maybe", "trainer.progress='maybe'"),
     ("trainer.deterministic=flase", "trainer.deterministic='flase'"),
+    # numbers that cannot run (NaN passes every comparison; a huge seed failed in numpy after the folder existed)
+    ("train.lr=inf", "train.lr=inf is not allowed: a finite number >= 0.0"),
+    ("train.lr=nan", "train.lr=nan is not allowed"),
+    ("train.weight_decay=nan", "train.weight_decay=nan is not allowed"),
+    ("train.select_after=-inf", "train.select_after=-inf is not allowed"),
+    ("seed=99999999999999999999", "seed=99999999999999999999 is not allowed: an integer in [0, 4294967295]"),
+    ("attn=external", "attn.target is missing: attn=external needs"),
+    # every boolean is strict, every count an integer in range (bool('no') is True; n_train=-3 crashes late)
+    ("task.generate=no", "task.generate='no' is not allowed: true or false"),
+    ("fit.cache=maybe", "fit.cache='maybe' is not allowed: true or false"),
+    ("protocol.listops.data.n_train=-3", "task.generator.n_train=-3 is not allowed: an integer >= 1"),
+    ("trainer.log_every_n_steps=abc", "trainer.log_every_n_steps='abc' is not allowed"),
 ])
 def test_bad_values_are_one_line_naming_key_and_value(override, key):
     with pytest.raises(ConfigError) as e:

@@ -19,6 +19,7 @@ from lra.data import DataError
 from lra.data import pathfinder as pf
 from lra.data import pathfinder_gen as gen
 from lra.data import load_task
+from tests.test_listops import snapshot, spy_generation
 
 HARD = "curv_contour_length_14"
 
@@ -283,19 +284,8 @@ def test_official_subset_by_n_images(tmp_path):
     assert sum(len(x) for x in s.values()) == 50
 
 
-def _spy_generation(monkeypatch) -> list:
-    made, real = [], pf.write_dataset
-    monkeypatch.setattr(pf, "write_dataset", lambda folder, *a, **k: made.append(folder) or real(folder, *a, **k))
-    return made
-
-
-def _snapshot(folder):
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def test_generated_pathfinder_other_settings_get_their_own_folder_and_none_is_regenerated(tmp_path, monkeypatch):
-    made = _spy_generation(monkeypatch)
+    made = spy_generation(monkeypatch, pf)
     c = cfg(generate=True, n_images=30, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
     first = pf.load(c, tmp_path, progress=False)
     (folder,) = made
@@ -303,11 +293,11 @@ def test_generated_pathfinder_other_settings_get_their_own_folder_and_none_is_re
     assert folder.parts[-3].startswith("pf-small-")
     assert json.loads((folder / "GENERATED.json").read_text())["params"]["n_images"] == 30
     assert (folder / "examples.png").exists() and sum(len(x) for x in first.values()) == 30
-    before = _snapshot(folder)
+    before = snapshot(folder)
     other = pf.load({**c, "n_images": 20}, tmp_path, progress=False)  # other settings: a folder of their own
     assert len(made) == 2 and made[1] != folder and sum(len(x) for x in other.values()) == 20
     again = pf.load(c, tmp_path, progress=False)  # the first settings again: found, not regenerated
-    assert len(made) == 2 and _snapshot(folder) == before
+    assert len(made) == 2 and snapshot(folder) == before
     assert np.array_equal(np.asarray(first["train"].tokens), np.asarray(again["train"].tokens))
     # a generated set is never mistaken for official data by the search
     assert pf.locate(tmp_path, None, 32, HARD) is None
@@ -316,11 +306,11 @@ def test_generated_pathfinder_other_settings_get_their_own_folder_and_none_is_re
 def test_a_pathfinder_set_generated_by_an_older_harness_is_used_as_is(tmp_path, monkeypatch):
     params = pf.generator_params(cfg(n_images=20, generator={"seed": 1, "chunk": 1000}))
     legacy = gen.write_dataset(tmp_path / "pf-small" / "pathfinder32" / HARD, params, workers=1, progress=False)
-    before = _snapshot(legacy)
-    made = _spy_generation(monkeypatch)
+    before = snapshot(legacy)
+    made = spy_generation(monkeypatch, pf)
     c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
     assert sum(len(x) for x in pf.load(c, tmp_path, progress=False).values()) == 20
-    assert made == [] and _snapshot(legacy) == before
+    assert made == [] and snapshot(legacy) == before
 
 
 def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_replaced(tmp_path):

@@ -159,14 +159,14 @@ def _generated(root):
     return folder
 
 
-def _spy_generation(monkeypatch) -> list:
-    """Folders ``write_dataset`` generates into from now on."""
-    made, real = [], lo.write_dataset
-    monkeypatch.setattr(lo, "write_dataset", lambda folder, *a, **k: made.append(folder) or real(folder, *a, **k))
+def spy_generation(monkeypatch, module=lo) -> list:
+    """Folders ``module.write_dataset`` generates into from now on (ListOps, or Pathfinder's module)."""
+    made, real = [], module.write_dataset
+    monkeypatch.setattr(module, "write_dataset", lambda folder, *a, **k: made.append(folder) or real(folder, *a, **k))
     return made
 
 
-def _snapshot(folder):
+def snapshot(folder):
     """Every file under ``folder`` with its bytes and mtime: equal snapshots = untouched."""
     return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
             for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -177,13 +177,13 @@ def test_incomplete_official_folder_is_an_error_and_left_untouched(tmp_path):
     _write_official(folder, {"train": [("( ( ( [MAX 2 ) 9 ) ] )", 9)]})
     (folder / "basic_test.tsv").unlink()
     (folder / "NOTES.txt").write_text("my notes\n")
-    before = _snapshot(folder)
+    before = snapshot(folder)
     with pytest.raises(DataError) as e:
         load_listops({**_cfg(), "generate": True}, tmp_path)
     msg = str(e.value)
     assert str(folder) in msg and "basic_test.tsv" in msg and "basic_train.tsv" not in msg
     assert "make data task=listops" in msg and "left as it is" in msg
-    assert _snapshot(folder) == before
+    assert snapshot(folder) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["listops-1000"]  # no generated sibling, no temp folder
 
 
@@ -282,15 +282,15 @@ def test_a_stamp_without_file_facts_is_upgraded_only_when_rows_match(tmp_path):
 # ------------------------------------------------------------------------------ issue 19: generated sets keyed by their settings
 def test_generated_listops_other_settings_get_their_own_folder_and_the_default_is_not_regenerated(tmp_path,
                                                                                                    monkeypatch):
-    made = _spy_generation(monkeypatch)
+    made = spy_generation(monkeypatch)
     default = load_listops(_gen_cfg(), tmp_path)
     (first,) = made
-    before = _snapshot(first)
+    before = snapshot(first)
     other = load_listops(_gen_cfg(n_train=300), tmp_path)  # other generation settings: a folder of their own
     assert len(made) == 2 and made[1] != first and len(other["train"]) == 300
     assert json.loads((made[1] / "GENERATED.json").read_text())["params"]["n_train"] == 300
     again = load_listops(_gen_cfg(), tmp_path)  # the default again: found, not regenerated
-    assert len(made) == 2 and _snapshot(first) == before
+    assert len(made) == 2 and snapshot(first) == before
     assert np.array_equal(np.asarray(again["train"].tokens), np.asarray(default["train"].tokens))
     assert sorted(p.name for p in (tmp_path / "generated").iterdir()) == sorted(p.name for p in made)
     assert not (tmp_path / "listops-small").exists()  # the release's folder name is never generated into
@@ -298,32 +298,32 @@ def test_generated_listops_other_settings_get_their_own_folder_and_the_default_i
 
 def test_a_listops_folder_the_user_copies_in_after_generation_is_used_and_never_overwritten(tmp_path, monkeypatch):
     load_listops(_gen_cfg(), tmp_path)
-    made = _spy_generation(monkeypatch)
+    made = spy_generation(monkeypatch)
     folder = tmp_path / "listops-small"
     _write_official(folder, {"train": [("( ( ( [MAX 2 ) 9 ) ] )", 9), ("( ( ( [SM 3 ) 4 ) ] )", 7)]})
-    before = _snapshot(folder)
+    before = snapshot(folder)
     for seed in (1, 2):  # whatever the generation settings, the user's complete folder wins and stays as it is
         got = load_listops(_gen_cfg(seed=seed), tmp_path)
         assert list(got["train"].labels) == [9, 7]
-    assert made == [] and _snapshot(folder) == before
+    assert made == [] and snapshot(folder) == before
 
 
 def test_a_set_generated_by_an_older_harness_at_the_release_name_is_used_as_is(tmp_path, monkeypatch, caplog):
     legacy = lo.write_dataset(tmp_path / "listops-small", lo.GeneratorParams(**SMALL), workers=1, progress=False)
     stamp = json.loads((legacy / lo.STAMP).read_text())
     (legacy / lo.STAMP).write_text(json.dumps({k: v for k, v in stamp.items() if k != "files"}))  # the oldest form
-    before = _snapshot(legacy)
-    made = _spy_generation(monkeypatch)
+    before = snapshot(legacy)
+    made = spy_generation(monkeypatch)
     load_listops(_gen_cfg(), tmp_path)  # same settings: read where it is, as it is; nothing generated
-    assert made == [] and not (tmp_path / "generated").exists() and _snapshot(legacy) == before
+    assert made == [] and not (tmp_path / "generated").exists() and snapshot(legacy) == before
     load_listops(_gen_cfg(seed=2), tmp_path)  # other settings: their own folder; the old one is not touched
-    assert made == [_generated(tmp_path)] and _snapshot(legacy) == before
+    assert made == [_generated(tmp_path)] and snapshot(legacy) == before
     (legacy / "basic_val.tsv").write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")  # the user's copy over it
-    before = _snapshot(legacy)
+    before = snapshot(legacy)
     with caplog.at_level("WARNING"):
         load_listops(_gen_cfg(), tmp_path)
     assert f"delete its {lo.STAMP}" in caplog.text and str(legacy) in caplog.text
-    assert _snapshot(legacy) == before and len(made) == 2
+    assert snapshot(legacy) == before and len(made) == 2
 
 
 # ------------------------------------------------------------------------------ issue 19: Ctrl-C during generation
