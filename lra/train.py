@@ -216,11 +216,14 @@ def _prepare(spec: RunSpec, ckpt_dir: Path) -> None:
 _LOADED: dict[str, dict[str, Split]] = {}  # the splits main() checked, handed to the run it starts
 
 
+def _data_key(spec: RunSpec) -> str:
+    return json.dumps([spec.data.options, str(spec.data.root)], sort_keys=True, default=str)
+
+
 def _splits(spec: RunSpec) -> dict[str, Split]:
     """The task's splits (generated or tokenised on first use), loaded once per process; raises a
     one-line ConfigError when the effective batch is larger than the training split."""
-    key = json.dumps([spec.data.options, str(spec.data.root)], sort_keys=True, default=str)
-    splits = _LOADED.pop(key, None) or load_task(spec.data.options, spec.data.root)
+    splits = _LOADED.pop(_data_key(spec), None) or load_task(spec.data.options, spec.data.root)
     n = len(splits["train"])
     if spec.train.batch_size > n:  # every step would be the whole split, recorded as a batch it never was
         raise ConfigError(f"train.batch_size={spec.train.batch_size} is larger than the {n} training examples of "
@@ -423,8 +426,7 @@ def check_before_run(args: list[str]) -> str:
     except ValueError:  # a damaged record: the run says so (RunError), in its own words
         old = None
     if spec.force or not (old and old.get("status") in FINISHED):  # a finished run needs no data to be skipped
-        key = json.dumps([spec.data.options, str(spec.data.root)], sort_keys=True, default=str)
-        _LOADED[key] = _splits(spec)
+        _LOADED[_data_key(spec)] = _splits(spec)
     return tag
 
 
