@@ -43,6 +43,30 @@ def hold(run_dir: Path):
         os.close(fd)  # releases the lock
 
 
+def holder_pid(run_dir: Path) -> int | None:
+    """The pid of the process that holds ``run_dir`` on this host, or None (not held, held from another
+    host, or no such folder). Asked with a shared lock taken and dropped at once, so the pid a dead
+    holder left in the file is never taken for a live run (its pid may be reused)."""
+    path = Path(run_dir) / ".lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                info = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                return None
+            return int(info["pid"]) if info.get("host") == socket.gethostname() and info.get("pid") else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _holder(path: Path) -> str:
     try:
         h = json.loads(path.read_text() or "{}")

@@ -19,7 +19,8 @@ import pytest
 
 import lra.sweep as sweep
 from lra.files import write_json
-from lra.sweep import (LEGACY_MANIFEST, MARKER, Interrupted, apply_cli, definition, folder_holder, load_grid,
+from lra.runlock import holder_pid
+from lra.sweep import (LEGACY_MANIFEST, MARKER, Interrupted, apply_cli, definition, load_grid,
                        stop_jobs, sweep_key)
 from lra.sweep.__main__ import main
 
@@ -192,11 +193,11 @@ def test_interrupted_sweep_stops_the_runs_still_holding_their_folders_and_only_t
     try:
         stale.mkdir()
         write_json(stale / ".lock", {"pid": bystander.pid, "host": socket.gethostname()})
-        assert folder_holder(held) == run.pid and folder_holder(stale) is None
+        assert holder_pid(held) == run.pid and holder_pid(stale) is None
         assert stop_jobs([held, stale, None], signal.SIGTERM, grace_s=0.3, wait_s=20) == [run.pid]
         assert run.wait(timeout=20) == 128 + signal.SIGTERM
         assert json.loads((held / "result.json").read_text())["status"] == "interrupted"
-        assert bystander.poll() is None and folder_holder(held) is None
+        assert bystander.poll() is None and holder_pid(held) is None
     finally:
         for p in (run, bystander):
             if p.poll() is None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import itertools
 import json
@@ -64,6 +63,7 @@ from lra.config import ConfigError, register_resolvers, run_tag
 from lra.files import write_json
 from lra.gpu_share import MEMORY_LIMIT_ENV, budget_gib, limit_gib, share_gib
 from lra.record import read_record
+from lra.runlock import holder_pid
 
 log = logging.getLogger("lra.sweep")
 register_resolvers()
@@ -670,27 +670,6 @@ def _alive(info: dict | None) -> bool:
     return True
 
 
-def folder_holder(run_dir: Path) -> int | None:
-    """The pid of the lra.train process that holds ``run_dir`` on this host (lra/runlock.py: an flock on
-    ``.lock``, its pid inside), or None. Asked with a shared lock taken and dropped at once, so a pid
-    reused by another process is never taken for a run."""
-    path = Path(run_dir) / ".lock"
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            info = _read_json(path) or {}
-            return int(info["pid"]) if info.get("host") == socket.gethostname() and info.get("pid") else None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
 def stop_jobs(run_dirs: list[Path], signum: int, grace_s: float | None = None, wait_s: float = 60.0,
               poll_s: float = 0.2) -> list[int]:
     """After the driver was interrupted: give the runs still holding their folders ``grace_s`` to end by
@@ -702,7 +681,7 @@ def stop_jobs(run_dirs: list[Path], signum: int, grace_s: float | None = None, w
     grace_s = STOP_GRACE_S if grace_s is None else grace_s
 
     def holders() -> dict[Path, int]:
-        return {d: pid for d in run_dirs if (pid := folder_holder(d)) is not None}
+        return {d: pid for d in run_dirs if (pid := holder_pid(d)) is not None}
 
     def busy() -> bool:   # a run, or the job process around it that has yet to mark its folder finished
         return bool(holders()) or any(_job_here(_read_json(d / MARKER)) for d in run_dirs)
