@@ -457,6 +457,7 @@ class HardwareSpec:
     pin_memory: bool = False  # on CUDA: page-locked batches, copied without blocking
     compile: bool = False  # resolved train.compile (and what the backend declares it can)
     compile_note: str | None = None  # why a requested compile runs eager
+    compile_forced: bool = False  # train.compile=true: a failed compilation stops the run (auto: runs eager)
     deterministic: bool = False
 
     def __post_init__(self):
@@ -626,14 +627,16 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
         total = int(torch.cuda.get_device_properties(0).total_memory)
     accelerator = str(tr.accelerator)
     on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
-    compile_, note = _compile(cfg.train.get("compile", "auto"), on_cuda, str(cfg.attn.name))
+    setting = cfg.train.get("compile", "auto")
+    compile_, note = _compile(setting, on_cuda, str(cfg.attn.name))
     return HardwareSpec(
         name=str(hw.name), total_bytes=total, cuda_context_gib=float(hw.get("cuda_context_gib") or 0.0),
         allocator_margin=float(hw.get("allocator_margin") or 0.0), micro_batch=hw.get("micro_batch"),
         accelerator=accelerator, devices=_devices(_container(tr.devices)), devices_arg=_container(tr.devices),
         strategy=str(tr.strategy), precision=resolve_precision(str(tr.precision), on_cuda),
         precision_setting=str(tr.precision), num_workers=_workers(tr.num_workers, on_cuda), pin_memory=on_cuda,
-        compile=compile_, compile_note=note, deterministic=_flag("trainer.deterministic", tr.deterministic))
+        compile=compile_, compile_note=note, compile_forced=setting is True,
+        deterministic=_flag("trainer.deterministic", tr.deterministic))
 
 
 def _external(cfg: DictConfig) -> None:

@@ -17,6 +17,7 @@ the training data position is the loader's (lra/data/module.py).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 
@@ -26,6 +27,14 @@ import torch
 
 from lra.config import ModelSpec, TrainSpec
 from lra.model import build_model, loss_and_correct
+
+log = logging.getLogger("lra.module")
+
+COMPILE_BACKEND = "inductor"  # torch.compile's backend, looked up at compile time (tests plant a failing one)
+
+
+class CompileError(RuntimeError):
+    """``train.compile=true`` and torch.compile failed: the run stops (``auto`` would run eager)."""
 
 
 def warmup_linear_decay(warmup: int, total: int):
@@ -60,19 +69,40 @@ def set_rng_states(s: dict) -> None:
 class LitLRA(L.LightningModule):
     """The classifier of ``model`` trained under ``train`` (the protocol: lr, schedule, clipping)."""
 
-    def __init__(self, model: ModelSpec, train: TrainSpec, resume_key: str | None = None, compile: bool = False):
+    def __init__(self, model: ModelSpec, train: TrainSpec, resume_key: str | None = None, compile: bool = False,
+                 compile_fallback: bool = False):
         super().__init__()
         self.spec, self.train_spec, self.resume_key = model, train, resume_key
         self.save_hyperparameters({"model": dataclasses.asdict(model), "train": dataclasses.asdict(train)})
         self.model = build_model(model)
-        self.compiled, self.compile_time_s = compile, None
+        self.compiled: bool = compile  # what runs: False again when a compilation under auto fell back to eager
+        self.compile_time_s: float | None = None
+        self.compile_note: str | None = None  # why a requested compilation runs eager
+        self.compile_fallback = compile_fallback  # train.compile=auto: a failed compilation runs eager
         self._sums = {}
         self._rng_to_restore = None
 
     # compilation -------------------------------------------------------------------------------
     def on_fit_start(self):
         if self.compiled and self.compile_time_s is None:
-            self.compile_time_s = self._compile()
+            try:
+                self.compile_time_s = self._compile()
+            except Exception as e:  # noqa: BLE001 - a missing Triton, a backend's inductor bug: any of them
+                self._uncompile(e)
+
+    def _uncompile(self, e: Exception) -> None:
+        """Back to the eager classifier after a failed compilation (``auto``), or one CompileError (``true``)."""
+        self.model._compiled_call_impl = None  # what nn.Module.compile() set: forward runs eager again
+        torch._dynamo.reset()  # drop the half-built caches and guards
+        self.model.train()  # the failure may have come in the evaluation call
+        for p in self.parameters():
+            p.grad = None  # a partial backward's (fork_rng in _compile has already restored the RNG states)
+        why = _first_line(e)
+        if not self.compile_fallback:
+            raise CompileError(f"train.compile=true: torch.compile failed on attention {self.spec.attn.label!r} "
+                               f"({why}); set train.compile=auto to fall back to eager or false to run eager") from e
+        log.warning("torch.compile failed on attention %r (%s): running eager", self.spec.attn.label, why)
+        self.compiled, self.compile_note = False, f"torch.compile failed ({why}): ran eager"
 
     def _compile(self) -> float:
         """``torch.compile`` the classifier's forward in place (state_dict keys stay those of the eager
@@ -80,9 +110,9 @@ class LitLRA(L.LightningModule):
         on a synthetic batch of the training shape with the batch dimension dynamic (the last, partial
         batch and evaluation batches reuse them): compilation is timed apart from training. Every
         backend traces as one graph whatever the padding (tests/test_compile.py). RNG states and
-        gradients are left as they were."""
+        gradients are left as they were, also when compilation fails (:meth:`_uncompile`)."""
         torch._dynamo.reset()  # one process may build several models (tests, benchmarks)
-        self.model.compile()
+        self.model.compile(backend=COMPILE_BACKEND)
         s, dev, b = self.spec, self.device, self.trainer.datamodule.batch_size
         shape = (b, 2, s.seq_len) if s.dual else (b, s.seq_len)
         start = time.perf_counter()
@@ -177,6 +207,13 @@ class LitLRA(L.LightningModule):
         if self._rng_to_restore is not None:
             set_rng_states(self._rng_to_restore)
             self._rng_to_restore = None
+
+
+def _first_line(e: BaseException) -> str:
+    """``Type: first line`` of an error; a first line ending in ':' (dynamo's "backend='inductor' raised:")
+    keeps the next one, which says what was raised."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+    return f"{type(e).__name__}: {' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]}"
 
 
 def count_params(module: torch.nn.Module) -> int:

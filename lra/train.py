@@ -40,12 +40,12 @@ import attention
 from lra import CONF_DIR
 from lra.config import ConfigError, RunSpec, load, resolve, run_folder, run_tag
 from lra.data import DataError, Split, fingerprint, load_task
-from lra.data.module import LRADataModule
 from lra.fit import FitError, Plan, plan
 from lra.gpu_share import limit_gpu_memory
-from lra.loggers import check_loggers, make_logger
-from lra.module import LitLRA, count_params
-from lra.protocol import FINISHED, Callbacks, callbacks, measured, outcome
+from lra.loggers import check_loggers
+from lra.loop import wire
+from lra.module import CompileError, count_params
+from lra.protocol import FINISHED, Callbacks, measured, outcome
 from lra.record import new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, hold
 from lra.wandb_extras import log_record
@@ -80,15 +80,16 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
         rec["resumed_from_step"] = start
         _write(run_dir, rec)  # status "running": the decision is visible before training starts
 
-        lit = LitLRA(spec.model, spec.train, resume_key=key, compile=spec.hardware.compile)
+        w = wire(spec, p, splits, key, start, extra=tuple(_extra_callbacks(spec)))
+        lit, cb, trainer, dm = w.lit, w.cb, w.trainer, w.dm
         rec["num_params"] = count_params(lit)
-        logs = make_logger(spec, run_dir, start)  # metrics.csv, logger=[...], their callbacks (EvalLog, W&B)
-        cb = callbacks(spec, splits["val"], ckpt_dir, extra=logs.callbacks + _extra_callbacks(spec))
-        trainer = make_trainer(spec, p, cb, logs.loggers)
         rec.update(_device_fields(spec, trainer, p))
-        dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
-                           seed=spec.seed, num_workers=spec.hardware.num_workers, pin_memory=spec.hardware.pin_memory)
-        trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
+        try:
+            trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
+        except CompileError as e:  # train.compile=true: the failed record says what did not compile
+            rec.update(compiled=False, compile_note=str(e))
+            raise
+        rec.update(compiled=lit.compiled, compile_note=lit.compile_note or rec["compile_note"])  # a fallback ran eager
 
         rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p),
                    compile_time_s=lit.compile_time_s)
@@ -254,20 +255,6 @@ def resume_step(last: Path, key: str) -> int | None:
     return int(saved.get("global_step", 0))
 
 
-def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
-    hw, tr = spec.hardware, spec.train
-    trainer = L.Trainer(
-        default_root_dir=spec.run_dir, max_steps=tr.max_steps, max_epochs=-1,
-        val_check_interval=tr.eval_every * p.accum_steps, check_val_every_n_epoch=None,
-        accumulate_grad_batches=p.accum_steps, accelerator=hw.accelerator, devices=hw.devices_arg,
-        strategy=hw.strategy, precision=hw.precision, logger=logger, callbacks=cb.all, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=spec.log_every_n_steps,
-        deterministic=hw.deterministic, use_distributed_sampler=False)  # LRADataModule shards by rank itself
-    if trainer.world_size != p.devices:
-        log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
-    return trainer
-
-
 def _extra_callbacks(spec: RunSpec) -> list:
     """An Optuna trial's pruning (optuna is the sweep extra: imported only for a search trial)."""
     extra = []
@@ -371,6 +358,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     except (ConfigError, DataError, RunError) as e:  # the user's to fix: one line
         _exit(2, "%s", e)
     except attention.BackendContractError as e:  # a backend broke its contract: the record says failed, and why
+        _exit(1, "%s", e)
+    except CompileError as e:  # train.compile=true and torch.compile failed: the record says failed, and why
         _exit(1, "%s", e)
     except FitError as e:
         _exit(3, "does not fit, not training: %s", e)

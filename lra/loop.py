@@ -1,0 +1,69 @@
+"""The training loop of a run, wired: the module, the protocol's callbacks, the loggers, the Trainer and
+the data, exactly as ``lra.train`` trains them (``lra.doctor`` times this same loop against a bare one)."""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import lightning as L
+
+from lra.config import RunSpec
+from lra.data import Split
+from lra.data.module import LRADataModule
+from lra.fit import Plan
+from lra.loggers import make_logger
+from lra.module import LitLRA
+from lra.protocol import Callbacks, callbacks
+
+log = logging.getLogger("lra.train")  # the run's own messages, under one name
+
+
+class Wired(NamedTuple):
+    """What one run trains with."""
+
+    lit: LitLRA
+    cb: Callbacks
+    trainer: L.Trainer
+    dm: LRADataModule
+
+
+def wire(spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, start: int | None,
+         extra: tuple = ()) -> Wired:
+    """The module, callbacks, loggers, Trainer and data of a run, as ``lra.train.run`` trains them.
+
+    Args:
+        spec: the resolved run (its ``run_dir`` receives checkpoints and metrics.csv).
+        p: the micro-batch and accumulation (:func:`lra.fit.plan`).
+        splits: the task's ``train``/``val``/``test`` splits.
+        key: the resume key written into checkpoints; ``start``: the step a resume continues from.
+        extra: more callbacks, run after the protocol's own (a search trial's pruning; ``lra.doctor``
+            times the loop with one).
+
+    Example:
+        >>> w = wire(spec, plan(spec), splits, key=None, start=None)  # doctest: +SKIP
+        >>> w.trainer.fit(w.lit, datamodule=w.dm)  # doctest: +SKIP
+    """
+    lit = LitLRA(spec.model, spec.train, resume_key=key, compile=spec.hardware.compile,
+                 compile_fallback=not spec.hardware.compile_forced)
+    logs = make_logger(spec, spec.run_dir, start)  # metrics.csv, logger=[...], their callbacks (EvalLog, W&B)
+    cb = callbacks(spec, splits["val"], spec.run_dir / "checkpoints", extra=logs.callbacks + list(extra))
+    trainer = make_trainer(spec, p, cb, logs.loggers)
+    dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
+                       seed=spec.seed, num_workers=spec.hardware.num_workers, pin_memory=spec.hardware.pin_memory)
+    return Wired(lit, cb, trainer, dm)
+
+
+def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
+    """The Trainer of a run: optimizer steps, evaluation every ``eval_every`` of them, accumulation."""
+    hw, tr = spec.hardware, spec.train
+    trainer = L.Trainer(
+        default_root_dir=spec.run_dir, max_steps=tr.max_steps, max_epochs=-1,
+        val_check_interval=tr.eval_every * p.accum_steps, check_val_every_n_epoch=None,
+        accumulate_grad_batches=p.accum_steps, accelerator=hw.accelerator, devices=hw.devices_arg,
+        strategy=hw.strategy, precision=hw.precision, logger=logger, callbacks=cb.all, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=spec.log_every_n_steps,
+        deterministic=hw.deterministic, use_distributed_sampler=False)  # LRADataModule shards by rank itself
+    if trainer.world_size != p.devices:
+        log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
+    return trainer
