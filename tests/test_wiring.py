@@ -72,6 +72,7 @@ class Probe(L.Callback):
         self.grads, self.clipped = [], []  # largest |gradient| of each step before / after clipping
         self.trained = self.tested = None
         self.test_logged = self.test_exact = None
+        self.losses = []  # (optimizer steps done after it, training loss / accumulation) of every micro-batch
 
     def on_train_start(self, trainer, pl_module):
         self.train_split = trainer.datamodule.splits["train"]
@@ -81,6 +82,9 @@ class Probe(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.pending.append(int(batch["label"].numel()))
         self.batches.append((batch["tokens"].clone(), batch["label"].clone()))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append((trainer.global_step, float(outputs["loss"])))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.steps.append(self.pending)
@@ -167,6 +171,20 @@ def test_each_epoch_trains_on_every_example_once_in_a_new_order(accum_runs):
         seen += idx
     assert len(seen) == 384 and sorted(seen[:256]) == list(range(256))
     assert len(set(seen[256:])) == 128 and seen[256:] != seen[:128]
+
+
+def test_training_rows_are_written_every_log_every_n_steps_with_the_loss_that_ended_the_step(trainer_env):
+    """metrics.csv gets a training row at every ``log_every_n_steps``-th optimizer step (Lightning's step
+    column counts the steps before it), holding the loss of the micro-batch that ended that step. LitLRA
+    calls self.log only for those rows (0.5 ms of host work a call on every micro-batch before): a wrong
+    step, a missing row under accumulation or another micro-batch's loss fails here."""
+    _, probe, run_dir = trainer_env("log_rows", *ACCUM, "trainer.log_every_n_steps=3")
+    train = pd.read_csv(run_dir / "metrics.csv").dropna(subset=["train/loss"])
+    assert list(train["step"]) == [2, 5, 8, 11]  # after optimizer steps 3, 6, 9, 12
+    ended = {}  # optimizer step -> loss of its last micro-batch: the first micro-batch seen once it is done
+    for done, loss in probe.losses:
+        ended.setdefault(done, loss * 4)  # outputs["loss"] is divided by the accumulation (4)
+    assert list(train["train/loss"]) == pytest.approx([ended[k] for k in (3, 6, 9, 12)], rel=1e-6)
 
 
 def test_gradients_are_clipped_by_value_before_each_step(accum_runs):
