@@ -9,11 +9,12 @@ grid ?= quick
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup lra test test-slow test-all data tables sweep share-bench bench approx fit clean help
+.PHONY: setup lra test test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
 
 help:
 	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | data task=<t>"
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | share-bench | bench | approx"
+	@echo "make doctor [ARGS='--quick'] (does the harness work here, how fast, at what cost: docs/doctor.md)"
 
 # Exact versions through constraints.txt (pyproject has lower bounds only). torch==2.13.0 there takes
 # the local CPU wheel (2.13.0+cpu) where one is offered (find-links) and the CUDA build from PyPI on a
@@ -58,6 +59,9 @@ bench: $(STAMP)
 
 approx: $(STAMP)
 	$(PY) -m lra.approx $(ARGS)
+
+doctor: $(STAMP)   # the environment and six checks of this machine (docs/doctor.md); ARGS='--quick' for minutes
+	$(PY) -m lra.doctor $(ARGS)
 
 clean:
 	rm -rf runs/ outputs/ multirun/ .pytest_cache

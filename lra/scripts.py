@@ -21,3 +21,9 @@ def bench() -> int:
 
     main(sys.argv[1:])
     return 0
+
+
+def doctor() -> int:
+    from lra.doctor.__main__ import main
+
+    return main(sys.argv[1:])

@@ -21,7 +21,8 @@ import pytest
 
 from lra import REPO_ROOT
 
-SCRIPTS = {"lra-train", "lra-data", "lra-fit", "lra-tables", "lra-sweep", "lra-bench", "lra-approx", "lra-fidelity"}
+SCRIPTS = {"lra-train", "lra-data", "lra-fit", "lra-tables", "lra-sweep", "lra-bench", "lra-approx", "lra-fidelity",
+           "lra-doctor"}
 # top-level names of the extras' distributions (and their own heavy dependencies), and this project's
 # editable install, which would otherwise shadow the wheel
 HIDDEN = ("wandb", "tensorboard", "datasets", "optuna", "submitit", "hydra_submitit_launcher",

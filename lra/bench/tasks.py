@@ -78,6 +78,9 @@ class TaskConfig:
     threads: int = 1
     seed: int = 0
     overrides: tuple = ()  # extra Hydra overrides for every spec (e.g. experiment=..., fit.cache=false)
+    parts: tuple = PARTS  # what to time: the whole step, the attention layer alone
+    modes: tuple | None = None  # None: eager, and compiled with --compile or on CUDA
+    memory: bool = True  # measure the peak (one more step; on a CPU under a dispatch mode, slow)
 
 
 # ----------------------------------------------------------------------------- specs and plans
@@ -88,6 +91,8 @@ def backend_overrides(label: str) -> list[str]:
         return ["attn=softmax", "attn.options.impl=fused", "attn_checkpointing=[]"]
     if label == MATERIALIZED:
         return ["attn=softmax", "attn.options.impl=materialized"]
+    if ":" in label:  # an external backend, module:Class (README: external attention)
+        return ["attn=external", f"attn.target={label}"]
     return [f"attn={label}"]
 
 
@@ -218,7 +223,9 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
         _timed(step, cfg.device)
     times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
     peak, method = "", ""
-    if cfg.device.startswith("cuda"):
+    if not cfg.memory:
+        pass
+    elif cfg.device.startswith("cuda"):
         # the part's own tensors only (as on CPU): the other part's inputs are allocated too, so count
         # the rise above the idle level plus this part's state and inputs
         _sync(cfg.device)
@@ -253,8 +260,8 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
         "torch_version": torch.__version__, "threads": torch.get_num_threads(),
         "options": " ".join(f"{k}={v}" for k, v in sorted(spec.attn.options.items())),
     }
-    modes = MODES if (cfg.compile or cfg.device.startswith("cuda")) else MODES[:1]
-    rows = [{**common, "part": part, "mode": mode} for part in PARTS for mode in modes]
+    modes = cfg.modes or (MODES if (cfg.compile or cfg.device.startswith("cuda")) else MODES[:1])
+    rows = [{**common, "part": part, "mode": mode} for part in cfg.parts for mode in modes]
     try:
         p: Plan = plan(spec)
     except FitError as e:
