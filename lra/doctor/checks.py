@@ -239,6 +239,10 @@ def resume(opts: Options, budget: Budget) -> Iterator[Result]:
 
 
 # ----------------------------------------------------------------------------- 6. what a preset costs
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
@@ -258,7 +262,7 @@ def cost(opts: Options, budget: Budget) -> Iterator[Result]:
         step_s = r["time_ms"] / 1e3 * micro_per_step
         steps = spec.train.max_steps
         yield Result("cost", item, "pass",
-                     f"{step_s * 1e3:.0f} ms per optimizer step, {_hours(step_s * 1000)} per 1k steps, "
+                     f"{_duration(step_s)} per optimizer step, {_hours(step_s * 1000)} per 1k steps, "
                      f"{_hours(step_s * steps)} for its {steps} steps",
                      f"{r['mode']}, {micro_per_step} micro-batch(es) of {r['micro_batch']} a step; training only "
                      f"(evaluation adds to it); an early stop ends sooner",
