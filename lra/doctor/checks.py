@@ -182,7 +182,7 @@ def fit(opts: Options, budget: Budget) -> Iterator[Result]:
 def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
     # quick ListOps shapes on a CPU (a paper-shaped step takes seconds there); the preset's on a GPU
     preset = "quick" if opts.quick or not _cuda(opts) else opts.preset
-    sizes = dict(blocks=6, block=10, warmup=5) if opts.quick else dict(blocks=10, block=25, warmup=10)
+    sizes = dict(blocks=8, block=12, warmup=8) if opts.quick else dict(blocks=10, block=25, warmup=10)
 
     def one(task: str, backend: str) -> Iterator[Result]:
         item = f"{task}/{backend} ({preset} shapes)"
