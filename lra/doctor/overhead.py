@@ -86,11 +86,13 @@ class Interleave(L.Callback):
         self.harness_s: list[float] = []
         self.bare_s: list[float] = []
         self._t0 = None
+        self._step = 0  # optimizer steps done at the last micro-batch seen
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if (batch_idx + 1) % trainer.accumulate_grad_batches:
-            return  # inside an optimizer step
         step = trainer.global_step
+        if step == self._step:
+            return  # inside an optimizer step (accumulating)
+        self._step = step
         if step < self.warmup or (step - self.warmup) % self.block:
             return
         _sync(self.device)
@@ -178,7 +180,9 @@ def measure(overrides: list[str], *, blocks: int = 8, block: int = 20, warmup: i
         spec = load(args, run_dir=Path(tmp) / "run")
         spec.run_dir.mkdir(parents=True)
         p = plan(spec, use_cache=False)
-        n = spec.train.batch_size * (steps + 1)  # one epoch, as most of a run's steps are
+        # one epoch, as most of a run's steps are, within 256 MiB of int32 tokens (a paper-sized batch rolls over)
+        n = min(spec.train.batch_size * (steps + 1), 2 ** 26 // (spec.model.seq_len * (2 if spec.model.dual else 1)))
+        n = max(n, spec.train.batch_size)
         splits = synthetic_splits(spec, n, p.micro_batch, seed)
         L.seed_everything(seed, workers=True, verbose=False)
         device = torch.device("cuda" if spec.hardware.accelerator in ("gpu", "cuda") or (
