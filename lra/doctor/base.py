@@ -47,6 +47,16 @@ class Options:
     def shapes_preset(self) -> str:
         return "quick" if self.quick else self.preset
 
+    @property
+    def device_overrides(self) -> list[str]:
+        """``--device cpu`` on a GPU machine: the specs and runs must not take the GPU (and compile)."""
+        return [] if self.device.startswith("cuda") else ["trainer.accelerator=cpu"]
+
+    @property
+    def run_overrides(self) -> list[str]:
+        """What every spec and run of the doctor takes: the hardware profile and the device."""
+        return [f"hardware={self.hardware}", *self.device_overrides]
+
 
 class Budget:
     """A check's time budget: ``left()`` says whether another item may start."""

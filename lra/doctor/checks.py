@@ -9,6 +9,7 @@ the step needs (said in the line).
 from __future__ import annotations
 
 import gc
+import os
 from typing import Callable, Iterator
 
 import torch
@@ -30,13 +31,20 @@ FIT_TOLERANCE = 0.10  # |measured / estimate - 1| above this warns: the fit woul
 COMPILE_SLOWER = 1.10  # compiled above this x eager warns: compilation costs time and saves none here
 
 
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _cuda(opts: Options) -> bool:
     return opts.device.startswith("cuda")
 
 
 def _overrides(opts: Options, task: str, backend: str) -> list[str]:
-    return [f"task={task}", *bench.backend_overrides(backend), f"hardware={opts.hardware}",
-            f"experiment={opts.shapes_preset}"]
+    return [f"task={task}", *bench.backend_overrides(backend), f"experiment={opts.shapes_preset}", *opts.run_overrides]
 
 
 def _task_config(opts: Options, tasks: tuple, backends: tuple, modes: tuple, capped: bool = True,
@@ -48,9 +56,9 @@ def _task_config(opts: Options, tasks: tuple, backends: tuple, modes: tuple, cap
     return bench.TaskConfig(
         tasks=tasks, backends=backends, hardware=opts.hardware, device=opts.device, quick=quick,
         max_batch=CPU_MAX_BATCH[quick] if cap else None,
-        repeats=1 if quick else (20 if _cuda(opts) else 5), warmup=0 if quick else 1, memory=memory,
-        threads=torch.get_num_threads(), overrides=(f"experiment={opts.shapes_preset}",) if not quick else (),
-        parts=("step",), modes=modes)
+        repeats=1 if quick else (20 if _cuda(opts) else 5), warmup=0 if quick else 1,
+        threads=torch.get_num_threads(), memory=memory, parts=("step",), modes=modes,
+        overrides=(*([] if quick else [f"experiment={opts.shapes_preset}"]), *opts.device_overrides))
 
 
 def all_backends(opts: Options) -> tuple:
@@ -188,7 +196,7 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
         item = f"{task}/{backend} ({preset} shapes)"
         try:
             o = overhead_check.measure([f"task={task}", *bench.backend_overrides(backend), f"experiment={preset}",
-                                        f"hardware={opts.hardware}"], **sizes)
+                                        *opts.run_overrides], **sizes)
         except Exception as e:  # noqa: BLE001
             yield Result("overhead", item, "fail", detail=one_line(e))
             return
@@ -198,7 +206,8 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
                      f"({o.harness_ms:.2f} vs {o.bare_ms:.2f} ms)",
                      f"median of {o.blocks} interleaved blocks of {o.block} steps, micro-batch {o.micro_batch} x "
                      f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
-                     + ("" if status == "pass" else f"; above {overhead_check.TARGET}"),
+                     + ("" if status == "pass" else f"; above {overhead_check.TARGET}, with the machine's load "
+                        f"average at {_load():.1f} on {_cores()} cores: measure again on a calm machine if it is busy"),
                      data=o.as_dict())
 
     yield from _each("overhead", [("listops", b) for b in _names(opts, PAIR, 1)], budget, one)

@@ -102,7 +102,7 @@ def compare(ref: dict, resumed: dict, ref_curve: list, curve: list) -> tuple[lis
 
 def check(opts: Options, budget: Budget) -> Iterator[Result]:
     item = "listops/softmax tiny run, SIGKILL at a checkpoint, resumed"
-    extra = [f"hardware={opts.hardware}"]
+    extra = opts.run_overrides
     scratch = Path(tempfile.mkdtemp(prefix="lra-doctor-resume-", dir=opts.out))
     deadline = time.time() + max(60.0, budget.seconds)
     procs: list[subprocess.Popen] = []
