@@ -60,11 +60,13 @@ def test_a_failing_backend_is_named_and_the_other_backends_and_checks_complete(t
     assert rep["environment"]["torch"] == torch.__version__ and "extras" in rep["environment"]
 
 
-def test_bad_input_is_one_line_before_any_work(tmp_path, capsys):
+@pytest.mark.parametrize("args,says", [(["--backends", "nosuch"], "available"), (["--preset", "nosuch"], "--preset nosuch"),
+                                       (["--hardware", "nosuch"], "--hardware nosuch"), (["--budget-s", "nan"], "nan")])
+def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as stop:
-        main(["--backends", "nosuch", "--out", str(tmp_path / "r")])
+        main([*args, "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(err) == 1 and "nosuch" in err[0] and "available" in err[0]
+    assert stop.value.code == 2 and len(err) == 1 and says in err[0], err
     assert not (tmp_path / "r").exists()
 
 

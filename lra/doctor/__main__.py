@@ -74,10 +74,11 @@ def options(args: argparse.Namespace) -> Options:
                    tasks=tuple(dict.fromkeys(args.tasks or TASKS)), backends=tuple(dict.fromkeys(args.backends or ())),
                    preset=args.preset, hardware=args.hardware, device=device,
                    budget_s=args.budget_s or (QUICK_BUDGET_S if args.quick else 600.0), threads=args.threads)
-    try:  # the preset and the hardware profile compose (Hydra's own message otherwise comes mid-check)
-        load([f"experiment={opts.shapes_preset}", f"hardware={opts.hardware}"])
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
+    for flag, override in (("--preset", f"experiment={opts.shapes_preset}"), ("--hardware", f"hardware={opts.hardware}")):
+        try:  # they compose (Hydra's own message would otherwise come mid-check)
+            load([override])
+        except ConfigError as e:
+            raise ValueError(f"{flag} {override.split('=', 1)[1]}: {e}") from None
     return opts
 
 
