@@ -48,7 +48,7 @@ def _overrides(opts: Options, task: str, backend: str) -> list[str]:
 
 
 def _task_config(opts: Options, tasks: tuple, backends: tuple, modes: tuple, capped: bool = True,
-                 memory: bool = True) -> bench.TaskConfig:
+                 memory: bool = True, repeats: int | None = None) -> bench.TaskConfig:
     """bench's task mode for one check: the whole step only, at the fitted micro-batch, capped on a CPU
     (and at quick shapes, for check 1's smoke run) unless ``capped`` is False."""
     quick = opts.quick
@@ -56,7 +56,7 @@ def _task_config(opts: Options, tasks: tuple, backends: tuple, modes: tuple, cap
     return bench.TaskConfig(
         tasks=tasks, backends=backends, hardware=opts.hardware, device=opts.device, quick=quick,
         max_batch=CPU_MAX_BATCH[quick] if cap else None,
-        repeats=1 if quick else (20 if _cuda(opts) else 5), warmup=0 if quick else 1,
+        repeats=repeats or (1 if quick else (20 if _cuda(opts) else 5)), warmup=0 if quick else 1,
         threads=torch.get_num_threads(), memory=memory, parts=("step",), modes=modes,
         overrides=(*([] if quick else [f"experiment={opts.shapes_preset}"]), *opts.device_overrides))
 
@@ -127,7 +127,9 @@ def backends(opts: Options, budget: Budget) -> Iterator[Result]:
     modes = {b: _modes(opts, b) for b in all_backends(opts)}
 
     def one(task: str, backend: str) -> Iterator[Result]:
-        for r in _measure(_task_config(opts, (task,), (backend,), modes[backend]), task, backend):
+        # does it run, at what cost: 3 timed steps (on a GPU most of an item is its compilation)
+        for r in _measure(_task_config(opts, (task,), (backend,), modes[backend], repeats=None if opts.quick else 3),
+                          task, backend):
             yield _row_result("backends", r)
 
     yield from _each("backends", [(t, b) for b in all_backends(opts) for t in opts.tasks], budget, one)
