@@ -98,7 +98,7 @@ class LitLRA(L.LightningModule):
         self.model.train()  # the failure may have come in the evaluation call
         for p in self.parameters():
             p.grad = None  # a partial backward's (fork_rng in _compile has already restored the RNG states)
-        why = _first_line(e)
+        why = error_line(e)
         if not self.compile_fallback:
             raise CompileError(f"train.compile=true: torch.compile failed on attention {self.spec.attn.label!r} "
                                f"({why}); set train.compile=auto to fall back to eager or false to run eager") from e
@@ -223,7 +223,7 @@ class LitLRA(L.LightningModule):
             self._rng_to_restore = None
 
 
-def _first_line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
     """``Type: first line`` of an error; a first line ending in ':' (dynamo's "backend='inductor' raised:")
     keeps the next one, which says what was raised."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]

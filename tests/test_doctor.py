@@ -5,6 +5,7 @@ passes on a CPU in bounded time (slow test: CI runs it)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -163,6 +164,4 @@ def test_quick_doctor_passes_on_the_cpu_within_five_minutes(tmp_path):
 
 
 def _env() -> dict:
-    import os
-
     return {k: v for k, v in os.environ.items() if k != "LRA_RUNS"}

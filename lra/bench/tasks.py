@@ -223,9 +223,7 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
         _timed(step, cfg.device)
     times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
     peak, method = "", ""
-    if not cfg.memory:
-        pass
-    elif cfg.device.startswith("cuda"):
+    if cfg.memory and cfg.device.startswith("cuda"):
         # the part's own tensors only (as on CPU): the other part's inputs are allocated too, so count
         # the rise above the idle level plus this part's state and inputs
         _sync(cfg.device)
@@ -235,7 +233,7 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
         _sync(cfg.device)
         peak = torch.cuda.max_memory_allocated() - idle + storage_bytes(known())
         method = "cuda.max_memory_allocated above idle + own state and inputs"
-    elif not compiled:
+    elif cfg.memory and not compiled:
         state = known()
         live = LiveTensorBytes(state)
         with live:

@@ -14,11 +14,12 @@ from pathlib import Path
 import torch
 
 import attention
-from lra.bench.tasks import TASKS, valid_backends
+from lra.bench.tasks import TASKS, check_names
 from lra.bench.cli import positive, whole
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.doctor import CHECKS, Options, report_folder, run, write_report
+from lra.doctor.base import STATUSES
 from lra.doctor.env import environment as read_environment
 from lra.files import runs_root
 
@@ -61,15 +62,13 @@ def options(args: argparse.Namespace) -> Options:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch.cuda.is_available() is False here; use --device cpu")
-    known = set(valid_backends())
-    for b in args.backends or ():
-        if ":" in b:
-            try:
-                attention.load_external(b)
-            except Exception as e:  # noqa: BLE001 - the user's module: what failed, in one line
-                raise ValueError(f"--backends {b}: cannot load it ({type(e).__name__}: {e})") from None
-        elif b not in known:
-            raise ValueError(f"--backends {b!r} is not a registered backend; available: {', '.join(sorted(known))}")
+    external = [b for b in args.backends or () if ":" in b]
+    check_names((), [b for b in args.backends or () if b not in external])  # bench's one line: the names there are
+    for b in external:
+        try:
+            attention.load_external(b)
+        except Exception as e:  # noqa: BLE001 - the user's module: what failed, in one line
+            raise ValueError(f"--backends {b}: cannot load it ({type(e).__name__}: {e})") from None
     opts = Options(checks=tuple(dict.fromkeys(args.checks or CHECKS)), quick=args.quick,
                    tasks=tuple(dict.fromkeys(args.tasks or TASKS)), backends=tuple(dict.fromkeys(args.backends or ())),
                    preset=args.preset, hardware=args.hardware, device=device,
@@ -107,10 +106,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         return 130
     write_report(folder, environment, results, opts)
-    failed = [r for r in results if r.status == "fail"]
-    counts = {s: sum(r.status == s for r in results) for s in ("pass", "warn", "fail", "skip")}
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
     print(f"lra.doctor: {', '.join(f'{n} {s}' for s, n in counts.items())}; report: {folder / 'report.md'}", flush=True)
-    return 1 if failed else 0
+    return 1 if counts["fail"] else 0
 
 
 if __name__ == "__main__":

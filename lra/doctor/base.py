@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lra.module import error_line
+
 CHECKS = ("backends", "fit", "overhead", "compile", "resume", "cost")
 STATUSES = ("pass", "warn", "fail", "skip")
 
@@ -72,6 +74,5 @@ class Budget:
 
 
 def one_line(err: BaseException) -> str:
-    """An error as one line: its type and first line, bounded."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {text}"[:300]
+    """An error as one line (:func:`lra.module.error_line`: its type and first line), bounded."""
+    return error_line(err)[:300]

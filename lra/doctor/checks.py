@@ -9,18 +9,18 @@ the step needs (said in the line).
 from __future__ import annotations
 
 import gc
-import os
 from typing import Callable, Iterator
 
 import torch
 
 import attention
 from lra.bench import tasks as bench
-from lra.bench.layer import MIB, LiveTensorBytes, storage_bytes
+from lra.bench.layer import MIB, LiveTensorBytes, default_threads, storage_bytes
 from lra.config import load
 from lra.doctor import overhead as overhead_check
 from lra.doctor import resume as resume_check
 from lra.doctor.base import Budget, Options, Result, one_line
+from lra.doctor.env import load_average
 from lra.fit import plan, train_step_peak
 from lra.model import build_model
 
@@ -29,14 +29,6 @@ FIT_BACKENDS = ("softmax", "softmax_materialized", "skeinformer", "nystrom", "pe
 PAIR = ("softmax", "skeinformer")  # the papers' baseline and the harness's default method
 FIT_TOLERANCE = 0.10  # |measured / estimate - 1| above this warns: the fit would choose on a wrong peak
 COMPILE_SLOWER = 1.10  # compiled above this x eager warns: compilation costs time and saves none here
-
-
-def _load() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _cuda(opts: Options) -> bool:
@@ -209,7 +201,7 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
                      f"median of {o.blocks} interleaved blocks of {o.block} steps, micro-batch {o.micro_batch} x "
                      f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
                      + ("" if status == "pass" else f"; above {overhead_check.TARGET}, with the machine's load "
-                        f"average at {_load():.1f} on {_cores()} cores: measure again on a calm machine if it is busy"),
+                        f"average at {load_average():.1f} on {default_threads()} cores: measure again on a calm machine if it is busy"),
                      data=o.as_dict())
 
     yield from _each("overhead", [("listops", b) for b in _names(opts, PAIR, 1)], budget, one)

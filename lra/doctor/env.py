@@ -10,7 +10,7 @@ import platform
 
 import torch
 
-from lra.bench.layer import device_name
+from lra.bench.layer import default_threads, device_name
 from lra.files import git_commit
 
 # pyproject's extras, each by the distributions it installs (what `pip install lra-harness[x]` adds)
@@ -25,6 +25,11 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def load_average() -> float:
+    """The machine's one-minute load average (NaN where the platform has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
 def environment(device: str) -> dict:
     """What ``lines`` prints and report.json keeps."""
     cuda = device.startswith("cuda")
@@ -37,9 +42,9 @@ def environment(device: str) -> dict:
         "triton": _version("triton"),
         "device": device, "device_name": device_name(device),
         "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1) if cuda else None,
-        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_cores": default_threads(),
         "threads": torch.get_num_threads(),
-        "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "load": round(load_average(), 2),
         "extras": {name: all(_version(d) for d in dists) for name, dists in EXTRAS.items()},
     }
     if cuda:

@@ -81,8 +81,10 @@ def _sync(device: torch.device) -> None:
 class Interleave(L.Callback):
     """Times the Trainer's optimizer steps in blocks and runs a block of the bare loop between them."""
 
-    def __init__(self, bare: Callable[[], None], block: int, warmup: int, device: torch.device):
-        self.bare, self.block, self.warmup, self.device = bare, block, warmup, device
+    def __init__(self, block: int, warmup: int):
+        self.block, self.warmup = block, warmup
+        self.bare: Callable[[], None] | None = None  # one bare optimizer step, set before training starts
+        self.device = torch.device("cpu")  # where both loops run (synchronised around each block on CUDA)
         self.harness_s: list[float] = []
         self.bare_s: list[float] = []
         self._t0 = None
@@ -185,12 +187,11 @@ def measure(overrides: list[str], *, blocks: int = 8, block: int = 20, warmup: i
         n = max(n, spec.train.batch_size)
         splits = synthetic_splits(spec, n, p.micro_batch, seed)
         L.seed_everything(seed, workers=True, verbose=False)
-        device = torch.device("cuda" if spec.hardware.accelerator in ("gpu", "cuda") or (
-            spec.hardware.accelerator == "auto" and torch.cuda.is_available()) else "cpu")
-        bare = BareLoop(spec, p, device, spec.hardware.precision, spec.hardware.compile, seed)
-        timer = Interleave(bare, block, warmup, device)
+        timer = Interleave(block, warmup)
         with quiet():
             w = wire(spec, p, splits, key=None, start=None, extra=(timer,))
+            timer.device = w.trainer.strategy.root_device  # the harness's device: the bare loop runs there too
+            timer.bare = BareLoop(spec, p, timer.device, spec.hardware.precision, spec.hardware.compile, seed)
             fit_interruptible(w)
     pairs = list(zip(timer.harness_s, timer.bare_s[1:]))  # bare block i + 1 runs right after harness block i
     return Overhead(statistics.median(h / b for h, b in pairs), statistics.median((h - b) * 1e3 for h, b in pairs),
