@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import warnings
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from lightning.pytorch.callbacks import Callback
 
 from lra.files import write_json
@@ -47,11 +49,22 @@ def make_pruner(spec: dict | None) -> optuna.pruners.BasePruner:
     return PRUNERS[name](**spec)
 
 
-def storage_for(url: str) -> optuna.storages.BaseStorage:
+def storage_for(url: str, tries: int = 3) -> optuna.storages.BaseStorage:
     """The study's RDB storage; SQLite waits (up to a minute) for a writer instead of failing at once,
-    since the driver and every running trial write to the same file."""
+    since the driver and every running trial write to the same file.
+
+    Two processes opening a new database at once both create its schema and one of them fails (the
+    other inserted the schema version first); the schema is then there, so opening again succeeds.
+    """
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    for attempt in range(tries):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except sqlalchemy.exc.SQLAlchemyError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def load_trial(storage: str, study_name: str, trial_number: int) -> optuna.trial.Trial:

@@ -3,12 +3,14 @@ with a fake job runner (parallel trials, n_trials as the study's total, failures
 trials re-queued into their own run folder, progress lines), the pruning callback on a tiny Lightning
 model, and (slow) a real search on tiny ListOps that is killed and resumed."""
 
+import contextlib
 import inspect
 import itertools
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,7 +25,7 @@ optuna = pytest.importorskip("optuna")
 import torch  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from lra.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info  # noqa: E402
+from lra.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
 from lra.files import write_json  # noqa: E402
 from lra.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
 from lra.sweep import MARKER, Progress  # noqa: E402
@@ -336,30 +338,73 @@ def _trial_states(tmp_path):
         return optuna.load_study(study_name=name, storage=storage).trials
 
 
+def _trial_states_read_only(tmp_path) -> list[str]:
+    """The trials' states while the driver runs, read without ever creating the database or its schema:
+    Optuna's own reader would create both, racing the driver that is creating them (one of them fails)."""
+    db = tmp_path / "runs" / "quick" / "sweeps" / "search_quick" / "optuna.db"
+    if not db.exists():
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
+            return [state for (state,) in con.execute("SELECT state FROM trials ORDER BY number")]
+    except sqlite3.OperationalError:   # the driver has not created the tables yet
+        return []
+
+
+def test_storage_opens_while_another_reader_creates_it(tmp_path):
+    """Our storage and a plain Optuna reader (a dashboard, a user's script) opening one new SQLite study
+    database at the same moment: ours always opens, where a bare RDBStorage fails in most rounds because
+    both create the schema. Twenty rounds, each released together by a barrier."""
+    failures = []
+    for r in range(20):
+        url = f"sqlite:///{tmp_path / f'optuna{r}.db'}"
+        barrier = threading.Barrier(2)
+
+        def ours():
+            barrier.wait()
+            try:
+                storage_for(url).get_all_studies()
+            except Exception as e:   # noqa: BLE001 - collected for the assertion below
+                failures.append(f"round {r}: {type(e).__name__}: {e}"[:300])
+
+        def theirs():
+            barrier.wait()
+            with contextlib.suppress(Exception), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                optuna.storages.RDBStorage(url)      # may fail: not our code
+
+        threads = [threading.Thread(target=f) for f in (ours, theirs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert failures == []
+
+
 @pytest.mark.slow
 def test_real_search_killed_then_resumed(tmp_path):
     """make sweep grid=search_quick on tiny ListOps: kill the driver and its trials during trial 1,
     run the same command again: trial 0 is kept, trial 1 is re-queued and resumes in its folder."""
     args = [sys.executable, "-m", "lra.sweep", "grid=search_quick", "n_trials=2", "progress=5", *TINY,
             "train.max_steps=30", "train.ckpt_every_steps=5"]
-    proc = subprocess.Popen(args, env=sweep_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(args, env=sweep_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         deadline = time.time() + 600
         while time.time() < deadline:
-            try:
-                trials = _trial_states(tmp_path)
-            except Exception:   # noqa: BLE001 - no database or no study in it yet: the driver is starting
-                trials = []
-            if len(trials) == 2 and trials[1].state == TrialState.RUNNING and \
+            states = _trial_states_read_only(tmp_path)
+            if len(states) == 2 and states[1] == "RUNNING" and \
                     list((tmp_path / "runs" / "quick" / "clean" / "listops").rglob("last.ckpt")):
                 break
-            assert proc.poll() is None, "the search ended before it could be killed"
+            assert proc.poll() is None, "the search ended before it could be killed:\n" + log.read_text()[-3000:]
             time.sleep(0.5)
         else:
-            pytest.fail("the search did not reach its second trial in time")
+            pytest.fail("the search did not reach its second trial in time:\n" + log.read_text()[-3000:])
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):   # it may have ended by itself (the assertion says why)
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     first = _trial_states(tmp_path)[0]
     assert first.state == TrialState.COMPLETE
