@@ -126,7 +126,7 @@ def test_quirks_twin_builds_the_public_code_options_at_the_study_budget():
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     """``python -m lra.approx`` with an unknown method or a zero count: one line, exit 2 (bad input, as
     the README says; it was exit 1, and ``--lengths 0`` a ZeroDivisionError traceback), nothing written."""
-    monkeypatch.setattr(approx, "_keep_freed_memory", lambda: None)  # process-wide: not in the test process
+    monkeypatch.setattr("lra.approx.command._keep_freed_memory", lambda: None)  # process-wide: not in the test process
     monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
     for argv, words in ((["--methods", "no_such_attention"], ("no_such_attention", "available", "vmean")),
                         (["--trials", "0"], ("--trials 0", ">= 1")),
