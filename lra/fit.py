@@ -13,7 +13,7 @@ for any number of devices. How the micro-batch is chosen:
    exist, as from the second iteration on) and then a full training iteration (forward, backward,
    AdamW step) inside ``torch.distributed._tools.mem_tracker.MemTracker``, which rounds every
    tensor to the CUDA caching allocator's 512-byte blocks. The peak it reports is what
-   ``torch.cuda.max_memory_allocated`` measures for the same iteration (LRA_FACTS §7). A micro-batch
+   ``torch.cuda.max_memory_allocated`` measures for the same iteration (docs/facts.md §7). A micro-batch
    fits when ``peak x (1 + allocator_margin) + cuda_context <= total`` (see ``budget_bytes``).
    Candidates are the divisors of the per-device batch; the search tries the whole batch first,
    then micro-batch 1, then interpolates (peak memory is affine in the batch) and verifies the
@@ -45,6 +45,7 @@ attention config (the shape of Skeinformer Table 4: micro-batch and accumulation
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -60,6 +61,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
 import attention
+from lra.cli import Parser
 from lra.config import ConfigError, ModelSpec, RunSpec, attn_configs, load
 from lra.files import write_json, write_text
 from lra.model import build_model, loss_and_correct
@@ -353,38 +355,33 @@ def format_table(rows: list[dict], tasks=TABLE_TASKS) -> str:
     return "\n".join(out)
 
 
-USAGE = """usage: python -m lra.fit [--table] [--out PATH] [hydra overrides ...]   (make fit)
-
-The micro-batch x accumulation a run would use under its hardware= memory budget; nothing is trained.
-  python -m lra.fit task=listops attn=softmax hardware=v100_16gb
-  python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] [--out runs/fit/table]
---table: every task x attention config (the shape of Skeinformer Table 4), a line per decision on stderr
-(the first table takes many minutes on a CPU, YOSO's estimates most of it; cached decisions take none),
-then the table on stdout; --out writes .json and .md."""
+def parser() -> Parser:
+    """``python -m lra.fit``'s command line: two flags and the Hydra overrides, in any order."""
+    p = Parser(prog="python -m lra.fit", usage="%(prog)s [--table] [--out PATH] [hydra overrides ...]   (make fit)",
+               description="The micro-batch x accumulation a run would use under its hardware= memory budget; "
+                           "nothing is trained.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+               epilog="examples:\n"
+                      "  python -m lra.fit task=listops attn=softmax hardware=v100_16gb\n"
+                      "  python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] "
+                      "[--out runs/fit/table]")
+    p.add_argument("--table", action="store_true",
+                   help="every task x attention config (the shape of Skeinformer Table 4), a line per decision on "
+                        "stderr (the first table takes many minutes on a CPU, YOSO's estimates most of it; cached "
+                        "decisions take none), then the table on stdout")
+    p.add_argument("--out", type=Path, metavar="PATH", help="with --table: write PATH.json and PATH.md")
+    p.add_overrides("Hydra overrides: task=, attn=, hardware=, experiment=, attn.options.<name>=<value>, ...")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in args or "--help" in args:
-        print(USAGE)
-        return 0
-    table = "--table" in args
-    args = [a for a in args if a != "--table"]
-    out = None
-    if "--out" in args:
-        i = args.index("--out")
-        if i + 1 >= len(args):
-            print("error: --out needs a path (e.g. --out runs/fit/table)", file=sys.stderr)
-            return 2
-        out = Path(args[i + 1])
-        del args[i:i + 2]
-    unknown = [a for a in args if a.startswith("-")]
+    p = parser()
+    args, unknown = p.parse_known_intermixed_args(argv)
     if unknown:
-        print(f"error: unknown argument {unknown[0]!r}; python -m lra.fit --help lists the options", file=sys.stderr)
-        return 2
+        p.error(f"unknown argument {unknown[0]!r}")
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     try:
-        return _table(args, out) if table else _one(args)
+        return _table(list(args.overrides), args.out) if args.table else _one(list(args.overrides))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

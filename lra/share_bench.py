@@ -12,6 +12,7 @@ sum over the k runs of 1000 / time_per_1k_steps_s (they ran side by side), and t
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -22,19 +23,25 @@ import sys
 from pathlib import Path
 
 from lra import REPO_ROOT
+from lra.cli import Parser
 from lra.files import runs_root, write_json
 from lra.sweep import Refusal, interruptible, signal_of, switch
 
 OPTIONS = ("ks", "out", "runs_root", "dry_run")   # consumed here; anything else goes to every sweep
 
-USAGE = """usage: python -m lra.share_bench [ks=1,2,4,8] [out=DIR] [runs_root=DIR] [dry_run=true] [overrides ...]
-                                                                        (make share-bench ARGS='...')
-Throughput of k runs sharing one GPU: for each k, `python -m lra.sweep grid=gpu_share jobs_per_gpu=k
-parallel=k seed=range(0,k)` under its own runs root <out>/k<k>, then a table of aggregate steps/s
-(sum over the k runs), its ratio to the first k, steps/s per run, micro-batch, peak memory and wall
-time, also written to <out>/share_bench.json. Needs a GPU (docs/sweeps.md, "Several runs per GPU").
 
-options:
+def parser() -> Parser:
+    """The command line: key=value options (its own, and overrides for every sweep); no flag but --help."""
+    p = Parser(
+        prog="python -m lra.share_bench", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [ks=1,2,4,8] [out=DIR] [runs_root=DIR] [dry_run=true] [overrides ...]\n"
+              "                                                                        (make share-bench ARGS='...')",
+        description="Throughput of k runs sharing one GPU: for each k, `python -m lra.sweep grid=gpu_share "
+                    "jobs_per_gpu=k\nparallel=k seed=range(0,k)` under its own runs root <out>/k<k>, then a table of "
+                    "aggregate steps/s\n(sum over the k runs), its ratio to the first k, steps/s per run, micro-batch, "
+                    "peak memory and wall\ntime, also written to <out>/share_bench.json. Needs a GPU (docs/sweeps.md, "
+                    "\"Several runs per GPU\").",
+        epilog="""key=value options:
   ks=1,2,4,8       the k values to measure
   out=DIR          where the k<k> runs roots and share_bench.json go (default <runs root>/share_bench)
   runs_root=DIR    the runs root (default $LRA_RUNS, else the checkout's runs/)
@@ -44,7 +51,9 @@ options:
 examples:
   python -m lra.share_bench dry_run=true
   python -m lra.share_bench ks=1,2,4 train.max_steps=1000
-  LRA_RUNS=/scratch/runs python -m lra.share_bench"""
+  LRA_RUNS=/scratch/runs python -m lra.share_bench""")
+    p.add_overrides("the options below, and overrides for every sweep")
+    return p
 
 
 def commands(ks: list[int], out: Path, extra: list[str]) -> list[tuple[int, dict, list[str]]]:
@@ -131,11 +140,11 @@ def run_sweep(cmd: list[str], env: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in args or "--help" in args:   # before anything runs or is written
-        print(USAGE)
-        return 0
-    ks, out, dry, extra = parse(args)
+    p = parser()
+    args, unknown = p.parse_known_intermixed_args(argv)   # --help: before anything runs or is written
+    if unknown:
+        p.error(f"unknown argument {unknown[0]!r}: options are key=value")
+    ks, out, dry, extra = parse(args.overrides)
     rows = []
     for k, env, cmd in commands(ks, out, extra):
         print(" ".join(f"{n}={shlex.quote(v)}" for n, v in env.items()) + " " + shlex.join(cmd), flush=True)

@@ -12,6 +12,7 @@ import attention
 from lra import bench
 from lra.bench import cli as bench_cli
 from lra.bench import tasks as bench_tasks
+from lra.memory import LIVE, LiveTensorBytes, measure_peak, storage_bytes
 
 CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
 
@@ -90,7 +91,7 @@ def test_cpu_peak_memory_is_quadratic_for_materialized_and_linear_for_none():
 
 def test_live_tensor_bytes_counts_storages_once_and_frees():
     x = torch.zeros(1000)  # 4000 bytes, allocated before: known, not counted
-    with bench.LiveTensorBytes([x]) as live:
+    with LiveTensorBytes([x]) as live:
         a = torch.ones(2000)  # +8000
         v = a[:10]  # view: same storage, no new bytes
         y = x.view(10, 100)  # view of a known storage
@@ -100,6 +101,12 @@ def test_live_tensor_bytes_counts_storages_once_and_frees():
     assert live.peak == 8000
     assert live.current == 8000
     del b, c, y
+
+
+def test_the_memory_meter_counts_known_storages_once_and_what_the_call_allocates():
+    x = torch.zeros(1000)  # 4000 bytes that exist before the call
+    peak = measure_peak(lambda: (torch.ones(2000) + 1).sum(), [x, x.view(10, 100)], "cpu")
+    assert peak == (4000 + 2 * 8000, LIVE) and storage_bytes([x, x[:10]]) == 4000
 
 
 def test_registered_cpu_sdpa_flop_formula_gives_4_n2_d_per_head():
@@ -129,6 +136,41 @@ def test_unknown_backend_lists_available_names(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "no_such_attention" in err and "softmax_materialized" in err and "none" in err
+
+
+def test_set_takes_a_runs_option_spelling_with_hydra_values(monkeypatch, capsys):
+    """--set BACKEND.options.NAME=VALUE (a run's attn.options.NAME=VALUE, the backend for attn), the value
+    read by Hydra's grammar; the old BACKEND.NAME=VALUE still works after a line saying the new one."""
+    handed = []
+    monkeypatch.setattr(bench_cli.layer, "run_layer", lambda cfg, rows, out: handed.append(cfg.overrides))
+    argv = ["--layer", "--device", "cpu", "--quick", "--backends", "nystrom", "softmax_materialized"]
+    bench.main([*argv, "--set", "nystrom.options.landmarks=64", "--set", "nystrom.options.exact_if_full=true",
+                "--set", "softmax_materialized.options.impl=materialized"])
+    assert handed[-1] == {"nystrom": {"landmarks": 64, "exact_if_full": True},
+                          "softmax_materialized": {"impl": "materialized"}}
+    assert capsys.readouterr().err == ""
+    bench.main([*argv, "--set", "nystrom.landmarks=32"])
+    assert handed[-1] == {"nystrom": {"landmarks": 32}}
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and "old spelling" in note[0] and "--set nystrom.options.landmarks=32" in note[0]
+    row = bench.Row("nystrom", "nystrom")
+    assert bench.effective_options(row, bench.Config(overrides=handed[-1]))["landmarks"] == 32
+
+
+def test_a_bad_set_value_is_one_line_naming_key_value_and_what_is_allowed(monkeypatch, capsys):
+    monkeypatch.setattr(bench_cli.layer, "run_layer", lambda *a: pytest.fail("bad input ran the benchmark"))
+    for item, words in (("nystrom.options.landmarks=0", ("nystrom.options.landmarks=0", "out of range [1, inf)")),
+                        ("nystrom.options.landmarks=hot", ("nystrom.options.landmarks='hot'", "allowed: integer")),
+                        ("nystrom.options.landmark=16", ("landmark=16", "valid options", "landmarks")),
+                        ("nystrom.options.landmarks=(", ("landmarks=(", "Hydra's override grammar")),
+                        ("nystrom.options.landmarks=1,2", ("landmarks=1,2", "sweep", "one value")),
+                        ("linformer.options.k=8", ("linformer", "not being run")),
+                        ("nystrom=3", ("nystrom=3", "BACKEND.options.NAME=VALUE"))):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--layer", "--device", "cpu", "--quick", "--backends", "nystrom", "--set", item])
+        assert exc.value.code == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and all(w in err[0] for w in words), (item, err)
 
 
 def test_budgets_skip_the_remaining_lengths_and_say_why():

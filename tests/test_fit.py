@@ -209,3 +209,25 @@ def test_an_estimate_that_cannot_be_traced_does_not_block_training(tmp_path, mon
     monkeypatch.setattr(lra.fit, "train_step_peak", untraceable)
     p = plan(cfg_for(tmp_path, "fit.cache=false", "experiment=quick", "hardware=v100_16gb"))
     assert (p.micro_batch, p.accum_steps) == (32, 1) and p.source.startswith("no estimate (RuntimeError)")
+
+
+def test_fit_command_line_takes_flags_between_overrides_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
+    import lra.fit
+
+    level = lra.fit.log.level
+    try:
+        code = lra.fit.main(["task=listops", "--table", "attn=none", "hardware=cpu", "--out", str(tmp_path / "t"),
+                             "experiment=quick", f"runs_root={tmp_path}"])
+    finally:
+        lra.fit.log.setLevel(level)
+    assert code == 0 and (tmp_path / "t.md").is_file() and (tmp_path / "t.json").is_file()
+    assert "| none | 32 (x1) |" in capsys.readouterr().out
+    for argv, word in ((["task=listops", "--out"], "--out"), (["--no-such-flag", "task=listops"], "'--no-such-flag'")):
+        with pytest.raises(SystemExit) as exc:
+            lra.fit.main(argv)
+        assert exc.value.code == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and word in err[0] and "python -m lra.fit --help" in err[0], err
+    assert lra.fit.main(["task=listops", "hardware=no_such_gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "no_such_gpu" in err[0], err

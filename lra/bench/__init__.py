@@ -1,16 +1,24 @@
 """Benchmarks of the attention backends (``python -m lra.bench``, ``make bench``; docs/bench.md).
 
-* :mod:`lra.bench.tasks`: the whole training step and the attention layer at each LRA task's real
-  shape (micro-batch from ``lra.fit.plan``), eager and compiled, with ratios to fused softmax;
-  what ``make bench`` runs on CUDA.
-* :mod:`lra.bench.layer`: one attention layer at batch 2 against n (time, exact peak memory, FLOPs,
-  crossover); what ``make bench`` runs on a CPU.
+* Task mode, what ``make bench`` runs on CUDA: the whole training step and the attention layer at each
+  LRA task's real shape (micro-batch from ``lra.fit.plan``), eager and compiled, with ratios to fused
+  softmax. :mod:`lra.bench.tasks` measures, :mod:`lra.bench.task_report` writes the tables.
+* Layer mode, what ``make bench`` runs on a CPU: one attention layer at batch 2 against n (time, exact
+  peak memory, FLOPs, crossover). :mod:`lra.bench.rows` (rows, configuration, ``--set`` options),
+  :mod:`lra.bench.measure` (a point, the sweep), :mod:`lra.bench.flops`, :mod:`lra.bench.analyse`
+  (ratios, crossover, growth), :mod:`lra.bench.render` (``bench.md``, ``bench.png``) and
+  :mod:`lra.bench.layer` (its command line and outputs).
 * :mod:`lra.bench.cli`: the command line of both.
 
-The layer benchmark's names are re-exported here (``bench.Config``, ``bench.run``, ...).
+The memory meter is :mod:`lra.memory`, the device helpers :mod:`lra.devices`. The layer benchmark's
+names are re-exported here (``bench.Config``, ``bench.run``, ...).
 """
 
-from lra.bench.layer import *  # noqa: F401,F403 - the layer benchmark's API, as before the split
-from lra.bench.layer import (BASELINE, CSV_COLUMNS, DEFAULT_LENGTHS, EXTRA_FLOP_FORMULAS,  # noqa: F401
-                             MATERIALIZED, QUICK_LENGTHS, _is_oom, _predict, _slope)
+from lra.bench.analyse import crossover, growth, loglog_slope, ratios, read_csv  # noqa: F401
+from lra.bench.flops import EXTRA_FLOP_FORMULAS, OpNames, flop_counter  # noqa: F401
+from lra.bench.layer import check_layer_args, config_from_args, run_layer  # noqa: F401
+from lra.bench.measure import _predict, _slope, fwd_bwd, make_inputs, measure_point, run  # noqa: F401
+from lra.bench.render import plot, render_markdown  # noqa: F401
+from lra.bench.rows import (BASELINE, CSV_COLUMNS, DEFAULT_LENGTHS, MATERIALIZED, QUICK_LENGTHS, Config,  # noqa: F401
+                            Row, all_rows, build_module, effective_options, parse_options, select_rows)
 from lra.bench.cli import main, parser  # noqa: F401

@@ -1,7 +1,5 @@
 """``python -m lra.bench``: see :mod:`lra.bench.cli`."""
 
-import sys
-
 from lra.bench.cli import main
 
-main(sys.argv[1:])
+main()

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import torch
 
 from lra.cli import Parser
-from lra.bench import layer, tasks
+from lra.bench import layer, rows, task_report, tasks
+from lra.devices import default_threads
 from lra.files import runs_root
 
 # layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
@@ -54,7 +54,8 @@ def parser() -> argparse.ArgumentParser:
                epilog="examples:\n  python -m lra.bench --quick                      # CPU: one layer vs n, batch 2\n"
                       "  python -m lra.bench --tasks --quick              # the tasks' training step, tiny shapes\n"
                       "  python -m lra.bench --tasks listops text --compile --hardware v100_16gb   # on a GPU\n"
-                      "  python -m lra.bench --backends skeinformer nystrom --lengths 1024 4096 --set nystrom.landmarks=128")
+                      "  python -m lra.bench --backends skeinformer nystrom --lengths 1024 4096 "
+                      "--set nystrom.options.landmarks=128")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--tasks", nargs="*", metavar="TASK",
                       help=f"task mode (default on CUDA): these tasks, all when none is named ({', '.join(tasks.TASKS)})")
@@ -80,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--override", dest="spec_overrides", action="append", metavar="KEY=VALUE",
                    help="a config override for every run spec, repeatable (e.g. --override experiment=quick)")
     g = p.add_argument_group("layer mode")
-    g.add_argument("--lengths", type=whole(1), nargs="+", help=f"sequence lengths (default {list(layer.DEFAULT_LENGTHS)})")
+    g.add_argument("--lengths", type=whole(1), nargs="+", help=f"sequence lengths (default {list(rows.DEFAULT_LENGTHS)})")
     g.add_argument("--time-budget-s", type=positive, help="per-point budget: a median fwd+bwd above it (default 2) "
                    "ends the backend's sweep")
     g.add_argument("--baseline-budget-factor", type=positive,
@@ -91,8 +92,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--heads", type=whole(1), help="default 2")
     g.add_argument("--head-dim", type=whole(1), help="default 32")
     g.add_argument("--no-mask", action="store_true", help="pass mask=None instead of an all-real bool mask")
-    g.add_argument("--set", dest="overrides", action="append", metavar="BACKEND.OPTION=VALUE",
-                   help="backend option override, repeatable (e.g. --set linformer.k=128)")
+    g.add_argument("--set", dest="overrides", action="append", metavar=rows.SPELLING,
+                   help="a backend's option, repeatable: a run's attn.options.NAME=VALUE with the backend in place "
+                   "of attn, VALUE in Hydra's override grammar (e.g. --set linformer.options.k=128)")
     return p
 
 
@@ -115,7 +117,7 @@ def task_config(args, device: str) -> tasks.TaskConfig:
         raise ValueError(f"--{given[0].replace('_', '-')} belongs to the layer micro-benchmark; add --layer "
                          f"(task mode takes its shapes from the task configs and lra.fit.plan)")
     names = args.backends or (tasks.QUICK_BACKENDS if args.quick else tasks.DEFAULT_BACKENDS)
-    backends = tuple(dict.fromkeys([layer.BASELINE, *names]))  # ratios need the fused baseline, first
+    backends = tuple(dict.fromkeys([rows.BASELINE, *names]))  # ratios need the fused baseline, first
     cuda = device == "cuda"
     cfg = tasks.TaskConfig(
         tasks=tuple(dict.fromkeys(args.tasks)) if args.tasks else tasks.TASKS, backends=backends,
@@ -125,7 +127,7 @@ def task_config(args, device: str) -> tasks.TaskConfig:
         warmup=max(0, args.warmup if args.warmup is not None else (0 if args.quick else 1)),
         # quick: one thread, as a smoke run on a shared machine should (2 threads on a busy 2-core machine
         # measured 2.2x the wall time of 1: docs/bench.md)
-        threads=int(args.threads or (1 if args.quick else layer.default_threads())), seed=args.seed,
+        threads=int(args.threads or (1 if args.quick else default_threads())), seed=args.seed,
         overrides=tuple(args.spec_overrides or ()))
     tasks.validate(cfg)
     return cfg
@@ -148,14 +150,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for k, default in LAYER_ONLY.items():
                 if getattr(args, k) is None:
                     setattr(args, k, default)
-            lcfg, rows = layer.check_layer_args(args, device)
+            lcfg, layer_rows = layer.check_layer_args(args, device)
     except ValueError as err:
         p.error(str(err))
     out = args.out or runs_root() / "bench"  # LRA_RUNS moves it, as it moves the runs
     if tasks_run:
-        return tasks.main_tasks(cfg, out)
-    return layer.run_layer(lcfg, rows, out)
+        return task_report.main_tasks(cfg, out)
+    return layer.run_layer(lcfg, layer_rows, out)
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -2,7 +2,7 @@
 
 ``python -m lra.bench --tasks [--hardware v100_16gb] [--backends ...] [--compile] [--quick]`` (the
 default of ``make bench`` on CUDA). Why: at the layer mode's batch 2 a GPU is launch-bound and its
-crossover table says the opposite of what training shows (GPU_NOTES.md); what a run pays is one
+crossover table says the opposite of what training shows (docs/facts.md §10); what a run pays is one
 optimizer step of the whole model at the micro-batch the memory fit chooses.
 
 For every task and backend the run spec is resolved as ``python -m lra.train`` would
@@ -22,36 +22,36 @@ mask with real lengths, as the data gives), a few batches cycled so every micro-
 Time = median over the timed steps, synchronised on CUDA; the first compiled call (compilation) is
 ``first_call_s``, not in the median. Peak memory: ``torch.cuda.max_memory_allocated`` over one step
 (the step's parameters, AdamW states and inputs included); on CPU the exact live-tensor tracker
-(``LiveTensorBytes``) for eager and nothing for compiled (inductor's kernels bypass the dispatcher).
+(``lra.memory.LiveTensorBytes``) for eager and nothing for compiled (inductor's kernels bypass the
+dispatcher); both through the one meter, :func:`lra.memory.measure_peak`.
 On CUDA the peak counted is the rise of ``max_memory_allocated`` over the idle level plus the part's
 own state and inputs, so the attention row does not carry the model's parameters. Ratios are to
 fused softmax (SDPA, no recomputation) in the same part, mode and task, per optimizer
-step: every backend has the preset's effective batch, whatever its micro-batch.
+step: every backend has the preset's effective batch, whatever its micro-batch. The tables, the
+Markdown and the run with its files are :mod:`lra.bench.task_report`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import gc
-import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from lra.bench.layer import BASELINE, MATERIALIZED, MIB, LiveTensorBytes, OpNames, device_name, storage_bytes
+from lra.bench.flops import OpNames
+from lra.bench.rows import BASELINE, MATERIALIZED, MIB
 from lra.config import ConfigError, RunSpec, attn_configs, load, resolve_precision
-from lra.files import git_commit, write_csv, write_text
+from lra.devices import device_name, is_oom, sync
 from lra.fit import FitError, Plan, plan
+from lra.memory import measure_peak
 from lra.model import MultiHeadAttention, build_model, loss_and_correct
 
 TASKS = ("listops", "text", "retrieval", "pathfinder", "image")
-DEFAULT_BACKENDS = (BASELINE, MATERIALIZED, "skeinformer", "nystrom", "performer")  # GPU_NOTES' set
+DEFAULT_BACKENDS = (BASELINE, MATERIALIZED, "skeinformer", "nystrom", "performer")  # docs/facts.md §10's set
 QUICK_BACKENDS = (BASELINE, "skeinformer")
 PARTS = ("step", "attention")
 MODES = ("eager", "compiled")
@@ -188,21 +188,12 @@ class TrainStep:
         return self.params + [v for s in self.opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _timed(fn: Callable[[], None], device: str) -> float:
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0
-
-
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
 def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known: Callable[[], list]) -> dict:
@@ -223,23 +214,11 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
         _timed(step, cfg.device)
     times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
     peak, method = "", ""
-    if cfg.memory and cfg.device.startswith("cuda"):
-        # the part's own tensors only (as on CPU): the other part's inputs are allocated too, so count
-        # the rise above the idle level plus this part's state and inputs
-        _sync(cfg.device)
-        idle = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        _sync(cfg.device)
-        peak = torch.cuda.max_memory_allocated() - idle + storage_bytes(known())
-        method = "cuda.max_memory_allocated above idle + own state and inputs"
-    elif cfg.memory and not compiled:
-        state = known()
-        live = LiveTensorBytes(state)
-        with live:
-            step()
-        peak, method = storage_bytes(state) + live.peak, "live tensor storages (dispatch)"
-        del live
+    # CUDA: the part's own tensors only (as on CPU): the other part's inputs are allocated too, so the
+    # meter counts the rise above the idle level plus this part's state and inputs. A CPU measures the
+    # live tensors of eager calls only: inductor's kernels bypass the dispatcher.
+    if cfg.memory and (cfg.device.startswith("cuda") or not compiled):
+        peak, method = measure_peak(step, known(), cfg.device)
     med = statistics.median(times)
     return {"time_ms": med * 1e3, "time_ms_min": min(times) * 1e3, "time_ms_max": max(times) * 1e3,
             "repeats": len(times), "first_call_s": first, "peak_mem_bytes": peak, "mem_method": method,
@@ -313,7 +292,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             if backend == BASELINE and not compiled and not r["sdpa_ops"]:  # composite: no SDPA op reaches dispatch
                 r["sdpa_ops"] = "none: SDPA took the math path (matmul + softmax, n x n)"
         except Exception as err:  # noqa: BLE001 - a backend dynamo or the device cannot run must not end the benchmark
-            r.update(status="oom" if _is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300])
+            r.update(status="oom" if is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300])
             log(f"{tag}: {r['status']} ({r['reason']})")
             if cfg.device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -360,114 +339,6 @@ def run(cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[l
         add_ratios(rows)
         if on_row is not None:
             on_row(rows)
-    return rows
-
-
-# ----------------------------------------------------------------------------- outputs
-def _ratio(x) -> str:
-    return "—" if x in ("", None) else f"{float(x):.3g}"
-
-
-def ratio_tables(rows: list[dict]) -> list[str]:
-    """The time- and memory-ratio tables (backends x tasks) of the step and of the attention layer."""
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    by = {(r["task"], r["backend"], r["part"], r["mode"]): r for r in rows}
-
-    def cell(t, b, part, mode, key):
-        r = by.get((t, b, part, mode))
-        if r is None:
-            return "—"
-        return _ratio(r.get(key)) if r.get("status") == "ok" else r.get("status", "—")
-
-    lines = []
-    for part, title in (("step", "Whole training step"), ("attention", "Attention layer alone")):
-        for key, what in (("time_ratio", "time ratio"), ("mem_ratio", "peak-memory ratio")):
-            modes = [m for m in MODES if any(r["part"] == part and r["mode"] == m for r in rows)]
-            if key == "mem_ratio":
-                modes = [m for m in modes if any(r["part"] == part and r["mode"] == m and r.get("mem_ratio") not in ("", None)
-                                                 for r in rows)]
-            if not modes:
-                continue
-            head = [f"{t} ({m})" if len(modes) > 1 else t for t in tasks for m in modes]
-            lines += [f"## {title}: {what} to fused softmax", "",
-                      "| backend | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
-            for b in backends:
-                lines.append(f"| {b} | " + " | ".join(cell(t, b, part, m, key) for t in tasks for m in modes) + " |")
-            lines.append("")
-    return lines
-
-
-def render_markdown(rows: list[dict], meta: dict) -> str:
-    lines = [
-        f"# Benchmark at the tasks' training shapes ({meta['kind']})", "",
-        f"{meta['date']} · device **{meta['device_name']}** (`{meta['device']}`) · torch {torch.__version__} · "
-        f"{meta['threads']} threads · git {meta['git']} · hardware={meta['hardware']}"
-        f"{' · quick preset shapes' if meta['quick'] else ''} · load {meta.get('load', '?')}", "",
-        "Per task: the whole training step (forward, loss, backward, AdamW; "
-        f"precision {meta['precision']}) at the micro-batch `lra.fit.plan` chooses for `hardware={meta['hardware']}`"
-        + (f" **capped at {meta['max_batch']} without accumulation (a smoke run: the ratios are per step at that "
-           "batch, not the tasks' training figures)**" if meta.get("max_batch") else "")
-        + ", and the first attention layer alone (fp32, forward + backward) at that micro-batch, with a padding mask "
-        "of seeded per-sample lengths. Ratios are backend / fused softmax (SDPA) in the same task, part and mode, "
-        "per optimizer step (micro-batch time × accumulation): below 1 is faster / smaller. "
-        f"Time: median of {meta['repeats']} steps after warm-up.", "",
-    ]
-    lines += ratio_tables(rows)
-    lines += ["## Absolute values", "",
-              "| task | backend | n | micro × accum | part | mode | ms (median) | ms per optimizer step "
-              "| first call s | peak MiB |",
-              "|---|---|---:|---|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        ok = r.get("status") == "ok"
-        ma = f"{r['micro_batch']} × {r['accum_steps']}" if r.get("micro_batch") not in ("", None) else "—"
-        peak = r.get("peak_mem_bytes") if ok else ""
-        lines.append(
-            f"| {r['task']} | {r['backend']} | {r['n']} | {ma} | {r['part']} | {r['mode']} | "
-            + (f"{r['time_ms']:.3g} | {r['per_opt_step_ms']:.3g} | {r['first_call_s']:.2g} | "
-               + (f"{peak / MIB:.4g}" if peak != "" else "—") if ok else f"{r.get('status')} | | | ")
-            + " |")
-    kern = sorted({r["sdpa_ops"] for r in rows if r["backend"] == BASELINE and r.get("sdpa_ops")})
-    if kern:
-        lines += ["", "Fused softmax (eager), SDPA kernel(s) that ran: " + "; ".join(f"`{k}`" for k in kern)
-                  + " (on a CPU, attention dropout sends SDPA to the math path, which holds the n×n matrix)."]
-    bad = [r for r in rows if r.get("status") != "ok"]
-    if bad:
-        lines += ["", "## Not measured", ""]
-        lines += [f"- {r['task']}/{r['backend']} {r['part']} {r['mode']}: {r['status']}: {r.get('reason', '')}"
-                  for r in bad]
-    return "\n".join(lines) + "\n"
-
-
-def _progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def main_tasks(cfg: TaskConfig, out: Path) -> list[dict]:
-    """Task mode with its outputs, ``bench_tasks.csv`` (rewritten after every backend) and ``bench_tasks.md``.
-    Progress (one line per fit and per measurement, with ``[i/N, elapsed]``) goes to stderr; the ratio
-    tables and where the files are, to stdout at the end."""
-    kind = "GPU" if cfg.device.startswith("cuda") else "CPU" + (" quick" if cfg.quick else "")
-    modes = "eager and compiled" if (cfg.compile or cfg.device.startswith("cuda")) else "eager"
-    _progress(f"lra.bench: the {kind} benchmark at the tasks' training shapes: {len(cfg.backends)} backends × "
-              f"tasks {list(cfg.tasks)} = {len(cfg.backends) * len(cfg.tasks)} items, whole training step and "
-              f"attention layer, {modes}, micro-batch fitted to hardware={cfg.hardware}, on "
-              f"{device_name(cfg.device)} [{cfg.device}], {cfg.threads} thread{'s' if cfg.threads != 1 else ''} → {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    t0 = time.perf_counter()
-    csv_path, md_path = out / "bench_tasks.csv", out / "bench_tasks.md"
-    rows = run(cfg, log=_progress, on_row=lambda rs: write_csv(csv_path, rs, CSV_COLUMNS))
-    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    precisions = sorted({r["precision"] for r in rows})
-    meta = {"kind": kind, "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "device": cfg.device,
-            "device_name": device_name(cfg.device), "threads": cfg.threads, "git": git_commit(short=True) or "?",
-            "hardware": cfg.hardware, "quick": cfg.quick, "precision": ", ".join(precisions),
-            "repeats": cfg.repeats, "max_batch": cfg.max_batch, "load": f"{load0:.2f} / {load1:.2f}"}
-    write_csv(csv_path, rows, CSV_COLUMNS)
-    write_text(md_path, render_markdown(rows, meta))
-    print("\n".join(ratio_tables(rows)))
-    print(f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {md_path}", flush=True)
     return rows
 
 

@@ -15,13 +15,14 @@ import torch
 
 import attention
 from lra.bench import tasks as bench
-from lra.bench.layer import MIB, LiveTensorBytes, default_threads, storage_bytes
 from lra.config import load
+from lra.devices import default_threads
 from lra.doctor import overhead as overhead_check
 from lra.doctor import resume as resume_check
 from lra.doctor.base import Budget, Options, Result, one_line
 from lra.doctor.env import load_average
 from lra.fit import plan, train_step_peak
+from lra.memory import MIB, measure_peak
 from lra.model import build_model
 
 CPU_MAX_BATCH = {True: 2, False: 4}  # quick, paper shapes: the micro-batch a CPU check measures at most
@@ -140,17 +141,7 @@ def _measured_peak(spec, micro: int, precision: str, device: str) -> int:
         step.opt.step()
         step.opt.zero_grad(set_to_none=True)
         known = [*step.state_tensors(), *batch[0]]
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-            idle = torch.cuda.memory_allocated() - storage_bytes(known)
-            torch.cuda.reset_peak_memory_stats()
-            step(model, batch)
-            torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() - idle
-        live = LiveTensorBytes(known)
-        with live:
-            step(model, batch)
-        return storage_bytes(known) + live.peak
+        return measure_peak(lambda: step(model, batch), known, device).bytes
 
 
 def fit(opts: Options, budget: Budget) -> Iterator[Result]:

@@ -10,7 +10,7 @@ import platform
 
 import torch
 
-from lra.bench.layer import default_threads, device_name
+from lra.devices import default_threads, device_name
 from lra.files import git_commit
 
 # pyproject's extras, each by the distributions it installs (what `pip install lra-harness[x]` adds)

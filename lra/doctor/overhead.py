@@ -32,6 +32,7 @@ import torch
 from lra.bench.tasks import TrainStep, make_batches
 from lra.config import RunSpec, load
 from lra.data import Split
+from lra.devices import sync as _sync
 from lra.fit import Plan, plan
 from lra.model import build_model
 from lra.module import warmup_linear_decay
@@ -71,11 +72,6 @@ class BareLoop:
         self.step(self.net, [self.pool[(self.i + j) % len(self.pool)] for j in range(a)])
         self.sched.step()
         self.i += a
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Interleave(L.Callback):
