@@ -83,6 +83,15 @@ def write_csv(path: Path, rows: Iterable[dict], columns: list[str], *, float_for
     return write_text(path, buf.getvalue())
 
 
+def data_root(configured: str | os.PathLike | None = None) -> Path:
+    """The data root: ``$LRA_DATA`` if set, else the configured path (``data_root`` in conf/config.yaml),
+    else ``<repo>/data``."""
+    env = os.environ.get("LRA_DATA")
+    if env:
+        return Path(env).expanduser().resolve()
+    return Path(configured).expanduser().resolve() if configured else REPO_ROOT / "data"
+
+
 def runs_root() -> Path:
     """The runs root as conf/config.yaml resolves ``runs_root``: ``$LRA_RUNS`` when set, else ``<repo>/runs``
     (a checkout's runs/, or ./runs where an installed harness was started). For the tools that write

@@ -1,15 +1,22 @@
 """Resolving a run's config once (lra/config.py): every config composes, attention options are
 typed config nodes for every backend, and a bad value is one line before any work starts."""
 
+import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 import attention
+import lra.checks
+import lra.config
+import lra.tasks
 from lra import CONF_DIR
-from lra.config import ConfigError, attn_configs, compose, load
+from lra.config import ConfigError, DataSpec, attn_configs, compose, load
+from lra.tasks import TASK_SPECS, ImageSpec, ListOpsSpec, PathfinderSpec, RetrievalSpec, TextSpec, task_spec
 
 NAMES = attention.available()
 
@@ -19,9 +26,7 @@ def test_every_config_file_composes_and_resolves(group, tmp_path):
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         overrides = [f"{group}={path.stem}", f"runs_root={tmp_path}"]
         cfg = compose(overrides)
-        if group == "task" and path.stem != "listops":
-            continue  # readers need data to check task.path; their composition is what is tested here
-        spec = load(overrides)
+        spec = load(overrides)  # a task node is typed and checked without its data (lra/tasks.py)
         assert spec.config["preset"] == cfg.preset
 
 
@@ -138,3 +143,79 @@ def test_fit_cli_takes_options_without_plus_and_rejects_bad_ones(tmp_path):
     assert unknown.returncode == 2 and "attn.options.landmark" in unknown.stderr and "landmarks" in unknown.stderr
     out_of_range = fit("attn=nystrom", "attn.options.landmarks=0")
     assert out_of_range.returncode == 2 and "'landmarks'=0" in out_of_range.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Task nodes: typed specs (lra/tasks.py), checked when the config is resolved
+
+
+@pytest.mark.parametrize("task", sorted(TASK_SPECS))
+def test_task_spec_defaults_are_the_task_files_defaults(task):
+    """A spec built in code (tests, notebooks) is what conf/task/<task>.yaml gives without a preset's data keys."""
+    cfg = compose([f"task={task}", "experiment=quick", f"~protocol.{task}.data"])
+    spec = task_spec(OmegaConf.to_container(cfg.task, resolve=True))
+    assert type(spec) is TASK_SPECS[task] and spec == TASK_SPECS[task]()
+
+
+def test_resolved_data_spec_is_typed_and_keeps_the_node_it_hashes():
+    spec = load(["experiment=quick", "task=listops"])
+    assert isinstance(spec.data.spec, ListOpsSpec) and spec.data.spec.generator.n_train == 20000
+    assert spec.data.options == spec.config["task"]  # the resume key and the loaded-data key hash the node as composed
+    built = DataSpec(task="text", root=Path("/tmp"), spec=TextSpec(max_length=512, seq_len=512))
+    assert built.options == dataclasses.asdict(built.spec) and built.options["max_length"] == 512
+
+
+@pytest.mark.parametrize("override,message", [
+    ("+task.tokenzier=alnum", "task.tokenzier='alnum' is not allowed: not a key of task; valid keys: dirname, dual, "
+                              "generate, generator, max_examples, max_length, name, num_classes, path, seq_len, "
+                              "tokenizer, vocab_size"),
+    ("+task.generator.n_trian=5", "task.generator.n_trian=5 is not allowed: not a key of task.generator; valid keys: "
+                                  "max_args, max_depth, max_length, min_length, n_test, n_train, n_val, seed"),
+    ("+task.max_examples.dev=3", "task.max_examples.dev=3 is not allowed: not a key of task.max_examples; valid keys: "
+                                 "test, train, val"),
+])
+def test_a_typo_in_a_task_key_is_one_line_naming_the_valid_keys(override, message):
+    with pytest.raises(ConfigError) as e:
+        load(["experiment=quick", "task=listops", override])
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ("task=listops task.tokenizer=words", "task.tokenizer='words' is not allowed: one of brackets, alnum"),
+    ("task=listops task.max_length=abc", "task.max_length='abc' is not allowed: an integer >= 1 or null"),
+    ("task=listops task.generator.max_depth=1", "task.generator.max_depth=1 is not allowed: an integer >= 2"),
+    ("task=listops task.generator.min_length=119", "task.generator.min_length=119 is not allowed: an integer below"),
+    ("task=text task.dev_split=dev", "task.dev_split='dev' is not allowed: one of carve, test"),
+    ("task=text task.val_fraction=1.0", "task.val_fraction=1.0 is not allowed: a finite number in (0.0, 1.0)"),
+    ("task=text task.split_seed=-1", "task.split_seed=-1 is not allowed: an integer in [0, 4294967295]"),
+    ("task=retrieval task.download=maybe", "task.download='maybe' is not allowed: true or false"),
+    ("task=retrieval task.dual=false", "task.dual=False is not allowed: true for task retrieval"),
+    ("task=image task.grayscale=rgb", "task.grayscale='rgb' is not allowed: one of luminance, tf"),
+    ("task=image task.mask=zero", "task.mask='zero' is not allowed: one of all, nonzero"),
+    ("task=pathfinder task.difficulty=medium", "task.difficulty='medium' is not allowed: one of easy, intermediate"),
+    ("task=pathfinder task.seq_len=4096", "task.seq_len=4096 is not allowed: 1024, the pixels of pathfinder32 images"),
+    ("task=pathfinder task.n_images=0", "task.n_images=0 is not allowed: an integer >= 1 or null"),
+    ("task=pathfinder task.generator.chunk=0", "task.generator.chunk=0 is not allowed: an integer >= 1"),
+    ("task=pathfinder task.max_examples={val:0}", "task.max_examples.val=0 is not allowed: an integer >= 1 or null"),
+])
+def test_each_task_spec_checks_its_values_when_the_config_is_resolved(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load(["experiment=quick", *overrides.split()])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cls,bad", [
+    (ListOpsSpec, {"generate": "yes"}), (TextSpec, {"max_length": 4000.0}), (RetrievalSpec, {"seq_len": "4096"}),
+    (ImageSpec, {"val_fraction": "0.1"}), (PathfinderSpec, {"resolution": 48}), (ListOpsSpec, {"name": "text"}),
+    (ListOpsSpec, {"generator": {"seed": 0}}),  # a nested node is its dataclass (task_spec builds it from a dict)
+])
+def test_a_spec_built_in_code_is_type_checked_too(cls, bad):
+    with pytest.raises(ConfigError, match=f"task.{next(iter(bad))}="):
+        cls(**bad)
+
+
+def test_the_config_layer_owns_config_error_and_the_task_specs():
+    assert lra.config.ConfigError is lra.checks.ConfigError is lra.tasks.ConfigError
+    assert sorted(TASK_SPECS) == ["image", "listops", "pathfinder", "retrieval", "text"]
+    with pytest.raises(ConfigError, match="task.name='mnist' is not allowed: one of image, listops, pathfinder"):
+        task_spec({"name": "mnist"})

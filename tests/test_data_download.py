@@ -15,6 +15,7 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
+from lra.config import ConfigError  # noqa: E402
 from lra.data import DataError, download, load_task  # noqa: E402
 from lra.data import __main__ as data_main  # noqa: E402
 
@@ -254,8 +255,8 @@ def test_a_folder_of_the_user_is_never_replaced(tmp_path, tiny):
 
 
 def test_bad_values_are_refused_before_any_work(tmp_path, tiny):
-    with pytest.raises(DataError, match="task.download='yes'"):
-        load_task({**TASKS["text"], "download": "yes"}, tmp_path)
+    with pytest.raises(ConfigError, match="task.download='yes' is not allowed: true or false"):
+        load_task({**TASKS["text"], "download": "yes"}, tmp_path)  # a node is typed first, as the config does
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     with pytest.raises(DataError, match="task.path"):

@@ -10,6 +10,7 @@ import pytest
 
 from lra.data import DataError
 from lra.data import image as im
+from lra.tasks import task_spec
 
 RNG = np.random.default_rng(0)
 TRAIN = RNG.integers(0, 256, size=(50, 32, 32, 3), dtype=np.uint8)  # 5 batches of 10
@@ -82,7 +83,9 @@ def write_hf_disk(root: Path) -> Path:
 
 
 def cfg(**kw):
-    return {"name": "image", "seq_len": 1024, "grayscale": "luminance", "val_fraction": 0.1, "path": None, **kw}
+    """The typed spec of an image node (what the reader takes)."""
+    return task_spec({"name": "image", "seq_len": 1024, "grayscale": "luminance", "val_fraction": 0.1, "path": None,
+                      **kw})
 
 
 @pytest.mark.parametrize("fmt", ["pickles", "tar", "parquet", "hf_disk"])

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from lra.data import DataError
 from lra.data import pathfinder as pf
 from lra.data import pathfinder_gen as gen
 from lra.data import load_task
+from lra.tasks import task_spec
 from tests.test_listops import snapshot, spy_generation
 
 HARD = "curv_contour_length_14"
@@ -69,7 +71,7 @@ def test_two_marker_disks_are_the_brightest_objects(pf32):
 
 @pytest.mark.parametrize("res", [64, 128])
 def test_larger_images_match_the_official_example_tiles(res):
-    """research/data.md measured official PF64 / Path-X tiles: markers are the brightest pixels (paddles
+    """docs/facts.md §3.4 on the official PF64 / Path-X tiles: markers are the brightest pixels (paddles
     below ~200 at 64 px), about 27% (64) and 16% (128) of pixels non-zero, and at 128 px 76-96
     paddle-sized components (threshold 40) with a median extent of 6 px."""
     painter = gen.Painter(res, 14)
@@ -138,9 +140,10 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
 
 # ------------------------------------------------------------------------------ reader
 def cfg(**kw):
-    return {"name": "pathfinder", "resolution": 32, "difficulty": "hard", "seq_len": 1024, "n_images": 200000,
-            "generate": False, "gen_dir": ".", "generator": {"seed": 0, "chunk": 1000}, "split_seed": 0, "path": None,
-            **kw}
+    """The typed spec of a pathfinder node (what the reader takes)."""
+    return task_spec({"name": "pathfinder", "resolution": 32, "difficulty": "hard", "seq_len": 1024, "n_images": 200000,
+                      "generate": False, "gen_dir": ".", "generator": {"seed": 0, "chunk": 1000}, "split_seed": 0,
+                      "path": None, **kw})
 
 
 def png(img) -> bytes:
@@ -294,7 +297,7 @@ def test_generated_pathfinder_other_settings_get_their_own_folder_and_none_is_re
     assert json.loads((folder / "GENERATED.json").read_text())["params"]["n_images"] == 30
     assert (folder / "examples.png").exists() and sum(len(x) for x in first.values()) == 30
     before = snapshot(folder)
-    other = pf.load({**c, "n_images": 20}, tmp_path, progress=False)  # other settings: a folder of their own
+    other = pf.load(replace(c, n_images=20), tmp_path, progress=False)  # other settings: a folder of their own
     assert len(made) == 2 and made[1] != folder and sum(len(x) for x in other.values()) == 20
     again = pf.load(c, tmp_path, progress=False)  # the first settings again: found, not regenerated
     assert len(made) == 2 and snapshot(folder) == before

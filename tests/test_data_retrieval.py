@@ -10,6 +10,7 @@ import torch
 
 from lra.data import DataError
 from lra.data import retrieval as rv
+from lra.tasks import task_spec
 from lra.data.text import decode_bytes
 
 LONG = "b'" + "y" * 4500 + "'"
@@ -46,7 +47,8 @@ def write_release_archive(path: Path):
 
 
 def cfg(**kw):
-    return {"name": "retrieval", "max_length": 4000, "seq_len": 4096, "dual": True, "path": None, **kw}
+    """The typed spec of a retrieval node (what the reader takes)."""
+    return task_spec({"name": "retrieval", "max_length": 4000, "seq_len": 4096, "dual": True, "path": None, **kw})
 
 
 LAYOUTS = {

@@ -1,17 +1,22 @@
 """Text (IMDB, byte level): every on-disk format gives the same arrays; tokens, splits, errors; the real set."""
 
 import logging
+import os
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from lra.config import compose
+from lra.config import ConfigError, compose
 from lra.data import DataError
 from lra.data import text as tx
+from lra.tasks import task_spec
 
-REAL_IMDB = Path(__file__).resolve().parents[2] / "shared" / "data" / "aclImdb_v1.tar.gz"
+# The real IMDB release (aclImdb_v1.tar.gz, 50,000 labelled reviews), for the one test that reads it: the path in
+# LRA_IMDB_ARCHIVE, else the archive at the top of the data root (LRA_DATA, else data/ in the checkout).
+DATA_ROOT = Path(os.environ.get("LRA_DATA") or Path(__file__).resolve().parents[1] / "data")
+REAL_IMDB = Path(os.environ.get("LRA_IMDB_ARCHIVE") or DATA_ROOT / "aclImdb_v1.tar.gz")
 
 LONG = "Long review é☃ " + "x" * 5000  # over 4000 bytes; é and ☃ are multi-byte
 REVIEWS = {
@@ -23,9 +28,10 @@ REVIEWS = {
 
 
 def cfg(**kw):
+    """The typed spec of a text node (what the reader takes)."""
     base = {"name": "text", "max_length": 4000, "seq_len": 4096, "dev_split": "carve", "val_fraction": 0.34,
             "split_seed": 0, "path": None}
-    return {**base, **kw}
+    return task_spec({**base, **kw})
 
 
 def write_acl(root: Path) -> Path:
@@ -125,8 +131,8 @@ def test_config_keys_for_presets():
     assert (c.task.max_length, c.task.seq_len, c.task.dev_split, c.task.vocab_size) == (1000, 1024, "test", 257)
     c = compose(["task=text", "experiment=quick", "++protocol.text.data.max_length=4000"])
     assert c.task.seq_len == 4096
-    with pytest.raises(ValueError, match="dev_split"):
-        tx.load(cfg(dev_split="dev"), Path("/nonexistent"), progress=False)
+    with pytest.raises(ConfigError, match="task.dev_split='dev' is not allowed: one of carve, test"):
+        cfg(dev_split="dev")  # refused with the node, before the reader looks for data
 
 
 def test_missing_data_says_where_to_get_it_and_where_to_put_it(tmp_path):
@@ -193,7 +199,7 @@ def test_bad_label_is_named(tmp_path):
 
 def test_real_imdb_loads(tmp_path):
     if not REAL_IMDB.exists():
-        pytest.skip(f"the real IMDB archive is not at {REAL_IMDB} (CI has it at ../shared/data)")
+        pytest.skip(f"the real IMDB archive is not at {REAL_IMDB} (LRA_IMDB_ARCHIVE names it)")
     splits = tx.load(cfg(path=str(REAL_IMDB), val_fraction=0.1, dev_split="test"), tmp_path, progress=False)
     tr, te = splits["train"], splits["test"]
     assert len(tr) == 25_000 and len(te) == 25_000

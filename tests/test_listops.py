@@ -1,9 +1,10 @@
-"""ListOps: evaluator on hand-made expressions, generator statistics (LRA_FACTS §3), tokenizer, reader errors."""
+"""ListOps: evaluator on hand-made expressions, generator statistics (docs/facts.md §3.3), tokenizer, reader errors."""
 
 import json
 import random
 import statistics
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from lra.data import DataError
 from lra.data import listops as lo
 from lra.data.listops import load as load_listops
+from lra.tasks import task_spec
 
 
 @pytest.mark.parametrize("src,value", [
@@ -60,7 +62,7 @@ def test_generator_statistics(sample):
     assert len(rows) == 3000 and len({s for s, _ in rows}) == 3000  # no duplicates
     lengths = [len(lo.tokenize(s)) for s, _ in rows]
     assert min(lengths) > 500 and max(lengths) < 2000
-    assert 950 < statistics.mean(lengths) < 1180  # LRA_FACTS: mean about 1064
+    assert 950 < statistics.mean(lengths) < 1180  # docs/facts.md §3.3: mean about 1064
     assert 900 < statistics.median(lengths) < 1100  # median about 995
     shares = Counter(lab for _, lab in rows)
     assert 0.14 < shares[0] / 3000 < 0.21 and 0.14 < shares[9] / 3000 < 0.21  # about 17% each
@@ -91,9 +93,14 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
-def _cfg(dirname="listops-1000", **gen):
+def _node(dirname="listops-1000", **gen):
     return {"name": "listops", "max_length": 2000, "seq_len": 2048, "dirname": dirname, "generate": False,
             "generator": gen}
+
+
+def _cfg(dirname="listops-1000", **gen):
+    """The typed spec of a listops node (what the reader takes)."""
+    return task_spec(_node(dirname, **gen))
 
 
 def _write_official(folder, rows_by_split):
@@ -144,7 +151,8 @@ SMALL = dict(seed=1, n_train=256, n_val=5, n_test=5, min_length=10, max_length=6
 
 
 def _gen_cfg(generate=True, **over):
-    return {**_cfg("listops-small", **{**SMALL, **over}), "generate": generate, "max_length": 60, "seq_len": 64}
+    return task_spec({**_node("listops-small", **{**SMALL, **over}), "generate": generate, "max_length": 60,
+                      "seq_len": 64})
 
 
 @pytest.fixture(autouse=True)
@@ -179,7 +187,7 @@ def test_incomplete_official_folder_is_an_error_and_left_untouched(tmp_path):
     (folder / "NOTES.txt").write_text("my notes\n")
     before = snapshot(folder)
     with pytest.raises(DataError) as e:
-        load_listops({**_cfg(), "generate": True}, tmp_path)
+        load_listops(replace(_cfg(), generate=True), tmp_path)
     msg = str(e.value)
     assert str(folder) in msg and "basic_test.tsv" in msg and "basic_train.tsv" not in msg
     assert "make data task=listops" in msg and "left as it is" in msg
@@ -251,17 +259,17 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
 
 def test_task_path_is_honoured_and_checked(tmp_path):
     with pytest.raises(DataError, match=r"task.path=.*nonexistent does not exist"):
-        load_listops({**_cfg(), "generate": True, "path": str(tmp_path / "nonexistent")}, tmp_path)
+        load_listops(replace(_cfg(), generate=True, path=str(tmp_path / "nonexistent")), tmp_path)
     mine = tmp_path / "elsewhere" / "my-listops"
     _write_official(mine, {"train": [("( ( ( [MAX 2 ) 9 ) ] )", 9)], "val": [("( ( ( [SM 3 ) 4 ) ] )", 7)]})
-    splits = load_listops({**_cfg(), "path": str(mine)}, tmp_path / "root")  # nothing under the root
+    splits = load_listops(replace(_cfg(), path=str(mine)), tmp_path / "root")  # nothing under the root
     assert list(splits["val"].labels) == [7]
     (mine / "basic_test.tsv").unlink()
     with pytest.raises(DataError) as e:
-        load_listops({**_cfg(), "generate": True, "path": str(mine)}, tmp_path / "root")
+        load_listops(replace(_cfg(), generate=True, path=str(mine)), tmp_path / "root")
     assert str(mine) in str(e.value) and "basic_test.tsv" in str(e.value)
     with pytest.raises(DataError, match="expected a folder"):
-        load_listops({**_cfg(), "path": str(mine / "basic_val.tsv")}, tmp_path / "root")
+        load_listops(replace(_cfg(), path=str(mine / "basic_val.tsv")), tmp_path / "root")
     assert not (tmp_path / "root" / "listops-1000").exists()
 
 

@@ -7,6 +7,7 @@ same overrides as ``lra.train`` (e.g. ``experiment=quick`` prepares the quick da
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import signal
@@ -14,31 +15,38 @@ import sys
 import threading
 import time
 
+from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.data import DataError, load_task
 
-USAGE = """usage: python -m lra.data task=<task> [hydra overrides ...]   (make data task=<task>)
-
-Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/).
+USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
+ABOUT = "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/)."
+EXAMPLES = """examples:
   python -m lra.data task=listops                      # generate the official ListOps distribution
   python -m lra.data task=pathfinder experiment=quick  # the quick preset's small Pathfinder set
   python -m lra.data task=text                         # IMDB: says where to put aclImdb_v1.tar.gz"""
 
 
-def main(argv: list[str]) -> int:
-    if "-h" in argv or "--help" in argv:
-        print(USAGE)
-        return 0
+def parser() -> Parser:
+    p = Parser(prog="python -m lra.data", usage=USAGE, description=ABOUT, epilog=EXAMPLES,
+               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_overrides("Hydra overrides, as lra.train takes them: task=<task>, experiment=<preset>, task.<key>=<value>")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code: 0 done (or --help), 2 a bad command line, config or missing data, 128 + signal if stopped."""
+    try:  # argv None: argparse reads the command line
+        overrides = parser().parse_intermixed_args(argv).overrides
+    except SystemExit as e:  # --help (0) or a one-line usage error (2), already printed
+        return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
     log = logging.getLogger("lra.data")
-    unknown = [a for a in argv if a.startswith("-")]
     t0 = time.perf_counter()
     try:
         with _sigterm_raises():
-            if unknown:
-                raise ConfigError(f"unknown argument {unknown[0]!r}; python -m lra.data --help lists the options")
-            spec = load(argv)
-            splits = load_task(spec.data.options, spec.data.root)
+            spec = load(overrides)
+            splits = load_task(spec.data.spec, spec.data.root)
     except (ConfigError, DataError) as e:
         log.error("%s", e)
         return 2
@@ -76,4 +84,4 @@ def _sigterm_raises():
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

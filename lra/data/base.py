@@ -1,4 +1,4 @@
-"""Shared data types, the data root and the error users see for missing or malformed data."""
+"""Shared data types and the error users see for missing or malformed data (the data root: lra/files.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from lra import REPO_ROOT
 
 
 GENERATED_DIR = "generated"  # <data root>/generated/: every set the harness generates, one folder per setting
@@ -24,14 +23,6 @@ class DataError(RuntimeError):
 def data_workers() -> int:
     """Processes for generating and tokenising data: the machine's cores, at most 8."""
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def data_root(configured: str | os.PathLike | None = None) -> Path:
-    """`LRA_DATA` if set, else the configured path, else ``<repo>/data``."""
-    env = os.environ.get("LRA_DATA")
-    if env:
-        return Path(env).expanduser().resolve()
-    return Path(configured).expanduser().resolve() if configured else REPO_ROOT / "data"
 
 
 @dataclass

@@ -68,8 +68,8 @@ class HubSource:
         return str(Path(hub) / self.repo) if hub else self.repo
 
 
-# The one table of what is fetched. Revisions: the commits other projects pin (research/data.md Q4 and
-# public code); row counts: IMDB 25k/25k, CIFAR-10 50k/10k, AAN as released (LRA_FACTS §3).
+# The one table of what is fetched. Revisions: the commits other projects pin (docs/facts.md §3.2 and
+# public code); row counts: IMDB 25k/25k, CIFAR-10 50k/10k, AAN as released (docs/facts.md §3).
 SOURCES: dict[str, HubSource] = {
     "text": HubSource("stanfordnlp/imdb", "e6281661ce1c48d982bc483cf8a173c1bbeb5d31", "hf-stanfordnlp-imdb",
                       {"train": 25_000, "test": 25_000}),
@@ -80,17 +80,6 @@ SOURCES: dict[str, HubSource] = {
                            {"train": "data/aan/new_aan_pairs.train.tsv", "val": "data/aan/new_aan_pairs.eval.tsv",
                             "test": "data/aan/new_aan_pairs.test.tsv"}),
 }
-
-
-def requested(cfg: dict) -> bool:
-    """``task.download`` checked before any work: true or false."""
-    value = cfg.get("download", False)
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        value = value.lower() == "true"
-    if not isinstance(value, bool):
-        raise DataError(f"task.download={value!r}: must be true (fetch missing data from the Hugging Face Hub) "
-                        f"or false")
-    return value
 
 
 def hint(task: str, root: Path) -> str:

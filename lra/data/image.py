@@ -4,7 +4,7 @@ Sources, searched under ``task.path`` if set, else under the data root (first fo
 
 1. ``cifar-10-batches-py/`` (``data_batch_1..5``, ``test_batch``): read with torchvision's
    ``CIFAR10`` class when torchvision is installed and imports (with a CPU torch it usually does
-   not: LRA_FACTS §7), else by our reader of the same pickles. Both give the same arrays.
+   not: docs/facts.md §7), else by our reader of the same pickles. Both give the same arrays.
 2. ``cifar-10-python.tar.gz``: the same pickles, read straight from the archive.
 3. HF ``uoft-cs/cifar10`` parquet: ``train-*.parquet`` and ``test-*.parquet`` with columns ``img``
    (PNG bytes) and ``label``, in a folder whose path mentions ``cifar`` (``task.path`` lifts that).
@@ -40,6 +40,7 @@ from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
+from lra.tasks import ImageSpec
 
 log = logging.getLogger(__name__)
 
@@ -254,15 +255,12 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"then run `make data task=image`.")
 
 
-@register_task("image")
-def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
-    method = str(cfg.get("grayscale", "luminance"))
-    to_gray(np.zeros((1, 3), np.uint8), method)  # validate early
-    val_fraction = float(cfg.get("val_fraction", 0.1))
-    fetch = download.requested(cfg)
-    explicit = explicit_path(cfg)
+@register_task("image", spec=ImageSpec)
+def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]:
+    method, val_fraction = spec.grayscale, float(spec.val_fraction)
+    explicit = explicit_path(spec.path)
     found, notes = locate(root, explicit)
-    if found is None and fetch:
+    if found is None and spec.download:
         download.fetch("image", root, explicit, progress,
                        by_hand=f"download {CIFAR_URL} to {root}/cifar-10-python.tar.gz")
         found, notes = locate(root, explicit)

@@ -1,6 +1,6 @@
 """ListOps: generator of the official distribution, evaluator, reader of the official TSV, tokenizer.
 
-Official distribution (LRA_FACTS §3, google-research/long-range-arena ``listops.py``): trees drawn
+Official distribution (docs/facts.md §3.3, google-research/long-range-arena ``listops.py``): trees drawn
 from depth 1; below ``max_depth`` a node is a leaf (uniform digit) with probability 0.75, else an
 operator (uniform over MIN, MAX, MED, SM) with ``randint(2, max_args)`` children; at ``max_depth``
 always a leaf. A tree is kept if ``min_length < length < max_length`` where length counts each
@@ -39,7 +39,7 @@ import re
 import shutil
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,7 @@ from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, worker_
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path
+from lra.tasks import ListOpsGenerator, ListOpsSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,26 +65,8 @@ CHUNK_DRAWS = 4000  # raw trees per generator chunk
 GENERATOR_VERSION = 1  # part of a generated folder's key: a change to the distribution gets new folders
 
 
-@dataclass(frozen=True)
-class GeneratorParams:
-    seed: int = 0
-    n_train: int = 96_000
-    n_val: int = 2_000
-    n_test: int = 2_000
-    min_length: int = 500
-    max_length: int = 2000
-    max_depth: int = 10
-    max_args: int = 10
-
-    def __post_init__(self):
-        for k in ("n_train", "n_val", "n_test"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"listops generator: {k} must be >= 1, got {getattr(self, k)}")
-        if not (0 <= self.min_length < self.max_length - 1):
-            raise ValueError(f"listops generator: need 0 <= min_length < max_length - 1, got "
-                             f"{self.min_length}, {self.max_length}")
-        if self.max_depth < 2 or self.max_args < 2:
-            raise ValueError("listops generator: max_depth and max_args must be >= 2")
+# The generator's parameters are the task node's ``task.generator`` (checked when the config is resolved)
+GeneratorParams = ListOpsGenerator
 
 
 # ------------------------------------------------------------------------------ trees
@@ -406,11 +389,11 @@ def _incomplete_error(folder: Path, missing: list[str], what: str) -> DataError:
         f"task.dirname) to generate the data with `make data task=listops`. The folder was left as it is.")
 
 
-def prepare(cfg: dict, root: Path, progress: bool = True) -> Path:
+def prepare(spec: ListOpsSpec, root: Path, progress: bool = True) -> Path:
     """The ListOps folder: ``task.path``; else official files found under the root; else the generated
     folder ``<root>/<dirname>`` (seeded official distribution), made or remade if needed and allowed.
     Never deletes or overwrites a file the harness did not write."""
-    explicit = explicit_path(cfg)
+    explicit = explicit_path(spec.path)
     if explicit is not None:
         if not explicit.is_dir():
             raise DataError(f"task.path={explicit}: expected a folder holding {', '.join(FILES)}")
@@ -418,9 +401,9 @@ def prepare(cfg: dict, root: Path, progress: bool = True) -> Path:
         if missing:
             raise _incomplete_error(explicit, missing, "task.path: ")
         return explicit
-    params = GeneratorParams(**cfg.get("generator", {}))
+    params = spec.generator
     incomplete = []
-    for folder in candidates(root, cfg["dirname"]):
+    for folder in candidates(root, spec.dirname):
         if not folder.is_dir() or is_generated(folder):
             continue
         missing = _missing(folder)
@@ -430,19 +413,19 @@ def prepare(cfg: dict, root: Path, progress: bool = True) -> Path:
             incomplete.append((folder, missing))
     if incomplete:
         raise _incomplete_error(*incomplete[0], "")
-    target = generated_folder(root, cfg["dirname"], params)
+    target = generated_folder(root, spec.dirname, params)
     problem = check_generated(target, params) if is_generated(target) else "absent"
     if problem is None:
         return target
-    legacy = _legacy_folder(root / cfg["dirname"], params, target) if problem == "absent" else None
+    legacy = _legacy_folder(root / spec.dirname, params, target) if problem == "absent" else None
     if legacy is not None:
         return legacy
-    if not cfg.get("generate", True):
+    if not spec.generate:
         if problem != "absent":
             raise DataError(f"{target} (generated) cannot be used: {problem}. Regenerate it with `make data "
                             f"task=listops` (task.generate=true), or delete the folder.")
         raise DataError(
-            f"ListOps data not found: looked for basic_{{train,val,test}}.tsv in {root / cfg['dirname']} (and under "
+            f"ListOps data not found: looked for basic_{{train,val,test}}.tsv in {root / spec.dirname} (and under "
             f"{root}/lra_release/), and for a generated set in {target}. Generate it with `make data task=listops`, "
             f"or point LRA_DATA at a folder holding listops-1000/ from the LRA release (lra_release.gz).")
     if problem == "absent":
@@ -469,15 +452,12 @@ def _legacy_folder(folder: Path, params: GeneratorParams, target: Path) -> Path 
     return folder if recorded == asdict(params) else None
 
 
-@register_task("listops")
-def load(cfg: dict, root: Path) -> dict[str, Split]:
-    tokenizer = str(cfg.get("tokenizer", "brackets"))
-    if tokenizer not in VOCABS:
-        raise DataError(f"task.tokenizer={tokenizer!r} is not allowed: one of {', '.join(VOCABS)}")
-    folder = prepare(cfg, root)
+@register_task("listops", spec=ListOpsSpec)
+def load(spec: ListOpsSpec, root: Path) -> dict[str, Split]:
+    folder = prepare(spec, root)
     paths = {s: folder / f"basic_{s}.tsv" for s in SPLITS}
-    key = {"task": "listops", "max_length": cfg["max_length"], "seq_len": cfg["seq_len"],
-           "vocab": VOCABS[tokenizer], "sources": source_fingerprint(paths.values())}
+    key = {"task": "listops", "max_length": spec.max_length, "seq_len": spec.seq_len,
+           "vocab": VOCABS[spec.tokenizer], "sources": source_fingerprint(paths.values())}
     recorded = json.loads((folder / STAMP).read_text()).get("files") if is_generated(folder) else None
 
     def build():
@@ -487,7 +467,7 @@ def load(cfg: dict, root: Path) -> dict[str, Split]:
             if recorded is not None and len(rows) != recorded[p.name]["rows"]:
                 raise DataError(f"{p}: {len(rows)} rows, {STAMP} recorded {recorded[p.name]['rows']}; the file was "
                                 f"edited or damaged: delete the folder to regenerate it")
-            out[s] = tokenize_split(rows, p, cfg["max_length"], cfg["seq_len"], data_workers(), tokenizer)
+            out[s] = tokenize_split(rows, p, spec.max_length, spec.seq_len, data_workers(), spec.tokenizer)
         return out
 
     return cached_splits(root, "listops", key, build)

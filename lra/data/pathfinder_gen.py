@@ -1,5 +1,5 @@
 """Pathfinder generator: an independent implementation of the official distribution (Kim*, Linsley*
-et al. 2020, as used by LRA; LRA_FACTS §3 and research/data.md Q2b), seeded and parallel.
+et al. 2020, as used by LRA; docs/facts.md §3.4), seeded and parallel.
 
 An image holds two target snakes, distractor snakes and two marker disks on a black background.
 
@@ -69,7 +69,7 @@ GENERATOR_VERSION = 1  # part of a generated folder's key: a change to the distr
 
 @dataclass(frozen=True)
 class Style:
-    """Per-resolution constants of the official generator (research/data.md Q2b table)."""
+    """Per-resolution constants of the official generator (docs/facts.md §3.4, the per-resolution table)."""
 
     paddle_length: int
     paddle_thickness: float

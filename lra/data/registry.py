@@ -1,10 +1,12 @@
-"""Task registry: task name -> loader returning ``{"train", "val", "test"} -> Split``.
+"""Task registry: task name -> reader returning ``{"train", "val", "test"} -> Split``.
 
-Each task module registers its own loader with ``@register_task("<name>")`` (as attention backends
-do); ``lra/data/__init__.py`` imports the task modules, so importing ``lra.data`` fills the registry.
-This module knows no task. A loader takes the task config (``conf/task/<name>.yaml``, a dict) and
-the data root, finds the data in any supported format, tokenises it through the cache, and raises
-:class:`DataError` naming the paths it looked at and the command that prepares them.
+Each task module registers its own reader with ``@register_task("<name>", spec=<Spec>)`` (as attention
+backends do); ``lra/data/__init__.py`` imports the task modules, so importing ``lra.data`` fills the
+registry. This module knows no task. A reader takes its task's typed spec (``lra/tasks.py``: the task
+node, checked when the config is resolved) and the data root, finds the data in any supported format,
+tokenises it through the cache, and raises :class:`DataError` naming the paths it looked at and the
+command that prepares them. The spec a reader declares must be the one ``lra.tasks.TASK_SPECS``
+registers for its task, so the spec the config checks is the spec the reader reads.
 """
 
 from __future__ import annotations
@@ -12,23 +14,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
 from lra.data.base import Split
+from lra.tasks import TASK_SPECS, TaskSpec, task_spec
 
 log = logging.getLogger(__name__)
 
-Loader = Callable[[dict, Path], dict[str, Split]]
+Loader = Callable[[TaskSpec, Path], dict[str, Split]]
 LOADERS: dict[str, Loader] = {}
 
 
-def register_task(name: str):
-    """Decorator: ``fn(task_cfg: dict, root: Path) -> {split: Split}`` becomes the loader of ``name``."""
+def register_task(name: str, *, spec: type[TaskSpec]):
+    """Decorator: ``fn(spec: <spec>, root: Path) -> {split: Split}`` becomes the reader of ``name``;
+    ``spec`` is the typed spec it takes, which must be ``lra.tasks.TASK_SPECS[name]``."""
+    registered = TASK_SPECS.get(name)
+    if spec is not registered:
+        where = f"registers {registered.__name__}" if registered else "registers no spec for it"
+        raise ValueError(f"task {name!r}: the reader takes {getattr(spec, '__name__', spec)}, but lra.tasks.TASK_SPECS "
+                         f"{where}; a task's spec is registered in lra/tasks.py")
+
     def deco(fn: Loader) -> Loader:
         if name in LOADERS and LOADERS[name] is not fn:
             raise ValueError(f"task {name!r} is registered twice ({LOADERS[name].__module__} and {fn.__module__})")
+        fn.spec = spec
         LOADERS[name] = fn
         return fn
     return deco
@@ -38,12 +49,20 @@ def available_tasks() -> list[str]:
     return sorted(LOADERS)
 
 
-def load_task(task_cfg: dict, root: Path) -> dict[str, Split]:
-    name = task_cfg["name"]
+def load_task(task: TaskSpec | Mapping, root: Path) -> dict[str, Split]:
+    """The splits of a task: ``task`` is its typed spec (``RunSpec.data.spec``) or its node as composed (a
+    dict: typed here by :func:`lra.tasks.task_spec`, as the config does, so a bad value is a ConfigError)."""
+    name = task.name if isinstance(task, TaskSpec) else task.get("name")
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
-    splits = limit_examples(LOADERS[name](dict(task_cfg), Path(root)), task_cfg.get("max_examples"))
-    zero_is_padding = task_cfg.get("mask", "all") == "nonzero"  # the public code's ids != 0 (docs/fidelity.md)
+    if isinstance(task, TaskSpec) or name in TASK_SPECS:
+        spec = task if isinstance(task, TaskSpec) else task_spec(task)
+        splits = LOADERS[name](spec, Path(root))
+        limits, zero_is_padding = spec.max_examples.limits() if spec.max_examples else None, spec.zero_is_padding
+    else:  # a reader put into LOADERS without a spec (a test's stand-in): it takes the node as it is
+        splits = LOADERS[name](dict(task), Path(root))
+        limits, zero_is_padding = task.get("max_examples"), task.get("mask", "all") == "nonzero"
+    splits = limit_examples(splits, limits)
     return {k: dataclasses.replace(splits[k], zero_is_padding=zero_is_padding)
             for k in ("train", "val", "test") if k in splits}
 

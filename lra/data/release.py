@@ -227,12 +227,11 @@ def natural_key(s: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-def explicit_path(cfg: dict) -> Path | None:
-    """``task.path`` (a file or folder the user points at), checked to exist."""
-    p = cfg.get("path")
-    if not p:
+def explicit_path(path: str | None) -> Path | None:
+    """``task.path`` (a file or folder the user points at: a task spec's ``path``), checked to exist."""
+    if not path:
         return None
-    p = Path(str(p)).expanduser()
+    p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"task.path={p} does not exist. Point it at the data (folder or archive), or leave it "
                         f"unset to search the data root.")

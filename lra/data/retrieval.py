@@ -11,7 +11,7 @@ Files: ``new_aan_pairs.{train,eval,test}.tsv``, searched (first found wins) in
 
 With ``task.download=true``, missing files are fetched from the HF mirror (``lra/data/download.py``).
 
-Format (LRA_FACTS §3): no header; five tab-separated fields ``label id1 id2 text1 text2``; the label
+Format (docs/facts.md §3): no header; five tab-separated fields ``label id1 id2 text1 text2``; the label
 may be written as a float (``1.0``). Quotes are ordinary characters (LRA reads with
 ``use_quote_delim=False``), so a line is split on tabs and never parsed with CSV quoting. The text
 fields are taken as raw bytes, exactly as the official pipeline does (in the release they are
@@ -36,6 +36,7 @@ from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, release_archives, walk
 from lra.data.text import encode_bytes
+from lra.tasks import RetrievalSpec
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +154,11 @@ def read_archive(path: Path, max_length: int, progress: bool) -> dict:
     return got
 
 
-@register_task("retrieval")
-def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
-    fetch = download.requested(cfg)
-    explicit = explicit_path(cfg)
+@register_task("retrieval", spec=RetrievalSpec)
+def load(spec: RetrievalSpec, root: Path, progress: bool = True) -> dict[str, Split]:
+    explicit = explicit_path(spec.path)
     found, notes = locate(root, explicit)
-    if found is None and fetch:
+    if found is None and spec.download:
         download.fetch("retrieval", root, explicit, progress,
                        by_hand=f"download {RELEASE_URL} to {root}/ (read without unpacking), or put "
                                f"new_aan_pairs.{{train,eval,test}}.tsv in {root}/tsv_data/")
@@ -167,7 +167,7 @@ def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
         raise missing_error(root, explicit, notes)
     kind, where = found
     files = [where / f for f in FILES.values()] if kind == "folder" else [where]
-    max_length, seq_len = int(cfg["max_length"]), int(cfg["seq_len"])
+    max_length, seq_len = spec.max_length, spec.seq_len
     key = {"task": "retrieval", "max_length": max_length, "seq_len": seq_len, "source": kind,
            "sources": source_fingerprint(files)}
 

@@ -13,7 +13,7 @@ Formats 3 and 4 are recognised by name only in folders whose path mentions ``imd
 lifts that rule). IMDB is not in ``lra_release.gz`` and cannot be generated. With ``task.download=true`` a
 missing IMDB is fetched from the Hub as format 4 (``lra/data/download.py``).
 
-Tokens (LRA_FACTS §3, the LRA ``ByteTextEncoder``): the UTF-8 bytes of the raw review (``<br />``
+Tokens (docs/facts.md §3.1, the LRA ``ByteTextEncoder``): the UTF-8 bytes of the raw review (``<br />``
 tags kept, no lower-casing), id = byte + 1, 0 = padding; the first ``max_length`` bytes (4000, or
 1000 in the Nyströmformer protocol) padded with 0 to ``seq_len`` (4096 / 1024). Each split is put in
 a canonical order, sorted by (label, review bytes), so every source gives identical arrays.
@@ -39,6 +39,7 @@ from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
+from lra.tasks import TextSpec
 
 log = logging.getLogger(__name__)
 
@@ -301,29 +302,21 @@ def build_splits(rows: Rows, max_length: int, seq_len: int, dev_split: str, val_
     return out
 
 
-def check_dev_split(value) -> str:
-    if value not in ("carve", "test"):
-        raise ValueError(f"task.dev_split must be 'carve' (validation carved from train) or 'test' (the papers' "
-                         f"test-as-dev), got {value!r}")
-    return value
-
-
-@register_task("text")
-def load(cfg: dict, root: Path, progress: bool = True) -> dict[str, Split]:
-    dev_split = check_dev_split(cfg.get("dev_split", "carve"))
-    fetch = download.requested(cfg)
-    explicit = explicit_path(cfg)
+@register_task("text", spec=TextSpec)
+def load(spec: TextSpec, root: Path, progress: bool = True) -> dict[str, Split]:
+    dev_split = spec.dev_split
+    explicit = explicit_path(spec.path)
     src, notes = locate(root, explicit)
-    if src is None and fetch:
+    if src is None and spec.download:
         download.fetch("text", root, explicit, progress,
                        by_hand=f"download {IMDB_URL} to {root}/aclImdb_v1.tar.gz")
         src, notes = locate(root, explicit)
     if src is None:
         raise missing_error(root, explicit, notes)
-    max_length, seq_len = int(cfg["max_length"]), int(cfg["seq_len"])
+    max_length, seq_len = spec.max_length, spec.seq_len
     key = {"task": "text", "max_length": max_length, "seq_len": seq_len, "dev_split": dev_split,
-           "val_fraction": float(cfg.get("val_fraction", 0.1)) if dev_split == "carve" else None,
-           "split_seed": int(cfg.get("split_seed", 0)), "source": src.kind,
+           "val_fraction": float(spec.val_fraction) if dev_split == "carve" else None,
+           "split_seed": spec.split_seed, "source": src.kind,
            "sources": source_fingerprint(src.files)}
 
     def build():

@@ -1,0 +1,36 @@
+"""``python -m lra.data`` (make data): its command line goes through lra.cli.Parser, as every command's."""
+
+import ast
+import logging
+
+from lra import REPO_ROOT
+from lra.data import __main__ as data_main
+
+
+def test_help_lists_usage_and_examples_and_exits_0(capsys):
+    assert data_main.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m lra.data task=<task> [hydra overrides ...]   (make data task=<task>)")
+    for needle in ("Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/).",
+                   "python -m lra.data task=listops ", "python -m lra.data task=pathfinder experiment=quick",
+                   "IMDB: says where to put aclImdb_v1.tar.gz"):
+        assert needle in out, needle
+
+
+def test_an_unknown_flag_is_one_line_and_exit_2(capsys):
+    assert data_main.main(["task=listops", "--bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--bogus" in err and "python -m lra.data --help lists the options" in err
+
+
+def test_a_bad_task_key_is_one_line_naming_the_valid_keys_and_exit_2(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("LRA_DATA", str(tmp_path))
+    with caplog.at_level(logging.ERROR):
+        assert data_main.main(["task=listops", "experiment=quick", "+task.tokenzier=alnum"]) == 2
+    assert "task.tokenzier='alnum' is not allowed: not a key of task; valid keys: dirname" in caplog.text
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_the_command_line_is_read_by_argparse_not_sys_argv():
+    tree = ast.parse((REPO_ROOT / "lra" / "data" / "__main__.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "argv"]
