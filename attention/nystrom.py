@@ -12,7 +12,7 @@ head) is added as a skip, as in the Nyströmformer LRA configs; the Skeinformer/
 
 Complexity: O(n·m·d + m²·n + m³) time, O(n·m) memory, with m = ``landmarks`` (default 256).
 
-Deviations from the public code (LRA_FACTS §6, peers §5.4 and §5.10), all deliberate; defaults:
+Deviations from the public code (docs/facts.md §6.3), all deliberate; defaults:
   * Landmarks are means over **real tokens only**: each sample's L real tokens, taken in order
     wherever they sit, are split into min(m, L) contiguous segments whose sizes differ by at most
     one. When a sample has fewer real tokens than m, the unused landmarks are masked out of every

@@ -17,7 +17,7 @@ buffer (saved with the model), as the LRA papers' code did; ``"per_call"`` draws
 forward from torch's RNG, as the paper's redrawing (performer-pytorch redraws every 1000 calls).
 Every draw goes through the module-level :func:`gaussian_orthogonal_features`.
 
-Defaults (the corrected behaviour; LRA_FACTS §6, peers §5.1, §5.9, §5.11, §5.13):
+Defaults (the corrected behaviour; docs/facts.md §6.2):
   * Temperature 1/√d once.
   * Padded keys are removed *after* the feature map (φ(k)=0), so they leave both the sum and the
     normaliser.

@@ -1,6 +1,6 @@
 """Backend registry: the one place that maps a name to an attention module.
 
-Contract (DESIGN.md):
+Contract (docs/design.md):
   available() -> sorted list of names
   build(name, *, num_heads, head_dim, max_len, **options) -> nn.Module
   module(q, k, v, mask=None) -> out, all (batch, heads, n, head_dim); mask bool (batch, n), True = real.
@@ -98,10 +98,35 @@ _LOADED = False
 
 def register(name: str, *, defaults: dict | None = None, doc: str = "",
              capabilities: Capabilities | None = None) -> Callable[[type], type]:
-    """Class decorator: ``@register("skeinformer")``; stack several for variants with other defaults.
+    """Class decorator that makes an :class:`AttentionBackend` subclass buildable by name.
 
-    ``capabilities`` overrides the class's declaration for this name (e.g. an ablation whose
-    defaults change its complexity).
+    Stack several for variants: the same class under another name with other option defaults.
+
+    Args:
+        name: the registry name (``attn=<name>`` on the command line, a row of the tables).
+        defaults: option values this name uses instead of the ``Options`` dataclass's own; every key
+            must be a field of ``cls.Options``.
+        doc: one line for ``attention.describe`` (default: the class docstring's first line).
+        capabilities: overrides the class's declared :class:`Capabilities` for this name (e.g. an
+            ablation whose defaults change its complexity).
+
+    Returns:
+        The decorator; it returns the class unchanged. It raises ``TypeError`` for a class that is not
+        an ``AttentionBackend``, ``ValueError`` for a name registered twice or an unknown default.
+
+    Example::
+
+        @attention.register("mine", defaults={"num_features": 64})
+        class Mine(attention.AttentionBackend):
+            @dataclass
+            class Options:
+                num_features: int = 128
+
+            def forward(self, q, k, v, mask=None):  # (batch, heads, n, head_dim), mask (batch, n) True = real
+                ...
+
+        attention.build("mine", num_heads=2, head_dim=32, max_len=1024)   # num_features=64
+        attention.testing.check_backend("mine")                             # the contract, checked
     """
 
     def deco(cls: type) -> type:
@@ -215,7 +240,26 @@ def make_options(name: str, **options) -> Any:
 
 
 def build(name: str, *, num_heads: int, head_dim: int, max_len: int, **options) -> nn.Module:
-    """Instantiate backend ``name``. Unknown names list the available ones; bad options name themselves."""
+    """Instantiate backend ``name``, its output checked against the contract on every call.
+
+    Args:
+        name: a registered name (``attention.available()``).
+        num_heads, head_dim, max_len: the layer's shape; each a positive int.
+        **options: fields of the backend's ``Options`` (``attention.describe(name)`` lists them); the
+            registered defaults fill the rest.
+
+    Returns:
+        The module: ``module(q, k, v, mask=None)`` with q, k, v ``(batch, heads, n, head_dim)`` and mask
+        ``(batch, n)`` (True = real token), returning ``(batch, heads, n, head_dim)``.
+
+    Raises ``ValueError`` naming the available backends for an unknown name, and :class:`InvalidOption`
+    naming the option for an unknown or out-of-range one.
+
+    Example::
+
+        attn = attention.build("skeinformer", num_heads=2, head_dim=32, max_len=2048, num_features=128)
+        out = attn(q, k, v, mask)
+    """
     for key, val in (("num_heads", num_heads), ("head_dim", head_dim), ("max_len", max_len)):
         if not isinstance(val, int) or val < 1:
             raise InvalidOption(f"{key} must be a positive int, got {val!r}")

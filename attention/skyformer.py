@@ -35,7 +35,7 @@ of 3 seeds, defaults γ = 0.1 and 6 iterations): relative error against ``kernel
 0.35 / 0.16 / 0.005 at 8 / 32 / 64 / 128 / 256 landmarks (random inputs are the hard case: B̄ is
 close to I, so error falls roughly with the share of rows taken; 256 ≥ 2·n_real takes them all).
 
-Deviations from the paper and the public code (LRA_FACTS §6, peers §5), all deliberate:
+Deviations from the paper and the public code (docs/facts.md §6.1, §6.3, §6.4), all deliberate:
   * Landmarks are drawn **among real tokens only**, per sample and head, wherever the padding
     sits (the public code draws positions below the real-token count, i.e. assumes right padding).
     By default without replacement (``replacement=False``): duplicates add nothing to a Nyström

@@ -1,4 +1,4 @@
-"""The backend contract (DESIGN.md) as checks anyone can run on their own backend.
+"""The backend contract (docs/design.md) as checks anyone can run on their own backend.
 
     import attention.testing
     attention.testing.check_backend("my_attention")        # raises AssertionError naming what broke
@@ -144,6 +144,19 @@ CHECKS = {name: _as_assertion(check) for name, check in {
 
 
 def check_backend(name: str) -> None:
-    """Every contract check on backend ``name``; the first failure raises ``AssertionError``."""
+    """Every contract check (:data:`CHECKS`) on backend ``name``: against an exact float64 reference or its
+    own limit, padding at the end and in the middle, seeded determinism, no mask = all-true mask.
+
+    Args:
+        name: a registered name, yours included (register it first: ``@attention.register``).
+
+    Returns:
+        None; the first failing check raises ``AssertionError`` saying what broke.
+
+    Example::
+
+        import attention.testing
+        attention.testing.check_backend("mine")   # in your test suite, or once at a prompt
+    """
     for check in CHECKS.values():
         check(name)

@@ -1,4 +1,4 @@
-"""The LRA classifier every paper uses (LRA_FACTS §2), with any registered attention backend.
+"""The LRA classifier every paper uses (docs/facts.md §2), with any registered attention backend.
 
 Token + learned position embeddings (N(0, 0.02)), dropout, ``num_layers`` pre-LayerNorm blocks
 (x + Dropout(Attn(LN(x))), x + MLP(LN(x)) with GELU), final LayerNorm, mean pooling over the REAL

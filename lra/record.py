@@ -1,4 +1,4 @@
-"""The run record ``result.json`` (DESIGN.md): what a run was and how it ended, written atomically."""
+"""The run record ``result.json`` (docs/design.md): what a run was and how it ended, written atomically."""
 
 from __future__ import annotations
 

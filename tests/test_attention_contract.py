@@ -1,4 +1,4 @@
-"""Registry contract, run over every registered backend (DESIGN.md, attention section).
+"""Registry contract, run over every registered backend (docs/design.md, "Attention backends").
 
 Backend-specific oracles (float64 references, error shrinking with features) live in
 tests/attention/test_<family>.py; this file checks what every backend owes the model.
@@ -50,7 +50,7 @@ def test_describe_capabilities():
 
 
 def test_every_paper_row_is_registered():
-    """Every row of the papers' tables is a registered name (DESIGN.md)."""
+    """Every row of the papers' tables is a registered name (docs/design.md)."""
     assert sorted(PAPER_NAMES - set(NAMES)) == []
 
 

@@ -434,29 +434,51 @@ def test_paper_results_are_consistent_and_sourced():
     assert set(df["attn"]) <= set(attn_configs())
 
 
-def test_paper_results_match_lra_facts():
-    facts = Path("/work/shared/docs/LRA_FACTS.md")
-    if not facts.is_file():
-        pytest.skip("LRA_FACTS.md not available here")
-    text = facts.read_text().split("## 5.")[1].split("Beyond attention")[0]
+FACTS = Path(__file__).resolve().parents[1] / "docs" / "facts.md"
+# docs/facts.md §5: sub-section -> (paper, table) of lra/paper_results.csv
+FACT_TABLES = {"5.1": ("skeinformer", "table1"), "5.2": ("skyformer", "table1"), "5.3": ("skyformer", "table2"),
+               "5.4": ("yoso", "table3")}
+FACT_TASKS = {"Text": "text", "ListOps": "listops", "Retrieval": "retrieval", "Pathfinder": "pathfinder",
+              "Image": "image", "Avg": "average"}
+
+
+def facts_tables() -> dict:
+    """{"5.n": (header, rows)}: the Markdown table under each ### 5.n heading of docs/facts.md."""
+    section = FACTS.read_text(encoding="utf-8").split("\n## 5.")[1].split("\n## 6.")[0]
+    tables = {}
+    for block in section.split("\n### ")[1:]:
+        lines = [line for line in block.splitlines() if line.startswith("|")]
+        cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+        tables[block.split()[0]] = (cells[0], cells[2:]) if cells else ([], [])
+    return tables
+
+
+def test_paper_results_match_docs_facts():
+    """Every cell of the tables in docs/facts.md §5 is in lra/paper_results.csv, printed the same."""
+    tables = facts_tables()
+    assert set(tables) == set(FACT_TABLES), sorted(tables)
     df = paper_results()
-
-    def row(paper, table, name):
-        g = df[(df["paper"] == paper) & (df["table"] == table) & (df["row"] == name)]
-        return g.set_index("task")["text"].to_dict()
-
-    checks = [("skeinformer", "table1", "Standard", "Standard", ["text", "listops", "retrieval", "pathfinder", "image", "average"]),
-              ("skeinformer", "table1", "Skeinformer", "Skeinformer", ["text", "listops", "retrieval", "pathfinder", "image", "average"]),
-              ("skyformer", "table1", "Skyformer", "Skyformer", ["text", "listops", "retrieval", "pathfinder", "image", "average"]),
-              ("yoso", "table3", "none", "none", ["listops", "text", "retrieval", "image", "pathfinder", "average"]),
-              ("yoso", "table3", "YOSO-C-16", "YOSO-C-16", ["listops", "text", "retrieval", "image", "pathfinder", "average"])]
-    for paper, table, name, fact_name, order in checks:
-        seq = " ".join(row(paper, table, name)[t] for t in order)
-        assert f"{fact_name} {seq}" in text, (paper, name, seq)
-    sky2 = df[(df["paper"] == "skyformer") & (df["table"] == "table2") & (df["row"] == "Self-Attention")]
-    hours = " ".join(sky2[sky2["metric"] == "hours"].set_index("task").loc[
-        ["text", "listops", "retrieval", "pathfinder", "image"], "text"])
-    assert f"Self-attention {hours} /" in text
+    checked = 0
+    for section, (paper, table) in FACT_TABLES.items():
+        header, rows = tables[section]
+        g = df[(df["paper"] == paper) & (df["table"] == table)]
+        csv_cells = {(r.row, r.task, r.metric): r.text for r in g.itertuples()}
+        by_metric = header[1] == "metric"  # one row per (name, metric) instead of accuracy only
+        tasks = header[2:] if by_metric else header[1:]
+        for cells in rows:
+            name, metric = cells[0], cells[1] if by_metric else "acc"
+            values = cells[2:] if by_metric else cells[1:]
+            assert len(values) == len(tasks), (section, name)
+            for head, value in zip(tasks, values):
+                key = (name, FACT_TASKS[head], metric)
+                assert csv_cells.get(key) == value, (paper, table, key, value, csv_cells.get(key))
+                checked += 1
+        # the CSV names the same table as its source, and no file
+        assert (g["source"].str.extract(r", Table (\d+)$")[0] == table[len("table"):]).all(), (paper, table)
+    assert not df["source"].str.contains("/").any()
+    # every row the facts print: Skeinformer Table 1 (16 x 6), Skyformer Table 1 (9 x 6), two rows of
+    # Skyformer Table 2 (hours and GB x 5 tasks), YOSO Table 3 (10 x 6)
+    assert checked == 16 * 6 + 9 * 6 + 2 * 2 * 5 + 10 * 6
 
 
 def test_paper_results_are_package_data():
@@ -543,7 +565,7 @@ LONG = "protocol.listops.data.n_test=64,protocol.listops.data.n_train=256,train.
 
 
 def test_curves_against_steps_and_time_with_full_labels(tmp_path):
-    from lra.plots import curves_figure
+    from lra.collect.plots import curves_figure
 
     for seed in (0, 1):
         make_record(tmp_path, "softmax", seed, time_per_1k_steps_s=100.0 * (seed + 1))
@@ -574,7 +596,7 @@ def _points(ax):
 
 
 def test_cpu_runs_plot_the_memory_estimate_and_say_so(tmp_path):
-    from lra.plots import efficiency_figure, lra_chart_data, lra_chart_figure
+    from lra.collect.plots import efficiency_figure, lra_chart_data, lra_chart_figure
 
     make_record(tmp_path, "softmax", 0, device="cpu", peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
     make_record(tmp_path, "none", 0, peak_mem_bytes=2 ** 30, peak_mem_estimate_bytes=5 * 2 ** 30)
@@ -595,7 +617,7 @@ def test_cpu_runs_plot_the_memory_estimate_and_say_so(tmp_path):
 
 
 def test_lra_chart_averages_tasks_and_uses_throughput(tmp_path):
-    from lra.plots import lra_chart_data
+    from lra.collect.plots import lra_chart_data
 
     for task, acc, tok in (("listops", 0.4, 1000.0), ("text", 0.6, 3000.0)):
         for seed in (0, 1):

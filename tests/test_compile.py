@@ -1,4 +1,4 @@
-"""Every attention backend inside the classifier under torch.compile (GPU_NOTES: 2-3x faster steps).
+"""Every attention backend inside the classifier under torch.compile (docs/facts.md §10: 2-3x faster steps).
 
 Each registered name, in a small classifier (n = seq_len = 64, as the harness pads every batch to
 seq_len), with options small enough that the sub-quadratic path runs (blocks, landmarks, features

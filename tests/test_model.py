@@ -15,7 +15,7 @@ def make(**kw):
 
 def test_param_count_matches_paper_shape():
     m = make(vocab_size=16, seq_len=2048)
-    # embeddings (16 + 2048) x 64, 2 blocks, final LN, head 64-128-10 (seed_code A.1: about 210k for ListOps)
+    # embeddings (16 + 2048) x 64, 2 blocks, final LN, head 64-128-10 (docs/facts.md §9.1: about 210k for ListOps)
     n = sum(p.numel() for p in m.parameters())
     assert 200_000 < n < 225_000
 

@@ -1,4 +1,4 @@
-"""The papers' protocols: presets (LRA_FACTS §4), stopping and selection rules, run records,
+"""The papers' protocols: presets (docs/facts.md §4), stopping and selection rules, run records,
 diverged and stuck runs, schedules, the resumable data order and the training timer."""
 
 import math
@@ -10,7 +10,7 @@ import torch
 from lra.config import ConfigError, ModelSpec, AttnSpec, TrainSpec, compose, load
 from tests.test_train import TINY
 
-# LRA_FACTS §4 / seed_code §A: (batch, lr, warmup, steps, eval every)
+# docs/facts.md §4, §9.3, §9.4, §9.5: (batch, lr, warmup, steps, eval every)
 PAPER = {
     "skeinformer_paper": {"listops": (256, 1e-4, 1000, 20000, 500), "text": (128, 1e-4, 80, 50000, 500),
                           "retrieval": (64, 1e-4, 800, 60000, 300), "image": (256, 1e-4, 175, 50000, 50),

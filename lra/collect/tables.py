@@ -65,7 +65,7 @@ SKEIN_TASKS = (("text", "Text"), ("listops", "ListOps"), ("retrieval", "Retrieva
 SKY_ABBR = (("text", "TC"), ("listops", "LO"), ("retrieval", "RE"), ("pathfinder", "PF"), ("image", "IC"))
 YOSO_TASKS = (("listops", "listops"), ("text", "text"), ("retrieval", "retrieval"), ("image", "image"),
               ("pathfinder", "pathfinder"))
-PAPERS = {"skeinformer": "Skeinformer (Chen, Zeng et al., AAAI 2022)",
+PAPERS = {"skeinformer": "Skeinformer (Chen, Zeng et al., arXiv:2112.05359v1)",
           "skyformer": "Skyformer (Chen, Zeng et al., NeurIPS 2021)",
           "yoso": "YOSO (Zeng et al., ICML 2021)"}
 
