@@ -21,146 +21,61 @@ the backend's default < ``attn.base_options`` (a named variant such as ``conf/at
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import math
 import os
-import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
-from hydra.core.config_store import ConfigStore
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import attention
-from lra import CONF_DIR, REPO_ROOT
-from lra.data.base import data_root
+from lra import CONF_DIR
+from lra.checks import SEED_MAX, ConfigError  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
+from lra.checks import check as _check, choice as _choice, flag as _flag, integer as _int, number as _num
+from lra.conf_nodes import attn_configs, register_resolvers  # noqa: F401  (registered on import; re-exported)
+from lra.files import data_root
+from lra.tasks import TaskSpec, task_spec
 
 RESUME_KEY_VERSION = 2  # 2: typed run spec, data fingerprint, precision and devices in the key
 
 
-class ConfigError(ValueError):
-    """A user value that cannot run; the message is one line: key, value, what is allowed."""
-
-
 # ---------------------------------------------------------------------------------------------
-# Resolvers and composition
-
-
-def _folder_name(text: str) -> str:
-    """``text`` as one folder name: unsafe characters replaced, and then (or when long) a hash of the
-    exact text added, so two different texts never give one name."""
-    name = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
-    if name != text or len(name) > 200:  # a file name holds 255 bytes
-        name = name[:190] + "-" + hashlib.sha1(text.encode()).hexdigest()[:9]
-    return name
-
-
-def _tag(run_tag: str | None = None, override_dirname: str = "") -> str:
-    """The run folder's last level: ``run_tag`` (the canonical one, set by ``lra.train`` and the sweep:
-    :func:`run_tag`); without it (a bare Hydra ``-m``) the override text, as Hydra spells it."""
-    text = run_tag if run_tag is not None else override_dirname
-    return "/" + _folder_name(str(text)) if text else ""
-
+# Composition (the resolvers and the attention nodes it uses: lra/conf_nodes.py)
 
 SEMANTICS = ("clean", "paper")
-SEED_MAX = 2 ** 32 - 1  # what numpy and Lightning's seed_everything accept
 
 
-def _quirk(path: str, clean, *, _root_):
-    """``${lra.quirk:<path>,<clean value>}``: under ``semantics=paper`` the preset's ``quirks.<path>``
-    (the public code's behaviour) where it has one; else the clean value. A command-line value for the
-    key itself replaces the interpolation, so it wins over both."""
-    if _root_.get("semantics") != "paper":
-        return clean
-    return OmegaConf.select(_root_, f"quirks.{path}", default=clean)
-
-
-def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("lra.repo", lambda: str(REPO_ROOT), replace=True)
-    OmegaConf.register_new_resolver("lra.quirk", _quirk, replace=True)
-    OmegaConf.register_new_resolver("lra.tag", _tag, replace=True)
-    OmegaConf.register_new_resolver("lra.attr", lambda target: str(target).partition(":")[2] or str(target),
-                                    replace=True)
-
-
-def _config_type(tp):
-    """The OmegaConf-typable form of an ``Options`` field type (``int | None`` -> ``Optional[int]``)."""
-    args = typing.get_args(tp)
-    if type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return Optional[rest[0]] if len(rest) == 1 and rest[0] in (int, float, str, bool) else Any
-    return tp if tp in (int, float, str, bool) else Any
-
-
-def attention_node(name: str) -> type:
-    """The structured config ``attn/<name>``: name, label, a variant's base options, and one typed,
-    initially unset field per option of the backend (unknown options are rejected at composition)."""
-    opts_cls = attention.options_class(name)
-    hints = typing.get_type_hints(opts_cls)
-    options = dataclasses.make_dataclass(
-        f"{name}_options", [(f.name, _config_type(hints[f.name]), field(default=MISSING))
-                            for f in dataclasses.fields(opts_cls)])
-    return dataclasses.make_dataclass(f"attn_{name}", [
-        ("name", str, field(default=name)),
-        ("label", str, field(default=name)),  # the run folder and table name (a variant sets its own)
-        ("base_options", Dict[str, Any], field(default_factory=dict)),
-        ("options", options, field(default_factory=options)),
-    ])
-
-
-@dataclass
-class ExternalAttention:
-    """``attn=external attn.target=package.module:ClassName``: a backend from the user's own package,
-    imported when the config is resolved; its options (``+attn.options.k=64``: the ``+`` because the
-    node cannot know them before the import) are checked against its Options dataclass there. Registered through an entry point or
-    $LRA_ATTENTION_MODULES instead, a backend gets its own typed node: ``attn=<name>``."""
-
-    name: str = "external"
-    target: str = MISSING
-    label: str = "${lra.attr:${.target}}"  # the run folder and table name: the class name by default
-    base_options: Dict[str, Any] = field(default_factory=dict)
-    options: Dict[str, Any] = field(default_factory=dict)
-
-
-def register_attention_configs() -> None:
-    store = ConfigStore.instance()
-    for name in attention.available():
-        store.store(group="attn", name=name, node=attention_node(name))
-    store.store(group="attn", name="external", node=ExternalAttention)
-
-
-def attn_configs() -> list[str]:
-    """Every name ``attn=`` accepts: the registered backends and the variants in conf/attn/."""
-    return sorted(set(attention.available()) | {p.stem for p in (CONF_DIR / "attn").glob("*.yaml")})
-
-
-register_resolvers()
-register_attention_configs()
-
-
-def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """The config ``python -m lra.train <overrides>`` sees, for tools that do not train and for tests."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
+def compose(overrides: list[str] | tuple[str, ...] = (), job: str | None = None) -> DictConfig:
+    """The config ``python -m lra.train <overrides>`` sees. ``job``: also its ``hydra`` node, as ``@hydra.main``
+    composes it for ``python -m lra.<job>`` (``lra.train`` runs this one config; :mod:`lra.hydra_glue`)."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job or "app"):
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=job is not None)
 
 
-def compose_checked(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+def without_hydra(cfg: DictConfig) -> DictConfig:
+    """The run's own config: ``cfg`` without the ``hydra`` node :func:`compose` adds for a ``job``."""
+    if "hydra" not in cfg:
+        return cfg
+    out = cfg.copy()
+    with open_dict(out):
+        del out["hydra"]
+    return out
+
+
+def compose_checked(overrides: list[str] | tuple[str, ...] = (), job: str | None = None) -> DictConfig:
     """:func:`compose`, with Hydra's and OmegaConf's composition errors turned into one-line
     :class:`ConfigError` s (an unknown attention option lists the backend's valid ones)."""
     try:
-        return compose(overrides)
+        return compose(overrides, job)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_composition_error(e, list(overrides))) from None
 
@@ -180,119 +95,27 @@ def _composition_error(e: Exception, overrides: list[str]) -> str:
 
 
 def load(overrides: list[str] | tuple[str, ...] = (), run_dir: str | Path | None = None) -> "RunSpec":
-    """The run spec of ``overrides``: composed, resolved and checked (raises :class:`ConfigError`)."""
+    """The run spec of ``overrides``: composed, resolved and checked, what ``python -m lra.train <overrides>``
+    would train (nothing is read or written).
+
+    Args:
+        overrides: Hydra overrides, as on the command line (``["task=text", "attn=skeinformer", "seed=1"]``).
+        run_dir: where the run would write (default: none; :func:`lra.naming.run_folder` names it).
+
+    Returns:
+        The frozen :class:`RunSpec`; a bad value raises :class:`ConfigError`, one line naming the key, the
+        value and what is allowed.
+
+    Example::
+
+        spec = load(["task=listops", "attn=skeinformer", "experiment=quick"])
+        spec.train.lr, spec.model.attn.options, spec.data.spec.generator.n_train
+    """
     return resolve(compose_checked(overrides), run_dir)
 
 
 # ---------------------------------------------------------------------------------------------
-# The run folder: named by the resolved configuration, not by how the command line spelled it
-
-# Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>), or
-# pick where things live: the configuration they give is the base the tag is measured against.
-FOLDER_KEYS = ("experiment", "semantics", "quirks", "task", "attn", "attn.target", "seed", "runs_root",
-               "data_root")
-# Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
-# (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
-# is executed or logged but not what it computes (the resume key and record still hold them).
-UNTAGGED = ("preset", "semantics", "seed", "task.name", "attn.name", "attn.label", "attn.target",
-            "attn.base_options", "protocol", "attn_options", "quirks", "runs_root", "data_root", "run_tag",
-            "force", "num_threads", "fit", "hardware", "logger", "trainer.progress", "trainer.num_workers",
-            "trainer.log_every_n_steps", "train.compile", "train.ckpt_every_steps")
-
-
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-
-
-def _flat(node, prefix: str = "") -> dict:
-    if isinstance(node, dict) and node:
-        out: dict = {}
-        for k, v in node.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: node}
-
-
-def _untagged(key: str) -> bool:
-    return any(key == u or key.startswith(u + ".") for u in UNTAGGED)
-
-
-def _canonical(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-@functools.lru_cache(maxsize=64)  # a sweep names many runs of a few bases
-def _base_config(named: tuple[str, ...]) -> dict:
-    """The flat resolved config of the folder-naming overrides alone."""
-    cfg = compose_checked(list(named))
-    try:
-        return _flat(resolve(cfg).config)
-    except ConfigError:  # the base alone need not be a valid run (the overrides may repair it)
-        return _flat(_container(cfg))
-
-
-def run_tag(overrides: list[str] | tuple[str, ...], spec: "RunSpec | None" = None) -> str:
-    """The run folder's last level for ``overrides``: every resolved value that differs from the
-    configuration of the folder-naming overrides alone (:data:`FOLDER_KEYS`), as sorted ``key=value``
-    with canonical values (``train.lr=1e-3`` and ``train.lr=0.001`` are one folder, and no folder
-    when the preset's lr is 1e-3). Empty for the preset's own configuration.
-
-    Example::
-
-        run_tag(["experiment=quick", "train.lr=0.002", "train.max_steps=120"])
-        # 'train.lr=0.002,train.max_steps=120'
-    """
-    spec = spec or load(overrides)
-    new, old = _flat(spec.config), _base_config(tuple(o for o in overrides if _override_key(o) in FOLDER_KEYS))
-    keys = sorted(k for k in set(new) | set(old) if not _untagged(k) and new.get(k, ...) != old.get(k, ...))
-    return _folder_name(",".join(f"{k}={_canonical(new.get(k))}" for k in keys))
-
-
-def run_folder(spec: "RunSpec", tag: str) -> Path:
-    """Where ``python -m lra.train`` writes: ``<runs_root>/<preset>/<semantics>/<task>/<attn>/seed<s>[/<tag>]``
-    (the same template as ``hydra.run.dir`` in conf/config.yaml, with ``run_tag=<tag>``)."""
-    return Path(spec.config["runs_root"]) / spec.preset / spec.semantics / spec.where / f"seed{spec.seed}{_tag(tag)}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks: one line naming the key, the value and what is allowed
-
-
-def _check(ok: bool, key: str, value, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-
-
-def _int(key: str, value, lo: int | None = None, optional: bool = False, hi: int | None = None) -> None:
-    if optional and value is None:
-        return
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    ok = is_int and (lo is None or value >= lo) and (hi is None or value <= hi)
-    span = f" in [{lo}, {hi}]" if hi is not None else ("" if lo is None else f" >= {lo}")
-    _check(ok, key, value, f"an integer{span}{' or null' if optional else ''}")
-
-
-def _num(key: str, value, lo: float, *, open_lo: bool = False, hi: float | None = None, open_hi: bool = False,
-         optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    # NaN passes no comparison and so every range: refuse it (and infinity) before comparing
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > lo if open_lo else value >= lo) and (hi is None or (value < hi if open_hi else value <= hi))
-    span = (f"{'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}" if hi is not None
-            else f"{'>' if open_lo else '>='} {lo}")
-    _check(ok, key, value, f"a finite number {'in ' if hi is not None else ''}{span}{' or null' if optional else ''}")
-
-
-def _choice(key: str, value, choices) -> None:
-    _check(value in choices, key, value, f"one of {', '.join(map(str, choices))}")
-
-
-def _flag(key: str, value) -> bool:
-    """A true/false setting: ``force=no`` is a string, and ``bool("no")`` would be True (a finished
-    run retrained, its checkpoints deleted), so anything but a boolean is refused."""
-    _check(isinstance(value, bool), key, value, "true or false")
-    return value
+# Checks: lra/checks.py (ConfigError, one line naming the key, the value and what is allowed)
 
 
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "64-true")
@@ -332,7 +155,7 @@ class AttnSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The papers' classifier (LRA_FACTS §2) for one task."""
+    """The papers' classifier (docs/facts.md §2) for one task."""
 
     vocab_size: int
     seq_len: int
@@ -416,26 +239,31 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
+    """The task's data: which reader, the data root, and the task node typed (lra/tasks.py)."""
+
     task: str
     root: Path  # the data root ($LRA_DATA or data_root)
-    options: dict  # the task node (conf/task/<task>.yaml with the preset's data keys), for the reader
+    spec: TaskSpec  # the task node, typed and checked: what the reader takes (lra.data.load_task)
+    node: dict | None = None  # the task node as composed, verbatim; None: the spec's fields (a spec built in code)
+
+    @classmethod
+    def of(cls, node: dict, root: Path) -> "DataSpec":
+        """The spec of a resolved task node (conf/task/<task>.yaml with the preset's data keys)."""
+        spec = task_spec(node)
+        return cls(task=spec.name, root=root, spec=spec, node=node)
 
     def __post_init__(self):
-        path = self.options.get("path")
+        _check(self.task == self.spec.name, "task", self.task, f"{self.spec.name!r}, the task of its spec")
+        if self.node is None:
+            object.__setattr__(self, "node", dataclasses.asdict(self.spec))
+        path = self.spec.path
         _check(path is None or Path(str(path)).expanduser().exists(), "task.path", path,
                "an existing file or folder (or null to search the data root)")
-        if "tokenizer" in self.options:  # ListOps (lra/data/listops.py)
-            _choice("task.tokenizer", self.options["tokenizer"], ("brackets", "alnum"))
-        if "mask" in self.options:  # pixel tasks: every pixel real, or pixel 0 as padding (the public code)
-            _choice("task.mask", self.options["mask"], ("all", "nonzero"))
-        for k in ("generate", "download", "dual"):
-            if k in self.options:
-                _flag(f"task.{k}", self.options[k])
-        for k in ("max_length", "n_images"):
-            if k in self.options:
-                _int(f"task.{k}", self.options[k], 1, optional=True)
-        for k, v in (self.options.get("generator") or {}).items():  # ListOps: counts, lengths, depth, seed
-            _int(f"task.generator.{k}", v, 0 if k == "seed" else 1, hi=SEED_MAX if k == "seed" else None)
+
+    @property
+    def options(self) -> dict:
+        """The task node as composed: what the resume key and the loaded-data key hash (unchanged by typing)."""
+        return self.node
 
 
 @dataclass(frozen=True)
@@ -495,7 +323,7 @@ class RunSpec:
     num_threads: int | None = None
     progress: bool = True
     log_every_n_steps: int = 50
-    search: dict | None = None  # a trial of an Optuna search: storage, study, trial (lra/search.py)
+    callbacks: dict = field(default_factory=dict)  # callbacks.<name>: {_target_, args}: the user's (conf/callbacks/)
     fit_cache_dir: Path | None = None  # None: decisions are not cached
     config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
     semantics: str = "clean"  # clean: the harness's corrections | paper: the preset's public code (docs/fidelity.md)
@@ -547,7 +375,7 @@ class RunSpec:
 # Resolve: composed config -> RunSpec
 
 
-def _container(node) -> Any:
+def container(node) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
@@ -562,10 +390,10 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     for table in (cfg.get("attn_options") or {}, task_table, quirk_table):
         for key in dict.fromkeys([name, label]):
             if table.get(key) is not None:
-                preset.update(_container(table[key]))
+                preset.update(container(table[key]))
     options = cfg.attn.options
     command_line = {k: options[k] for k in options if not OmegaConf.is_missing(options, k)}
-    merged = {**_container(cfg.attn.get("base_options") or {}), **preset, **_container(command_line)}
+    merged = {**container(cfg.attn.get("base_options") or {}), **preset, **container(command_line)}
     return merged, {k: v for k, v in preset.items() if k not in command_line}
 
 
@@ -575,7 +403,7 @@ def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict) -> dict:
     "attn.options.pilot_sampling": "with_replacement", ...}``; a quirk is on where the value that
     runs is the public code's. Each entry of a preset's table differs from the clean default
     (tests/test_fidelity.py), so a clean run lists none."""
-    table = _container(cfg.get("quirks") or {})
+    table = container(cfg.get("quirks") or {})
     attn, on = model.attn, {}
     for k, v in (table.get("model") or {}).items():
         if getattr(model, k) == v:
@@ -632,7 +460,7 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
     return HardwareSpec(
         name=str(hw.name), total_bytes=total, cuda_context_gib=float(hw.get("cuda_context_gib") or 0.0),
         allocator_margin=float(hw.get("allocator_margin") or 0.0), micro_batch=hw.get("micro_batch"),
-        accelerator=accelerator, devices=_devices(_container(tr.devices)), devices_arg=_container(tr.devices),
+        accelerator=accelerator, devices=_devices(container(tr.devices)), devices_arg=container(tr.devices),
         strategy=str(tr.strategy), precision=resolve_precision(str(tr.precision), on_cuda),
         precision_setting=str(tr.precision), num_workers=_workers(tr.num_workers, on_cuda), pin_memory=on_cuda,
         compile=compile_, compile_note=note, compile_forced=setting is True,
@@ -652,6 +480,18 @@ def _external(cfg: DictConfig) -> None:
         cfg.attn.name = name
 
 
+def _callbacks(cfg: DictConfig) -> dict:
+    """``callbacks.<name>``: a Lightning callback the user adds (``_target_`` and its arguments; conf/callbacks/).
+    Their classes are checked by :func:`lra.loop.check_callbacks` (the layer that knows Lightning)."""
+    nodes = container(cfg.get("callbacks") or {})
+    _check(isinstance(nodes, dict), "callbacks", nodes, "a mapping name -> {_target_: <module>.<Class>, ...arguments}")
+    for name, node in nodes.items():
+        _check(isinstance(node, dict) and isinstance(node.get("_target_"), str) and "." in node["_target_"],
+               f"callbacks.{name}", node, "a node with _target_: <module>.<Class> of a Lightning callback and the "
+               "class's arguments (conf/callbacks/lr_monitor.yaml is an example)")
+    return nodes
+
+
 def _build(cls, prefix: str, values: dict, **fixed):
     known = {f.name for f in dataclasses.fields(cls)} - set(fixed)
     unknown = sorted(set(values) - known)
@@ -661,10 +501,20 @@ def _build(cls, prefix: str, values: dict, **fixed):
 
 
 def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
-    """The typed spec of a composed config; raises :class:`ConfigError` (one line) on any bad value.
+    """The typed spec of a composed config, every value checked.
 
-    ``run_dir``: where the run writes (``python -m lra.train`` passes Hydra's output folder); else
-    ``cfg.run_dir`` where a caller set one.
+    Args:
+        cfg: a config from :func:`compose` (without its ``hydra`` node: :func:`without_hydra`).
+        run_dir: where the run writes (``python -m lra.train`` passes its folder); else ``cfg.run_dir``
+            where a caller set one.
+
+    Returns:
+        The frozen :class:`RunSpec` (model, train, data with its typed task spec, hardware, callbacks, and
+        the resolved config for the record); a bad value raises :class:`ConfigError`, one line.
+
+    Example::
+
+        spec = resolve(compose(["task=text", "attn=performer"]))
     """
     run_dir = run_dir if run_dir is not None else cfg.get("run_dir")
     if cfg.attn.name == "external":
@@ -673,12 +523,14 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     attn = AttnSpec(name=str(cfg.attn.name), label=str(cfg.attn.label), options=options,
                     preset_options=preset_options,
                     checkpointing=bool({str(cfg.attn.name), str(cfg.attn.label)} & set(cfg.get("attn_checkpointing") or [])))
-    task = _container(cfg.task)
-    model = _build(ModelSpec, "model", _container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
+    task = container(cfg.task)
+    model = _build(ModelSpec, "model", container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
                    num_classes=task["num_classes"], dual=bool(task.get("dual", False)), attn=attn)
-    train = _build(TrainSpec, "train", _container(cfg.train), monitor=str(cfg.trainer.monitor))
-    config = _container(cfg)
+    train = _build(TrainSpec, "train", container(cfg.train), monitor=str(cfg.trainer.monitor))
+    config = container(cfg)
     config["attn"] = {**config["attn"], "options": attn.options}
+    if not config.get("callbacks"):  # no user callbacks: the record reads as it did before the group existed
+        config.pop("callbacks", None)
     fit = cfg.get("fit") or {}
     semantics = cfg.get("semantics", "clean")  # its value is checked by RunSpec
     if semantics == "paper" and not any((cfg.get("quirks") or {}).values()):
@@ -686,12 +538,12 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
                           f"quirks=skeinformer|skyformer|nystromformer (whose code), or use semantics=clean")
     return RunSpec(
         preset=str(cfg.preset), seed=cfg.seed, model=model, train=train,
-        data=DataSpec(task=str(task["name"]), root=data_root(cfg.data_root), options=task),
-        hardware=_hardware(cfg), logger=_container(cfg.get("logger") or {}),  # logger=[]: metrics.csv alone
+        data=DataSpec.of(task, data_root(cfg.data_root)),
+        hardware=_hardware(cfg), logger=container(cfg.get("logger") or {}),  # logger=[]: metrics.csv alone
         run_dir=Path(run_dir) if run_dir else None,
         force=_flag("force", cfg.force), num_threads=cfg.num_threads,
         progress=_flag("trainer.progress", cfg.trainer.progress),
-        log_every_n_steps=cfg.trainer.log_every_n_steps, search=_container(cfg.get("search")),
+        log_every_n_steps=cfg.trainer.log_every_n_steps, callbacks=_callbacks(cfg),
         fit_cache_dir=Path(str(fit.cache_dir)) if _flag("fit.cache", fit.get("cache", True)) and fit.get("cache_dir")
         else None,
         config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task))

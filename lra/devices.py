@@ -1,18 +1,22 @@
-"""What the measuring tools ask of the device they run on: its name, its cores, a synchronisation
-point, and whether an error was an out-of-memory one.
+"""What the harness asks of the device it runs on: its name, its cores, a synchronisation point, whether
+an error was an out-of-memory one, and the cap on a shared GPU's memory a run keeps to.
 
-The bottom layer of the harness: imports torch and the standard library only, so the benchmark, the
-memory meter (:mod:`lra.memory`) and the doctor all take these from here.
+The bottom layer of the harness: imports torch, the standard library and :mod:`lra.checks` only, so the
+benchmark, the memory meter (:mod:`lra.memory`), the doctor, the run and the sweeps all take these from here.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from pathlib import Path
 
 import torch
 
+from lra.checks import ConfigError
+
+log = logging.getLogger("lra.train")  # the run's messages, under one name
 GIB = 1024**3
 
 
@@ -52,3 +56,29 @@ def is_oom(err: BaseException) -> bool:
         return True
     msg = str(err).lower()
     return "out of memory" in msg or "can't allocate memory" in msg
+
+
+MEMORY_LIMIT_ENV = "LRA_MEMORY_LIMIT_GIB"  # this run's share of a GPU it shares (lra.sweep jobs_per_gpu=k sets it)
+
+
+def limit_gpu_memory(device: torch.device, env=None) -> float | None:
+    """Cap this process's caching allocator at ``$LRA_MEMORY_LIMIT_GIB`` GiB on ``device`` (a CUDA device;
+    anything else, or no variable: nothing to do), so a run that shares a GPU and outgrows its estimate
+    fails alone with an out-of-memory error instead of taking memory promised to the others (lra.sweep
+    ``jobs_per_gpu=k`` sets the variable: docs/sweeps.md). Returns the fraction of the device set."""
+    raw = (os.environ if env is None else env).get(MEMORY_LIMIT_ENV)
+    if not raw or torch.device(device).type != "cuda":
+        return None
+    try:
+        limit = float(raw)
+    except ValueError:
+        limit = float("nan")
+    if not limit > 0:
+        raise ConfigError(f"{MEMORY_LIMIT_ENV}={raw!r}: give this run's GPU memory in GiB, a number > 0 "
+                          f"(lra.sweep jobs_per_gpu=k sets it), or unset it")
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, limit * GIB / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    log.info("GPU shared with other runs: this run's caching allocator is capped at %.2f GiB (%.4f of %s)",
+             limit, fraction, device)
+    return fraction

@@ -1,14 +1,18 @@
-"""The training loop of a run, wired: the module, the protocol's callbacks, the loggers, the Trainer and
-the data, exactly as ``lra.train`` trains them (``lra.doctor`` times this same loop against a bare one)."""
+"""The training loop of a run, wired: the module, the protocol's callbacks, the user's callbacks
+(``callbacks=``), the loggers, the Trainer and the data, exactly as ``lra.train`` trains them
+(``lra.doctor`` times this same loop against a bare one)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import NamedTuple
 
+import hydra.utils
 import lightning as L
+from lightning.pytorch.callbacks import Callback
 
-from lra.config import RunSpec
+from lra.config import ConfigError, RunSpec
 from lra.data import Split
 from lra.data.module import LRADataModule
 from lra.fit import Plan
@@ -37,8 +41,8 @@ def wire(spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, star
         p: the micro-batch and accumulation (:func:`lra.fit.plan`).
         splits: the task's ``train``/``val``/``test`` splits.
         key: the resume key written into checkpoints; ``start``: the step a resume continues from.
-        extra: more callbacks, run after the protocol's own (a search trial's pruning; ``lra.doctor``
-            times the loop with one).
+        extra: more callbacks, run after the protocol's own and the user's (``lra.doctor`` times the loop
+            with one).
 
     Example:
         >>> w = wire(spec, plan(spec), splits, key=None, start=None)  # doctest: +SKIP
@@ -47,7 +51,8 @@ def wire(spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, star
     lit = LitLRA(spec.model, spec.train, resume_key=key, compile=spec.hardware.compile,
                  compile_fallback=not spec.hardware.compile_forced)
     logs = make_logger(spec, spec.run_dir, start)  # metrics.csv, logger=[...], their callbacks (EvalLog, W&B)
-    cb = callbacks(spec, splits["val"], spec.run_dir / "checkpoints", extra=logs.callbacks + list(extra))
+    cb = callbacks(spec, splits["val"], spec.run_dir / "checkpoints",
+                   extra=logs.callbacks + user_callbacks(spec) + list(extra))
     trainer = make_trainer(spec, p, cb, logs.loggers)
     dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
                        seed=spec.seed, num_workers=spec.hardware.num_workers, pin_memory=spec.hardware.pin_memory)
@@ -67,3 +72,46 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
     if trainer.world_size != p.devices:
         log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
     return trainer
+
+
+def _callback_class(name: str, target: str) -> type:
+    module, _, attr = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"callbacks.{name}._target_={target!r} cannot be imported ({type(e).__name__}: {e}): give "
+                          f"<module>.<Class> of a Lightning callback on the Python path") from None
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise ConfigError(f"callbacks.{name}._target_={target!r} is not a Lightning callback: give a subclass of "
+                          f"lightning.pytorch.callbacks.Callback")
+    return cls
+
+
+def check_callbacks(spec: RunSpec) -> None:
+    """Every ``callbacks.<name>._target_`` is an importable Lightning callback (one line otherwise): checked
+    before the run's folder exists; the arguments are checked when they are given to the class."""
+    for name, node in spec.callbacks.items():
+        _callback_class(name, node["_target_"])
+
+
+def user_callbacks(spec: RunSpec) -> list[Callback]:
+    """The user's callbacks (``callbacks=lr_monitor``, ``+callbacks.<name>._target_=...``), instantiated with
+    their arguments, after the protocol's own, which are always on.
+
+    Example:
+        ``python -m lra.train ... +callbacks.mine._target_=my_pkg.MyCallback +callbacks.mine.every=10``
+        runs ``my_pkg.MyCallback(every=10)`` with the protocol's callbacks.
+    """
+    out = []
+    for name, node in spec.callbacks.items():
+        _callback_class(name, node["_target_"])
+        try:
+            out.append(hydra.utils.instantiate(node, _convert_="all"))
+        except Exception as e:  # noqa: BLE001 - the user's class and arguments: one line naming them
+            cause = e.__cause__ or e
+            raise ConfigError(f"callbacks.{name}: {node['_target_']}({', '.join(k for k in node if k != '_target_')}) "
+                              f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}; "
+                              f"check its arguments") from None
+    return out
+
+

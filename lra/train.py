@@ -1,7 +1,7 @@
 """One LRA run: ``python -m lra.train task=<task> attn=<name> [overrides]`` (``make lra``).
 
-Composes the config (conf/) and resolves it once into a typed spec (lra/config.py; a bad value is
-one line and exit code 2, before any folder exists), prepares the data (generating ListOps if
+Composes the config (conf/) once, with the ``hydra`` node ``@hydra.main`` would give it, and resolves
+it into a typed spec (lra/config.py; a bad value is one line and exit code 2, before any folder exists), prepares the data (generating ListOps if
 absent), decides the micro-batch and accumulation (lra/fit.py; a run that does not fit even at
 micro-batch 1 stops here, exit code 3), trains with Lightning under the preset's protocol
 (lra/protocol.py), tests the selected checkpoint and writes ``<run dir>/result.json``.
@@ -11,7 +11,9 @@ the same command finds the same folder: a finished run is reported and skipped (
 it again from scratch), an unfinished one (killed, interrupted) RESUMES from
 ``checkpoints/last.ckpt`` (weights, optimizer, scheduler, RNG, data position, callback states) and
 ends with the record an uninterrupted run would have written. docs/protocol.md describes the
-protocol and the record.
+protocol and the record. The run goes into its folder as a Hydra job (lra/hydra_glue.py: ``.hydra/``,
+``train.log``) without composing the config again; Hydra's own flags (``--help``, ``--cfg job``, ``-m``)
+go to ``@hydra.main``.
 """
 
 from __future__ import annotations
@@ -33,18 +35,20 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 import attention
-
 from lra import CONF_DIR
-from lra.config import ConfigError, RunSpec, load, resolve, run_folder, run_tag
+from lra.cli import HARNESS_OVERRIDES, UsageError, hand_to_hydra, hydra_args, wants_hydra_itself
+from lra.config import ConfigError, RunSpec, compose_checked, resolve, without_hydra
 from lra.data import DataError, Split, fingerprint, load_task
+from lra.devices import limit_gpu_memory
 from lra.fit import FitError, Plan, plan
-from lra.gpu_share import limit_gpu_memory
+from lra.hydra_glue import run_dir_of, run_in_folder
 from lra.loggers import check_loggers
-from lra.loop import wire
+from lra.loop import check_callbacks, wire
 from lra.module import CompileError, count_params
+from lra.naming import run_tag
 from lra.protocol import FINISHED, Callbacks, measured, outcome
 from lra.record import new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, hold
@@ -80,7 +84,7 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
         rec["resumed_from_step"] = start
         _write(run_dir, rec)  # status "running": the decision is visible before training starts
 
-        w = wire(spec, p, splits, key, start, extra=tuple(_extra_callbacks(spec)))
+        w = wire(spec, p, splits, key, start)
         lit, cb, trainer, dm = w.lit, w.cb, w.trainer, w.dm
         rec["num_params"] = count_params(lit)
         rec.update(_device_fields(spec, trainer, p))
@@ -94,7 +98,7 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
         rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p),
                    compile_time_s=lit.compile_time_s)
         out = outcome(spec, trainer, cb)
-        rec.update(out.fields, **_pruned(cb))
+        rec.update(out.fields, **_callback_fields(cb))
         if out.status != "failed":
             test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False)[0]
             rec.update(test_acc=test["test/acc"], test_loss=test["test/loss"])
@@ -255,20 +259,14 @@ def resume_step(last: Path, key: str) -> int | None:
     return int(saved.get("global_step", 0))
 
 
-def _extra_callbacks(spec: RunSpec) -> list:
-    """An Optuna trial's pruning (optuna is the sweep extra: imported only for a search trial)."""
-    extra = []
-    if spec.search:
-        from lra.pruning import OptunaPruning  # noqa: PLC0415 - optional dependency, not a cycle
-
-        extra.append(OptunaPruning(spec.search["storage"], spec.search["study"], int(spec.search["trial"])))
-    return extra
-
-
-def _pruned(cb: Callbacks) -> dict:
-    """A search trial its pruner stopped: the record says so (the collector treats it as an early stop)."""
-    step = next((c.pruned_at for c in cb.all if getattr(c, "pruned_at", None) is not None), None)
-    return {} if step is None else {"stop_reason": "pruned", "pruned_at_step": step}
+def _callback_fields(cb: Callbacks) -> dict:
+    """What the run's callbacks add to its record: any callback may offer ``record_fields() -> dict`` (a
+    search trial's pruning says ``stop_reason: pruned``; the collector treats it as an early stop)."""
+    out: dict = {}
+    for c in cb.all:
+        if callable(getattr(c, "record_fields", None)):
+            out.update(c.record_fields())
+    return out
 
 
 def _plan_fields(p: Plan) -> dict:
@@ -347,10 +345,12 @@ def _fmt(x):
 # Entry
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> float | None:
+def run_task(cfg: DictConfig, spec: RunSpec | None = None) -> float | None:
+    """The run of one composed config in its folder (Hydra's job folder), with the exit policy: a clear
+    line and exit code for everything the user can act on. ``spec``: the run as :func:`check_before_run`
+    resolved it from this very config (None: resolve it here, as under ``python -m lra.train -m``)."""
     try:
-        rec = run(resolve(cfg, HydraConfig.get().runtime.output_dir))
+        rec = run(spec or resolve(cfg, HydraConfig.get().runtime.output_dir))
     except Interrupted as e:  # the record says interrupted; the console says how to go on
         code = int(e.code)
         _exit(code, "interrupted (%s): the record says where it stopped; resume with the same command: %s",
@@ -373,9 +373,13 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     return rec.get("best_val_acc")  # the objective for Hydra sweepers
 
 
+# Hydra's own command line (--help, --cfg job, -m): the same task under @hydra.main.
+_hydra_main = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_task)
+
+
 def _command() -> str:
     """The command line that started this run (what resumes it), without the harness's own run_tag."""
-    args = [a for a in sys.argv[1:] if not a.startswith("run_tag=")]
+    args = [a for a in HydraConfig.get().overrides.task if not a.startswith(HARNESS_OVERRIDES)]
     return shlex.join(["python", "-m", "lra.train", *args])
 
 
@@ -396,45 +400,46 @@ def check_writable(folder: Path) -> None:
                           f"you can write")
 
 
-HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package", "-m",
-               "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name", "-cd",
-               "--config-dir", "-i", "--info", "--experimental-rerun"}
-
-
-def check_before_run(args: list[str]) -> str:
-    """Everything the user can get wrong, checked before Hydra makes the run folder: every value, the
-    loggers, the runs root, the data (prepared here if absent) against the batch. Returns the run's
-    folder tag (:func:`lra.config.run_tag`)."""
-    spec = load(args)
+def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec]:
+    """Everything the user can get wrong, checked before the run folder exists: every value, the loggers,
+    the callbacks, the runs root, the data (prepared here if absent) against the batch. Returns the run's
+    config, composed once (with its ``hydra`` node, as ``@hydra.main`` would) and given its folder's tag
+    (:func:`lra.naming.run_tag`), and the spec resolved from it, which is what the run trains."""
+    cfg = compose_checked(args, job="train")
+    spec = resolve(without_hydra(cfg))
     check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
+    check_callbacks(spec)  # callbacks.<name>._target_ that is not an importable Lightning callback: one line
     check_writable(Path(spec.config["runs_root"]))
-    tag = run_tag(args, spec)
-    given = [a.split("=", 1)[1].strip("'\"") for a in args if a.startswith("hydra.run.dir=")]  # a sweep's job
+    with open_dict(cfg):
+        cfg.run_tag = run_tag(args, spec)  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
+    run_dir = run_dir_of(cfg)  # hydra.run.dir: the named folder, or the one a sweep's job gives
+    spec = resolve(without_hydra(cfg), run_dir)
     try:
-        old = read_record(Path(given[-1]) if given else run_folder(spec, tag))
+        old = read_record(run_dir)
     except ValueError:  # a damaged record: the run says so (RunError), in its own words
         old = None
     if spec.force or not (old and old.get("status") in FINISHED):  # a finished run needs no data to be skipped
         _LOADED[_data_key(spec)] = _splits(spec)
-    return tag
+    return cfg, spec
 
 
 def main() -> None:
-    sys.argv = [a for a in sys.argv if not a.startswith("run_tag=")]  # the harness sets it (a sweep passes one on)
-    args = sys.argv[1:]
     try:
-        unknown = [a for a in args if a.startswith("-") and a.split("=")[0] not in HYDRA_FLAGS]
-        if unknown:
-            raise ConfigError(f"unknown argument {unknown[0]!r}: overrides are key=value (python -m lra.train --help)")
-        if not any(a.startswith("-") for a in args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
-            logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
-            previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the data's temporary folders go
-            try:
-                tag = check_before_run(args)
-            finally:
-                signal.signal(signal.SIGTERM, previous)
-            sys.argv.append(f"run_tag='{tag}'")  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
-        _hydra_main()
+        args = hydra_args()
+        if wants_hydra_itself(args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
+            hand_to_hydra(args)
+            _hydra_main()
+            return
+        logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the data's temporary folders go
+        try:
+            cfg, spec = check_before_run(args)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        run_in_folder(cfg, lambda task_cfg: run_task(task_cfg, spec), job_name="train")  # composed once, above
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

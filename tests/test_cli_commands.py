@@ -106,6 +106,18 @@ def test_every_command_is_found():
             "lra.fidelity"} <= set(entry_points()), entry_points()
 
 
+def test_every_command_has_a_console_script():
+    """``python -m lra.<name>`` is also ``lra-<name>`` once installed (the collector's is ``lra-tables``), and no
+    module but a command's own entry point is runnable (one command, one entry)."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    expected = {m: "lra-tables" if m == "lra.collect" else "lra-" + m.split(".")[-1].replace("_", "-")
+                for m in entry_points()}
+    assert {m: s for m, s in expected.items() if s not in scripts} == {}
+    assert len(expected) == len(scripts), sorted(set(scripts) - set(expected.values()))
+
+
 @pytest.mark.parametrize("module", entry_points())
 def test_every_command_answers_help_without_side_effects(module, tmp_path, monkeypatch, caplog, capsys):
     code, said = run_as_main(module, ["--help"], tmp_path, monkeypatch, caplog, capsys)

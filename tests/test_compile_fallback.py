@@ -69,7 +69,7 @@ def _run(root, name, monkeypatch, *overrides) -> tuple[dict, LitLRA, dict]:
                     grads=[p.grad for p in self.parameters() if p.grad is not None], training=self.model.training)
 
     monkeypatch.setattr(LitLRA, "on_fit_start", on_fit_start)
-    monkeypatch.setattr(lra_train, "_extra_callbacks", lambda spec: [keep])
+    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [keep])
     spec = load([*QUICK, *_roots(root), *overrides], run_dir=root / "runs" / name)
     return lra_train.run(spec), keep.lit, seen
 

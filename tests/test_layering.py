@@ -1,4 +1,4 @@
-"""The design contracts of lra/ (DESIGN.md): imports point one way, no cycles, an entry point a
+"""The design contracts of lra/ (docs/design.md): imports point one way, no cycles, an entry point a
 newcomer reads in one screen."""
 
 import ast
@@ -79,3 +79,66 @@ def test_entry_point_functions_are_short(path, limit):
     longest = max(lengths, key=lengths.get)
     assert lengths[longest] <= limit, f"{path}:{longest} has {lengths[longest]} lines"
     assert lengths["run"] <= 50
+
+
+def _closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def _under(names: set[str], *packages: str) -> list[str]:
+    return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in packages))
+
+
+# What sits above a run: the tools that launch runs or read their records. A run imports none of them.
+ABOVE_THE_RUN = ("lra.sweep", "lra.collect", "lra.doctor", "lra.bench", "lra.approx", "lra.fidelity",
+                 "lra.share_bench")
+
+
+def test_a_run_knows_nothing_of_sweeps_or_results():
+    """Everything ``python -m lra.train`` imports, directly or not: no sweep (a trial's pruning and a shared GPU's
+    memory cap reach the run as a callback and a setting), no collector, no tool."""
+    graph = _imports()
+    found = _under(_closure(graph, "lra.train"), *ABOVE_THE_RUN)
+    assert found == [], f"lra.train imports {found}"
+
+
+def test_the_config_imports_no_data_package():
+    """The config layer resolves and checks a run (task specs included) without the data readers."""
+    found = _under(_closure(_imports(), "lra.config") | {"lra.config"}, "lra.data")
+    assert found == [], f"lra.config imports {found}"
+
+
+def test_results_import_one_way():
+    """The collector draws with its plots; the plots and tables never import the collector's entry."""
+    graph = _imports()
+    for name in _under(set(graph), "lra.collect"):
+        if name != "lra.collect":
+            assert "lra.collect" not in graph[name], f"{name} imports the collector's entry lra.collect"
+    assert not _under(_closure(graph, "lra.collect"), "lra.sweep", "lra.train", "lra.loop", "lra.doctor")
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_a_house_of_many_rooms():
+    """No file in lra/ over 600 lines: one that grows past it holds more than one job (docs/architecture.md)."""
+    sizes = {str(p.relative_to(REPO_ROOT)): len(p.read_text().splitlines()) for p in (REPO_ROOT / "lra").rglob("*.py")}
+    assert sizes and {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_only_lra_cli_reads_the_command_line():
+    """sys.argv is read (or set, for Hydra) in lra/cli.py alone: every command parses through it."""
+    offenders = []
+    for path in (REPO_ROOT / "lra").rglob("*.py"):
+        if path.relative_to(REPO_ROOT).as_posix() == "lra/cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "argv" and getattr(node.value, "id", None) == "sys":
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert offenders == []

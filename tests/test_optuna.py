@@ -1,4 +1,4 @@
-"""Optuna searches (lra/search.py) and trial pruning (lra/pruning.py): the search space, the driver
+"""Optuna searches (lra/sweep/search.py) and trial pruning (lra/sweep/pruning.py): the search space, the driver
 with a fake job runner (parallel trials, n_trials as the study's total, failures, a killed driver's
 trials re-queued into their own run folder, progress lines), the pruning callback on a tiny Lightning
 model, and (slow) a real search on tiny ListOps that is killed and resumed."""
@@ -25,9 +25,9 @@ optuna = pytest.importorskip("optuna")
 import torch  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from lra.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
+from lra.sweep.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
 from lra.files import write_json  # noqa: E402
-from lra.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
+from lra.sweep.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
 from lra.sweep import MARKER, Progress  # noqa: E402
 
 from test_sweep import TINY, sweep_env  # noqa: E402
@@ -96,9 +96,9 @@ class FakeRunner:
 
     def start(self, cmd, env, log_path):
         assert cmd[1:3] == ["-m", "lra.train"]
-        params = dict(a.split("=", 1) for a in cmd[3:] if "=" in a and not a.startswith(("hydra.", "+search.")))
+        params = dict(a.split("=", 1) for a in cmd[3:] if "=" in a and not a.startswith(("hydra.", "+callbacks.")))
         run_dir = Path(next(a for a in cmd if a.startswith("hydra.run.dir=")).split("=", 1)[1].strip("'"))
-        trial = int(next(a for a in cmd if a.startswith("+search.trial=")).split("=", 1)[1])
+        trial = int(next(a for a in cmd if a.startswith("+callbacks.optuna_pruning.trial_number=")).split("=", 1)[1])
         self.started.append((trial, run_dir, params))
         value = 1.0 / (1.0 + abs(float(params["train.lr"]) - 1e-3) * 1e3) - int(params["train.warmup"]) * 1e-4
         proc = FakeProc(run_dir, value, self.polls, "failed" if self.fail_if(trial) else "completed",
@@ -419,7 +419,7 @@ def test_real_search_killed_then_resumed(tmp_path):
     row = m["trials"][2]
     rec = json.loads((tmp_path / "runs" / row["run_dir"] / "result.json").read_text())
     assert rec["status"] == "completed" and rec["resumed_from_step"] and rec["best_val_acc"] == trials[2].value
-    assert rec["config"]["search"]["trial"] == 2
+    assert rec["config"]["callbacks"]["optuna_pruning"]["trial_number"] == 2
 
 
 @pytest.mark.slow

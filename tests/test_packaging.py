@@ -22,7 +22,7 @@ import pytest
 from lra import REPO_ROOT
 
 SCRIPTS = {"lra-train", "lra-data", "lra-fit", "lra-tables", "lra-sweep", "lra-bench", "lra-approx", "lra-fidelity",
-           "lra-doctor"}
+           "lra-doctor", "lra-share-bench"}
 # top-level names of the extras' distributions (and their own heavy dependencies), and this project's
 # editable install, which would otherwise shadow the wheel
 HIDDEN = ("wandb", "tensorboard", "datasets", "optuna", "submitit", "hydra_submitit_launcher",
@@ -108,7 +108,7 @@ def test_installed_package_finds_its_conf_and_imports_without_extras(installed, 
     searches, the `sweep` extra); CONF_DIR is the wheel's, REPO_ROOT the cwd."""
     code = ("import importlib, pkgutil, lra, lra.train;"
             "[importlib.import_module(m.name) for m in pkgutil.walk_packages(lra.__path__, 'lra.')"
-            " if not m.name.endswith('__main__') and m.name not in ('lra.search', 'lra.pruning')];"
+            " if not m.name.endswith('__main__') and m.name not in ('lra.sweep.search', 'lra.sweep.pruning')];"
             "print(lra.IN_CHECKOUT, lra.CONF_DIR, lra.REPO_ROOT, lra.__file__, sep='\\n')")
     proc = subprocess.run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path, env=_clean_env(),
                           capture_output=True, text=True, timeout=300)

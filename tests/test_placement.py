@@ -1,4 +1,4 @@
-"""Several runs per GPU (lra.sweep jobs_per_gpu=k, lra/gpu_share.py), with a fake device list: which GPU
+"""Several runs per GPU (lra.sweep jobs_per_gpu=k, lra/sweep/share.py), with a fake device list: which GPU
 each job slot gets, each run's share of the memory (what lra.fit will budget), the allocator limit the run
 sets on CUDA, and the sweep's dry run and end-to-end plumbing on the CPU."""
 
@@ -12,9 +12,11 @@ from omegaconf import OmegaConf
 
 from lra import CONF_DIR
 from lra.config import ConfigError, load
-from lra.gpu_share import MEMORY_LIMIT_ENV, budget_gib, limit_gib, limit_gpu_memory, share_gib
-from lra.sweep import Job, ShareError, _assign_gpus, check_sharing, gpu_of_slot, job_share, share_plan
-from lra.sweep.__main__ import main
+from lra.devices import MEMORY_LIMIT_ENV, limit_gpu_memory
+from lra.sweep import Job, ShareError, check_sharing, gpu_of_slot, job_share, share_plan
+from lra.sweep.jobs import assign_gpus
+from lra.sweep.share import budget_gib, limit_gib, share_gib
+from lra.sweep.cli import main
 
 GPUS = ["0", "1", "2", "3"]
 
@@ -107,18 +109,18 @@ def job_cfg(name="h100_80gb"):
 def test_job_gets_its_gpu_its_share_and_the_allocator_limit():
     env = {"LRA_SWEEP_PARALLEL": "4", "LRA_SWEEP_JOBS_PER_GPU": "2", "LRA_SWEEP_GPUS": "3,5",
            "CUDA_VISIBLE_DEVICES": "0,1", "SUBMITIT_EXECUTOR": "local"}   # submitit's own mask is not used
-    extra = _assign_gpus(env, 6, job_cfg())       # job 6 of batches of 4: slot 2 -> the second GPU
+    extra = assign_gpus(env, 6, job_cfg())       # job 6 of batches of 4: slot 2 -> the second GPU
     T = profile("h100_80gb")["total_gib"]
     assert env["CUDA_VISIBLE_DEVICES"] == "5"
     assert extra == [f"hardware.total_gib={share_gib(T, 2)}"]
     assert float(env[MEMORY_LIMIT_ENV]) == pytest.approx(T / 2 - 0.75, abs=1e-5)
     env2 = {**env, "CUDA_VISIBLE_DEVICES": "0,1"}
-    assert _assign_gpus(env2, 1, job_cfg()) and env2["CUDA_VISIBLE_DEVICES"] == "3"
+    assert assign_gpus(env2, 1, job_cfg()) and env2["CUDA_VISIBLE_DEVICES"] == "3"
 
 
 def test_without_jobs_per_gpu_each_parallel_job_keeps_its_own_slice():
     env = {"LRA_SWEEP_PARALLEL": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "SUBMITIT_EXECUTOR": "local"}
-    assert _assign_gpus(env, 3, job_cfg()) == [] and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert assign_gpus(env, 3, job_cfg()) == [] and env["CUDA_VISIBLE_DEVICES"] == "1"
     assert MEMORY_LIMIT_ENV not in env
 
 
@@ -241,7 +243,7 @@ def test_search_trials_take_the_slot_a_finished_trial_freed(tmp_path):
     """Four trial slots on two GPUs, two per GPU; trial 1 (GPU 0) ends first: trial 4 goes to GPU 0,
     not next to trials 2 and 3 on GPU 1."""
     pytest.importorskip("optuna")
-    from lra.search import drive, open_study
+    from lra.sweep.search import drive, open_study
     from tests.test_optuna import FakeRunner, make_search
 
     class PlacingRunner(FakeRunner):

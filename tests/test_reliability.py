@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from lra.config import ConfigError, load, run_folder, run_tag
+from lra.config import ConfigError, load
+from lra.naming import run_folder, run_tag
 from lra.data import DataError
 from tests.test_train import TINY
 

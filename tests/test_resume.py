@@ -172,7 +172,7 @@ class _KillAt(L.Callback):
 def _run_in_process(tmp_path, name, monkeypatch, kill_at=None):
     from lra import train as lra_train
 
-    monkeypatch.setattr(lra_train, "_extra_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
+    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
     spec = load([*EPOCHS, f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}",
                  f"fit.cache_dir={tmp_path / 'cache'}"], run_dir=tmp_path / "runs" / name)
     try:

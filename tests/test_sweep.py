@@ -14,7 +14,7 @@ import pytest
 from lra import CONF_DIR
 from lra.config import attn_configs
 from lra.sweep import FINISHED, MARKER, apply_cli, load_grid
-from lra.sweep.__main__ import main
+from lra.sweep.cli import main
 
 TINY = ["protocol.listops.data.n_train=256", "protocol.listops.data.n_val=64", "protocol.listops.data.n_test=64",
         "train.max_steps=12", "train.eval_every=5", "trainer.progress=false"]

@@ -3,8 +3,8 @@ steps at which validation ran, which weights were tested, per-example metrics ov
 size, early stopping's metric, the sampling weights of the default Skeinformer, the collector's
 statistics and ListOps' median.
 
-Tiny ListOps runs in this process, observed by a callback (:class:`Probe`) that lra.train adds
-through its search-trial hook ``_extra_callbacks``; the data is generated once for the module.
+Tiny ListOps runs in this process, observed by a callback (:class:`Probe`) given to the run where the
+user's callbacks go (``lra.loop.user_callbacks``, patched); the data is generated once for the module.
 """
 
 import math
@@ -124,7 +124,7 @@ def trainer_env(tmp_path_factory):
     def run(name, *overrides, patch=None):
         probe = Probe()
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(lra_train, "_extra_callbacks", lambda spec: [probe])
+            mp.setattr("lra.loop.user_callbacks", lambda spec: [probe])
             if patch is not None:
                 patch(mp)
             spec = load([*TINY, "trainer.progress=false", f"data_root={root / 'data'}", f"runs_root={root / 'runs'}",
@@ -400,7 +400,7 @@ def test_collector_std_over_seeds_is_the_sample_std(tmp_path):
     assert f"50.00 ± {100 * want_std:.2f} (4)" in (out / "quick" / "skeinformer_table1.md").read_text()
     assert f"| listops | softmax | 0,1,2,3 | 50 | {100 * want_std:.4f} | 4 |" in (out / "index.md").read_text()
     # the curves: validation accuracy 0.2 + 0.05 i + 0.01 seed at each step (make_record): band ± std
-    from lra.plots import curves_figure
+    from lra.collect.plots import curves_figure
 
     fig, _ = curves_figure(runs, tmp_path / "runs", "quick", "listops")
     band = next(c for c in fig.axes[0].collections if "PolyCollection" in type(c).__name__)  # fill_between

@@ -33,10 +33,11 @@ from pathlib import Path
 import pandas as pd
 
 from lra.cli import Parser
+from lra.collect.plots import plot_preset
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
 from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
-from lra.files import runs_root, write_text
 from lra.collect.tables import PAPERS, TABLES, build, summary
+from lra.files import runs_root, write_text
 
 FORMATS = ("csv", "tex", "md")
 
@@ -60,7 +61,26 @@ def default_runs_root() -> Path:
 
 def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(), presets=None,
             drop_empty: bool = False, plots: bool = True) -> Result:
-    """Read the records under ``runs_root`` and write every table, report and figure into ``out``."""
+    """Read the records under ``runs_root`` and write every table, report and figure into ``out``.
+
+    Args:
+        runs_root: the runs root (``LRA_RUNS``); every ``result.json`` under it is read.
+        out: where the tables go (default ``<runs_root>/tables``; a folder the collector owns).
+        formats: any of ``csv``, ``tex``, ``md``.
+        compare: extra papers to put beside each table's own (keys of ``PAPERS``).
+        presets: only these presets (an unknown one raises :class:`CollectError`).
+        drop_empty: leave out rows and columns without a run.
+        plots: also draw the figures (lra/collect/plots.py).
+
+    Returns:
+        A :class:`Result`: the runs read, the problems found (a run folder without a record, a failed
+        run), the files written.
+
+    Example::
+
+        res = collect(Path("runs"), formats=("md",), presets=["quick"])
+        print(res.out / "quick" / "tables.md")
+    """
     runs_root = Path(runs_root)
     out = Path(out) if out is not None else runs_root / "tables"
     runs, issues = load_runs(runs_root, exclude=(out,))
@@ -94,8 +114,6 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
             emit(f"{folder}/tables.md", "\n".join(md_all))
         emit(f"{folder}/summary.csv", frame_csv(summ[summ["preset"] == preset].reset_index(drop=True)))
         if plots:
-            from lra.plots import plot_preset
-
             files, notes = plot_preset(runs, summ, runs_root, preset, out / folder)
             res.files += files
             issues += [Issue(p, "plot", n) for p, n in notes]

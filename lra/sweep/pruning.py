@@ -1,15 +1,16 @@
-"""Pruning of hopeless search trials from inside the run (lra.search drives the study).
+"""Pruning of hopeless search trials from inside the run (lra.sweep.search drives the study).
 
-A search trial is an ordinary ``python -m lra.train`` run given three more overrides
-``+search.storage=<url> +search.study=<name> +search.trial=<number>``; lra.train then adds
-:class:`OptunaPruning`. After each validation it reports ``val/acc`` at the current optimizer step
+A search trial is an ordinary ``python -m lra.train`` run given one more callback,
+``+callbacks.optuna_pruning={_target_: lra.sweep.pruning.OptunaPruning, storage, study_name,
+trial_number}`` (the ``callbacks`` config group: the run instantiates it as it would any user
+callback and knows nothing of searches). After each validation it reports ``val/acc`` at the current optimizer step
 to the trial, asks the study's pruner, and if the answer is "prune" it stops training (the run ends
 ``stopped_early`` with its best checkpoint tested, like any early stop) and leaves ``pruned.json``
 in the run folder. The search driver reads that file when the run's process exits and records the
 trial as PRUNED; the process itself never finishes the trial, so a run killed while it reports
 cannot leave the study in a state the driver does not know about.
 
-The pruner is not stored by Optuna with the study; lra.search keeps its spec in the study's user
+The pruner is not stored by Optuna with the study; lra.sweep.search keeps its spec in the study's user
 attribute ``pruner`` (``{"name": "median", ...options}``) and :func:`make_pruner` rebuilds it here.
 """
 
@@ -28,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from lra.files import write_json
 
 log = logging.getLogger("lra.pruning")
+
 
 PRUNED_FILE = "pruned.json"
 PRUNERS = {
@@ -120,4 +122,9 @@ class OptunaPruning(Callback):
         if prune:
             self.pruned_at = int(trainer.global_step)
             trainer.should_stop = True
+
+    def record_fields(self) -> dict:
+        """What the run record says of this trial: pruned, and at which step (the collector treats it as an
+        early stop); nothing when the trial ran on."""
+        return {} if self.pruned_at is None else {"stop_reason": "pruned", "pruned_at_step": self.pruned_at}
 

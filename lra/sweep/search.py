@@ -14,7 +14,7 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
 * every trial is an ordinary ``python -m lra.train <fixed> <sampled values>`` process in the run
   folder a plain run with those overrides gets, ``parallel`` at a time, its output in
   ``<sweep folder>/logs/``; the objective is the record's ``best_val_acc`` (result.json), maximised;
-* the trial also gets ``+search.storage/study/trial`` so lra.train's :class:`lra.pruning.OptunaPruning`
+* the trial also gets the callback :class:`lra.sweep.pruning.OptunaPruning` (``+callbacks.optuna_pruning.*``), which
   reports val/acc after every validation and stops a trial the pruner gives up on (PRUNED);
 * a trial left RUNNING by a killed driver is marked FAIL (user attribute ``interrupted``; it does not
   count towards ``n_trials``) and its parameters are enqueued again: the new trial runs in the same
@@ -23,8 +23,6 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
   no reason of its own.) SIGINT or SIGTERM to the driver does the same at once: the trials get the
   signal (or had it already), their trials are re-queued, the manifest is written and one line says
   how to resume (exit 130/143).
-
-``python -m lra.search --help``: this in short; searches run through ``python -m lra.sweep``.
 """
 
 from __future__ import annotations
@@ -48,16 +46,20 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from lra import REPO_ROOT
-from lra.pruning import make_pruner, pruned_info, storage_for
+from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
-from lra.gpu_share import MEMORY_LIMIT_ENV
-from lra.sweep import (FINISHED, LAUNCH_ONLY, MANIFEST_VERSION, MARKER, STOP_GRACE_S, Composer, Grid, Progress,
-                       ShareError, _canonical, _fmt_counts, _hw_of, _now, _parser, _quote, _read_json, _rel,
-                       with_run_tag,
-                       available_grids, check_sharing, command, device_total_gib, gpu_of_slot, interruptible,
-                       job_share, load_grid, run_status, signal_of, sweep_key, sweep_lock, visible_gpus)
+from lra.hydra_glue import Composer
+from lra.sweep.base import FINISHED, MANIFEST_VERSION, MARKER, STOP_GRACE_S, interruptible, signal_of
+from lra.sweep.driver import fmt_counts
+from lra.sweep.grid import LAUNCH_ONLY, Grid, canonical, override_parser, quote, sweep_key, with_run_tag
+from lra.sweep.jobs import now_iso, read_json, run_status
+from lra.sweep.manifest import rel_path, sweep_lock
+from lra.sweep.progress import Progress
+from lra.sweep.pruning import OptunaPruning, make_pruner, pruned_info, storage_for
+from lra.sweep.share import ShareError, check_sharing, device_total_gib, gpu_of_slot, hw_of, job_share, visible_gpus
 
 log = logging.getLogger("lra.search")
+
 
 SEARCH_KEYS = ("n_trials", "params", "sampler", "pruner", "storage")
 DEFAULT_PRUNER = {"name": "median", "n_startup_trials": 3, "n_warmup_steps": 0}
@@ -70,7 +72,7 @@ def parse_space(params: dict) -> dict[str, optuna.distributions.BaseDistribution
     space = {}
     for key, spec in (params or {}).items():
         try:
-            ov = _parser().parse_override(f"{key}={spec}")
+            ov = override_parser().parse_override(f"{key}={spec}")
         except Exception as e:  # noqa: BLE001 - Hydra's grammar error, told in one line
             raise SystemExit(f"lra.sweep: search.params.{key}={spec!r} does not parse ({str(e).splitlines()[0]}); "
                              "use choice(a,b), range(lo,hi,step=s), interval(lo,hi) or tag(log, interval(lo,hi))")
@@ -238,13 +240,20 @@ def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | No
 
 def trial_command(s: Search, number: int, params: dict, run_dir: Path, extra: list[str] = ()) -> list[str]:
     return [sys.executable, "-m", "lra.train", *s.fixed, *param_overrides(params), *s.hydra_ovs, *extra,
-            f"+search.storage={_quote(s.storage)}", f"+search.study={_quote(s.name)}", f"+search.trial={number}",
-            f"hydra.run.dir={_quote(run_dir)}"]
+            *pruning_callback(s, number), f"hydra.run.dir={quote(run_dir)}"]
+
+
+def pruning_callback(s: Search, number: int) -> list[str]:
+    """The trial's :class:`lra.sweep.pruning.OptunaPruning`, given to the run as any user callback is
+    (``callbacks.<name>._target_``): the run knows nothing of searches."""
+    node = "+callbacks.optuna_pruning"
+    return [f"{node}._target_={OptunaPruning.__module__}.{OptunaPruning.__name__}",
+            f"{node}.storage={quote(s.storage)}", f"{node}.study_name={quote(s.name)}", f"{node}.trial_number={number}"]
 
 
 def _mark(run_dir: Path, **update) -> None:
     """The run folder's ``.sweep_job.json`` (as grid jobs have): who runs it, so a second driver waits."""
-    info = _read_json(run_dir / MARKER) or {}
+    info = read_json(run_dir / MARKER) or {}
     if "pid" in update:
         info["attempts"] = int(info.get("attempts", 0)) + 1
     info.update(update)
@@ -269,10 +278,10 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
         slot = min(set(range(s.parallel)) - {a.slot for a in active})   # the slot a finished trial freed
         place, extra = trial_placement(s, slot)
         cmd = trial_command(s, trial.number, trial.params, run_dir, extra)
-        log.info("trial %d: %s -> %s", trial.number, " ".join(param_overrides(trial.params)), _rel(run_dir, s.root))
+        log.info("trial %d: %s -> %s", trial.number, " ".join(param_overrides(trial.params)), rel_path(run_dir, s.root))
         env = {**os.environ, **place}
         proc = runner.start(cmd, env, s.folder / "logs" / f"{s.tag or 'trial'}-{trial.number}.log")
-        _mark(run_dir, host=socket.gethostname(), pid=proc.pid, started=_now(), t_start=clock(), finished=None,
+        _mark(run_dir, host=socket.gethostname(), pid=proc.pid, started=now_iso(), t_start=clock(), finished=None,
               t_end=None, returncode=None, trial=trial.number, study=s.name, overrides=ovs)
         active.append(Active(trial.number, run_dir, proc, clock(), slot))
         s.started.append(trial.number)
@@ -305,7 +314,7 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                 if rc is None:
                     continue
                 active.remove(a)
-                _mark(a.run_dir, finished=_now(), t_end=clock(), returncode=rc)
+                _mark(a.run_dir, finished=now_iso(), t_end=clock(), returncode=rc)
                 state = finish(study, a.number, a.run_dir, rc)
                 log.info("trial %d: %s", a.number, state.name)
                 if state == TrialState.FAIL:
@@ -321,7 +330,7 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                     grace_s=STOP_GRACE_S if interrupted else 0.0, clock=clock)
         if interrupted:   # the study says so now, not at the next start: the manifest stays true
             for a in active:
-                _mark(a.run_dir, finished=_now(), t_end=clock(), returncode=a.proc.poll())
+                _mark(a.run_dir, finished=now_iso(), t_end=clock(), returncode=a.proc.poll())
             settle(study, {a.number: (a.run_dir, a.proc.poll()) for a in active}, [t.number for t, _ in deferred])
         raise
 
@@ -393,7 +402,7 @@ def trial_rows(study: optuna.Study, s: Search) -> list[dict]:
         params = t.params or dict(t.system_attrs.get("fixed_params") or {})   # a queued trial: what it will run
         run_dir = None
         with contextlib.suppress(Exception):
-            run_dir = _rel(s.job_dir(s.fixed + param_overrides(params)), s.root)
+            run_dir = rel_path(s.job_dir(s.fixed + param_overrides(params)), s.root)
         rows.append({"number": t.number, "state": t.state.name, "value": t.value, "params": params,
                      "run_dir": run_dir, **{k: v for k, v in t.user_attrs.items()},
                      "last_step": max(t.intermediate_values) if t.intermediate_values else None})
@@ -404,8 +413,8 @@ def write_manifest(study: optuna.Study, s: Search, invocation: dict) -> dict:
     best = None
     with contextlib.suppress(ValueError):
         best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
-    old = _read_json(s.manifest) or {}
-    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created", _now()), "updated": _now(),
+    old = read_json(s.manifest) or {}
+    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created", now_iso()), "updated": now_iso(),
             "kind": "search", "study": s.name, "storage": s.storage, "runs_root": str(s.root),
             "n_trials_target": s.target, "fixed_overrides": s.fixed,
             "space": {k: repr(v) for k, v in s.space.items()}, "pruner": s.pruner,
@@ -465,7 +474,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     k = opts.get("jobs_per_gpu") or grid.jobs_per_gpu
     gpus = visible_gpus() if k else []
     parallel = int(opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel))
-    hw = _hw_of(primary)
+    hw = hw_of(primary)
     if k:   # what a grid checks; the same one line before any trial
         try:
             check_sharing(k, parallel, gpus, "local")
@@ -486,7 +495,7 @@ def search_definition(grid: str, fixed: list[str], space: dict, sampler: dict, p
     """What a search is, whatever the spelling (lra.sweep.definition for searches): the fixed overrides
     with canonical values, the space as Optuna distributions, the sampler and the pruner. Left out:
     ``n_trials`` (the same study, grown), parallel, jobs_per_gpu and the storage (where, not what)."""
-    return {"kind": "search", "grid": grid, "fixed": dict(sorted(_canonical(o) for o in fixed)),
+    return {"kind": "search", "grid": grid, "fixed": dict(sorted(canonical(o) for o in fixed)),
             "space": {k: repr(space[k]) for k in sorted(space)}, "sampler": sampler, "pruner": pruner,
             "hydra": sorted(o for o in hydra_ovs if not o.lstrip("+~").startswith(LAUNCH_ONLY))}
 
@@ -533,10 +542,10 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
     if stopped:
         left = max(s.target - len(counted(study)), 0)
         print(f"lra.sweep {grid.name}: interrupted by {signal.Signals(stopped).name}: {len(body['trials'])} trials "
-              f"({_fmt_counts(states)}), {left} of {s.target} to go; resume with: {s.command or 'the same command'}",
+              f"({fmt_counts(states)}), {left} of {s.target} to go; resume with: {s.command or 'the same command'}",
               file=sys.stderr, flush=True)
         return 128 + stopped
-    print(f"\nlra.sweep {grid.name}: {len(body['trials'])} trials ({_fmt_counts(states)}) in {time.time() - t0:.0f} s")
+    print(f"\nlra.sweep {grid.name}: {len(body['trials'])} trials ({fmt_counts(states)}) in {time.time() - t0:.0f} s")
     if body["best"]:
         b = body["best"]
         print(f"best: trial {b['number']} val acc {b['value']:.4f} with {b['params']}")
@@ -563,47 +572,3 @@ def _print_plan(s: Search, grid: Grid) -> None:
 
 def _dt_iso(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# ----------------------------------------------------------------------------- python -m lra.search
-USAGE = """usage: python -m lra.search grid=<search file> [overrides ...] [n_trials=N] [parallel=N] [dry_run=true]
-Runs the Optuna search of conf/sweep/<name>.yaml (a grid file with a `search` block): the same as
-`python -m lra.sweep grid=<name> ...`, which runs grids and searches alike (python -m lra.sweep --help).
-Each trial is a `python -m lra.train` run; the study lives in <runs root>/<preset>/sweeps/<name>/optuna.db
-and the same command again continues it up to n_trials (the study's total). docs/sweeps.md has the rest.
-
-options (any other key=value joins every trial; key=interval(a,b) or choice(a,b) adds a search parameter):
-  n_trials=N            the study's total number of trials (default: the file's search.n_trials)
-  parallel=N            trials at a time on this machine
-  jobs_per_gpu=k        k trials share each visible GPU, 1/k of its memory each
-  dry_run=true          the study, its trials so far and the space; nothing runs
-  progress=S            seconds between progress lines (0: on changes only)
-  search.<key>=value    edit the search block (search.pruner.name=hyperband); ~search.<key> deletes
-
-examples:
-  python -m lra.search grid=search_quick dry_run=true
-  python -m lra.search grid=search_quick n_trials=40 parallel=2
-  python -m lra.search grid=search_quick attn=performer '++attn.options.features=choice(64,128,256)'
-
-search files: {grids}"""
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    searches = [g for g in available_grids() if load_grid(g).search is not None]
-    if "-h" in args or "--help" in args:
-        print(USAGE.format(grids=", ".join(searches)))
-        return 0
-    flags = [a for a in args if a.startswith("-")]
-    grid_arg = [a.split("=", 1)[1] for a in args if a.startswith("grid=")]
-    problem = (f"unknown argument {flags[0]!r}" if flags else "no grid=<search file>" if not grid_arg
-               else None if grid_arg[-1] in searches else f"grid={grid_arg[-1]} is not a search")
-    if problem:
-        print(f"lra.search: {problem}; search files: {', '.join(searches)} (python -m lra.search --help)",
-              file=sys.stderr)
-        return 2
-    return command(args, run_search)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
