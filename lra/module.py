@@ -66,6 +66,38 @@ def set_rng_states(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
+class TrainRate:
+    """Training samples per second between two logged rows, evaluation taken out: the rate of the steps
+    themselves (data loading included), as ``throughput/*`` reports it."""
+
+    def __init__(self):
+        self.t0: float | None = None
+        self.samples = 0
+        self.eval_s = 0.0
+        self._v0: float | None = None
+
+    def start(self) -> None:
+        self.t0, self.samples, self.eval_s = time.perf_counter(), 0, 0.0
+
+    def pause(self) -> None:
+        if self.t0 is not None:
+            self._v0 = time.perf_counter()
+
+    def resume(self) -> None:
+        if self._v0 is not None:
+            self.eval_s += time.perf_counter() - self._v0
+            self._v0 = None
+
+    def take(self) -> float | None:
+        """Samples per second since the last call (or the start), then start again."""
+        if self.t0 is None:
+            return None
+        elapsed = time.perf_counter() - self.t0 - self.eval_s
+        rate = self.samples / elapsed if elapsed > 0 else None
+        self.start()
+        return rate
+
+
 class LitLRA(L.LightningModule):
     """The classifier of ``model`` trained under ``train`` (the protocol: lr, schedule, clipping)."""
 
@@ -82,6 +114,8 @@ class LitLRA(L.LightningModule):
         self._sums = {}
         self._rng_to_restore = None
         self._last_batch = None  # (loss, correct, count, optimizer step before it) of the last micro-batch
+        self._rate = TrainRate()
+        self._step_hparams: dict = {}  # lr and beta1 the last optimizer step used
 
     # compilation -------------------------------------------------------------------------------
     def on_fit_start(self):
@@ -143,7 +177,13 @@ class LitLRA(L.LightningModule):
         logits = self(batch["tokens"], batch["mask"])
         loss, correct = loss_and_correct(logits, batch["label"])
         self._last_batch = (loss.detach(), correct, batch["label"].numel(), self.trainer.global_step)
+        self._rate.samples += batch["label"].numel()
         return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        """The learning rate and Adam's beta1 this step uses (OneCycleLR cycles beta1 against the lr)."""
+        group = optimizer.param_groups[0]
+        self._step_hparams = {"lr": float(group["lr"]), "beta1": float(group["betas"][0])}
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         """The training loss and accuracy of the micro-batch that ends a logged optimizer step.
@@ -159,6 +199,21 @@ class LitLRA(L.LightningModule):
         if t.global_step != before and (t.global_step % t.log_every_n_steps == 0 or t.should_stop):
             self.log("train/loss", loss, prog_bar=True, batch_size=n, on_step=True, on_epoch=False)
             self.log("train/acc", correct.float() / n, prog_bar=True, batch_size=n, on_step=True, on_epoch=False)
+            self.log_dict(self._step_metrics(), batch_size=n, on_step=True, on_epoch=False)
+
+    def _step_metrics(self) -> dict[str, float]:
+        """What every logger gets beside the loss at a logged step (docs/logging.md): the step's learning rate
+        and beta1, training throughput since the last logged step (every rank's samples, evaluation excluded)
+        and, on CUDA, the peak memory the caching allocator has handed out so far."""
+        out = dict(self._step_hparams)
+        rate = self._rate.take()
+        if rate is not None:
+            rate *= self.trainer.world_size
+            out["throughput/samples_per_s"] = rate
+            out["throughput/tokens_per_s"] = rate * self.spec.seq_len * (2 if self.spec.dual else 1)
+        if self.device.type == "cuda":
+            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+        return out
 
     # exact full-split metrics ----------------------------------------------------------------
     def _eval_step(self, batch, stage):
@@ -217,7 +272,14 @@ class LitLRA(L.LightningModule):
         # applied when training (re)starts: restoring data loaders between here and there draws seeds
         self._rng_to_restore = checkpoint.get("rng_states")
 
+    def on_validation_start(self):
+        self._rate.pause()  # evaluation time is not training time
+
+    def on_validation_end(self):
+        self._rate.resume()
+
     def on_train_start(self):
+        self._rate.start()
         if self._rng_to_restore is not None:
             set_rng_states(self._rng_to_restore)
             self._rng_to_restore = None
