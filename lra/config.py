@@ -88,6 +88,14 @@ def _composition_error(e: Exception, overrides: list[str]) -> str:
         name = compose([o for o in overrides if key not in o]).attn.name  # the backend, without the bad override
         valid = ", ".join(f.name for f in dataclasses.fields(attention.options_class(name))) or "(none)"
         return f"{key}: {what}; attention {name!r} has the options {valid} (attention.describe({name!r}))"
+    if key and "." in key and "not in struct" in what:  # a typo'd key: say which keys the node has
+        parent = key.rsplit(".", 1)[0]
+        try:
+            node = OmegaConf.select(compose([o for o in overrides if key not in o]), parent)
+        except (HydraException, OmegaConfBaseException):
+            node = None
+        if isinstance(node, DictConfig):
+            return f"{key}: {what}; {parent} has the keys {', '.join(sorted(str(k) for k in node))}"
     if key:
         return f"{key}: {what}"
     text = str(e).split("Config search path")[0]  # Hydra's message (e.g. a group's available choices)

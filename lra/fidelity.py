@@ -376,7 +376,7 @@ def compare(row: Row, roots: dict[str, Path]) -> dict:
         ours = build_model(spec[sem].model).eval()
         copied = copy_weights(ours, theirs, draws=force)
         # theirs always masks ids != 0; ours: task.mask (pathfinder: "nonzero" in paper, every pixel in clean)
-        every_pixel = row.task == "pathfinder" and spec[sem].data.options.get("mask") != "nonzero"
+        every_pixel = row.task == "pathfinder" and spec[sem].data.spec.mask != "nonzero"
         mask = torch.ones_like(toks, dtype=torch.bool) if every_pixel else toks != 0
         torch.manual_seed(SEED if force else SEED + 1)
         with torch.no_grad(), replay.replaying() if skein_row and column == "paper" else contextlib.nullcontext():

@@ -228,7 +228,7 @@ def _data_key(spec: RunSpec) -> str:
 def _splits(spec: RunSpec) -> dict[str, Split]:
     """The task's splits (generated or tokenised on first use), loaded once per process; raises a
     one-line ConfigError when the effective batch is larger than the training split."""
-    splits = _LOADED.pop(_data_key(spec), None) or load_task(spec.data.options, spec.data.root)
+    splits = _LOADED.pop(_data_key(spec), None) or load_task(spec.data.spec, spec.data.root)
     n = len(splits["train"])
     if spec.train.batch_size > n:  # every step would be the whole split, recorded as a batch it never was
         raise ConfigError(f"train.batch_size={spec.train.batch_size} is larger than the {n} training examples of "

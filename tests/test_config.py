@@ -219,3 +219,15 @@ def test_the_config_layer_owns_config_error_and_the_task_specs():
     assert sorted(TASK_SPECS) == ["image", "listops", "pathfinder", "retrieval", "text"]
     with pytest.raises(ConfigError, match="task.name='mnist' is not allowed: one of image, listops, pathfinder"):
         task_spec({"name": "mnist"})
+
+
+@pytest.mark.parametrize("override,node,some_key", [("task.tokenzier=x", "task", "tokenizer"),
+                                                    ("train.lrr=1", "train", "lr"),
+                                                    ("model.dropuot=0.2", "model", "dropout")])
+def test_a_typo_in_a_key_lists_the_keys_of_its_node(override, node, some_key):
+    """Hydra's own refusal ("Key ... is not in struct") says only what is wrong; the line also says what is right."""
+    with pytest.raises(ConfigError) as e:
+        load(["experiment=quick", "task=listops", override])
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(override.split("=")[0]) and f"{node} has the keys" in line
+    assert some_key in [k.strip() for k in line.split("has the keys", 1)[1].split(",")]

@@ -7,6 +7,7 @@ re-derivation of the public code's classifier that the paper presets must equal.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -111,21 +112,21 @@ def test_listops_tokens_under_each_semantics(tmp_path):
 
 
 @pytest.fixture
-def pixel_task():
-    LOADERS["pixels_test"] = lambda cfg, root: {
-        s: Split(np.array([[0, 5, 0, 7]], dtype=np.uint8), np.array([4]), np.array([1])) for s in ("train", "val", "test")}
-    yield "pixels_test"
-    LOADERS.pop("pixels_test")
+def pixel_task(monkeypatch):
+    """The image task with a stand-in reader: one 4-pixel image with two zero pixels."""
+    monkeypatch.setitem(LOADERS, "image", lambda spec, root: {
+        s: Split(np.array([[0, 5, 0, 7]], dtype=np.uint8), np.array([4]), np.array([1])) for s in ("train", "val", "test")})
+    return load(["experiment=quick", "task=image"]).data.spec
 
 
 def test_pixel_zero_is_padding_only_under_paper(pixel_task, tmp_path):
     for mask, want in (("all", [True, True, True, True]), ("nonzero", [False, True, False, True])):
-        split = load_task({"name": pixel_task, "mask": mask}, tmp_path)["train"]
+        split = load_task(dataclasses.replace(pixel_task, mask=mask), tmp_path)["train"]
         assert SplitDataset(split)[[0]]["mask"].tolist() == [want]
     for preset in PRESETS:
         for task in ("image", "pathfinder"):
-            assert load([f"experiment={preset}", f"task={task}"]).data.options["mask"] == "nonzero"
-            assert load([f"experiment={preset}", f"task={task}", "semantics=clean"]).data.options["mask"] == "all"
+            assert load([f"experiment={preset}", f"task={task}"]).data.spec.mask == "nonzero"
+            assert load([f"experiment={preset}", f"task={task}", "semantics=clean"]).data.spec.mask == "all"
 
 
 # --------------------------------------------------------------------------------------------

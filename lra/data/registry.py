@@ -55,15 +55,9 @@ def load_task(task: TaskSpec | Mapping, root: Path) -> dict[str, Split]:
     name = task.name if isinstance(task, TaskSpec) else task.get("name")
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
-    if isinstance(task, TaskSpec) or name in TASK_SPECS:
-        spec = task if isinstance(task, TaskSpec) else task_spec(task)
-        splits = LOADERS[name](spec, Path(root))
-        limits, zero_is_padding = spec.max_examples.limits() if spec.max_examples else None, spec.zero_is_padding
-    else:  # a reader put into LOADERS without a spec (a test's stand-in): it takes the node as it is
-        splits = LOADERS[name](dict(task), Path(root))
-        limits, zero_is_padding = task.get("max_examples"), task.get("mask", "all") == "nonzero"
-    splits = limit_examples(splits, limits)
-    return {k: dataclasses.replace(splits[k], zero_is_padding=zero_is_padding)
+    spec = task if isinstance(task, TaskSpec) else task_spec(task)
+    splits = limit_examples(LOADERS[name](spec, Path(root)), spec.max_examples.limits() if spec.max_examples else None)
+    return {k: dataclasses.replace(splits[k], zero_is_padding=spec.zero_is_padding)
             for k in ("train", "val", "test") if k in splits}
 
 
