@@ -4,7 +4,6 @@ trials re-queued into their own run folder, progress lines), the pruning callbac
 model, and (slow) a real search on tiny ListOps that is killed and resumed."""
 
 import contextlib
-import inspect
 import itertools
 import json
 import os
@@ -423,10 +422,9 @@ def test_real_search_killed_then_resumed(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("OptunaPruning" not in inspect.getsource(__import__("lra.train").train),
-                    reason="lra.train does not add OptunaPruning for +search.* yet")
 def test_real_search_prunes_through_lra_train(tmp_path):
-    """A pruner that prunes every trial at its first report: the run stops there and the trial is PRUNED."""
+    """A pruner that prunes every trial at its first report: the trial's run, given OptunaPruning through the
+    callbacks config group, stops there; the trial is PRUNED and the record says pruned at that step."""
     args = [sys.executable, "-m", "lra.sweep", "grid=search_quick", "n_trials=1", *TINY, "train.max_steps=30",
             "search.pruner.name=threshold", "search.pruner.lower=1.1", "~search.pruner.n_startup_trials",
             "~search.pruner.n_warmup_steps"]   # a threshold above 1 prunes any accuracy at the first report
@@ -434,6 +432,10 @@ def test_real_search_prunes_through_lra_train(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     t = _trial_states(tmp_path)[0]
     assert t.state == TrialState.PRUNED and list(t.intermediate_values) == [5]
+    (rec_path,) = (tmp_path / "runs").rglob("result.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["stop_reason"] == "pruned" and rec["pruned_at_step"] == 5 and rec["steps"] == 5
+    assert rec["config"]["callbacks"]["optuna_pruning"]["trial_number"] == 0
 
 
 def test_command_line_edits_the_search():
