@@ -62,12 +62,13 @@ def text(key: str, value, optional: bool = False) -> None:
     check(isinstance(value, str) and value != "", key, value, f"a non-empty string{' or null' if optional else ''}")
 
 
-def build(cls, prefix: str, values, ignore: tuple[str, ...] = ()):
-    """``cls(**values)`` for a config node: an unknown key is one line naming it and the valid keys; a
-    field whose type is a dataclass (``X`` or ``X | None``) is built from its nested node the same way,
-    under ``<prefix>.<field>``; keys in ``ignore`` are accepted and dropped."""
-    check(isinstance(values, dict), prefix, values, f"a mapping of {', '.join(_keys(cls))}")
-    known = _keys(cls)
+def build(cls, prefix: str, values, ignore: tuple[str, ...] = (), **fixed):
+    """``cls(**values, **fixed)`` for a config node: an unknown key is one line naming it and the valid keys;
+    a field whose type is a dataclass (``X`` or ``X | None``) is built from its nested node the same way,
+    under ``<prefix>.<field>``; keys in ``ignore`` are accepted and dropped. ``fixed``: fields the caller
+    gives (the model's vocabulary size comes from the task), which the node may not set."""
+    known = [k for k in _keys(cls) if k not in fixed]
+    check(isinstance(values, dict), prefix, values, f"a mapping of {', '.join(known)}")
     unknown = sorted(k for k in values if k not in known and k not in ignore)
     check(not unknown, f"{prefix}.{unknown[0] if unknown else ''}", values.get(unknown[0]) if unknown else None,
           f"not a key of {prefix}; valid keys: {', '.join(sorted(known))}")
@@ -78,7 +79,7 @@ def build(cls, prefix: str, values, ignore: tuple[str, ...] = ()):
             continue
         nested = _dataclass_of(hints[k])
         kwargs[k] = build(nested, f"{prefix}.{k}", v) if nested is not None and v is not None else v
-    return cls(**kwargs)
+    return cls(**kwargs, **fixed)
 
 
 def _keys(cls) -> list[str]:

@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 import attention
 from lra import CONF_DIR
 from lra.checks import SEED_MAX, ConfigError  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
-from lra.checks import check as _check, choice as _choice, flag as _flag, integer as _int, number as _num
+from lra.checks import build, check as _check, choice as _choice, flag as _flag, integer as _int, number as _num
 from lra.conf_nodes import attn_configs, register_resolvers  # noqa: F401  (registered on import; re-exported)
 from lra.files import data_root
 from lra.tasks import TaskSpec, task_spec
@@ -500,14 +500,6 @@ def _callbacks(cfg: DictConfig) -> dict:
     return nodes
 
 
-def _build(cls, prefix: str, values: dict, **fixed):
-    known = {f.name for f in dataclasses.fields(cls)} - set(fixed)
-    unknown = sorted(set(values) - known)
-    _check(not unknown, f"{prefix}.{unknown[0] if unknown else ''}", values.get(unknown[0]) if unknown else None,
-           f"not a key of {prefix}; valid keys: {', '.join(sorted(known))}")
-    return cls(**values, **fixed)
-
-
 def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     """The typed spec of a composed config, every value checked.
 
@@ -532,9 +524,9 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
                     preset_options=preset_options,
                     checkpointing=bool({str(cfg.attn.name), str(cfg.attn.label)} & set(cfg.get("attn_checkpointing") or [])))
     task = container(cfg.task)
-    model = _build(ModelSpec, "model", container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
+    model = build(ModelSpec, "model", container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
                    num_classes=task["num_classes"], dual=bool(task.get("dual", False)), attn=attn)
-    train = _build(TrainSpec, "train", container(cfg.train), monitor=str(cfg.trainer.monitor))
+    train = build(TrainSpec, "train", container(cfg.train), monitor=str(cfg.trainer.monitor))
     config = container(cfg)
     config["attn"] = {**config["attn"], "options": attn.options}
     if not config.get("callbacks"):  # no user callbacks: the record reads as it did before the group existed
