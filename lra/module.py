@@ -66,36 +66,58 @@ def set_rng_states(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-class TrainRate:
-    """Training samples per second between two logged rows, evaluation taken out: the rate of the steps
-    themselves (data loading included), as ``throughput/*`` reports it."""
+class TrainClock:
+    """Training wall time with evaluation taken out, summed over the restarts of a resumed run: the one
+    clock behind the record's ``train_time_s``, the ``time/train_s`` of every validation row and the
+    ``throughput/*`` of the training rows. :class:`LitLRA` drives it from its hooks and keeps it in the
+    checkpoint."""
 
-    def __init__(self):
-        self.t0: float | None = None
-        self.samples = 0
-        self.eval_s = 0.0
-        self._v0: float | None = None
+    def __init__(self, train_s: float = 0.0, eval_s: float = 0.0):
+        self._train_before, self._eval_before = float(train_s), float(eval_s)
+        self._t0: float | None = None   # start of the current training stretch (None while evaluating or stopped)
+        self._v0: float | None = None   # start of the current evaluation, when it paused training
+
+    @property
+    def running(self) -> bool:
+        return self._t0 is not None
+
+    @property
+    def train_s(self) -> float:
+        return self._train_before + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+
+    @property
+    def eval_s(self) -> float:
+        return self._eval_before
+
+    @property
+    def evaluating(self) -> bool:
+        """In an evaluation that paused training."""
+        return self._v0 is not None
 
     def start(self) -> None:
-        self.t0, self.samples, self.eval_s = time.perf_counter(), 0, 0.0
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self._train_before, self._t0 = self.train_s, None
 
     def pause(self) -> None:
-        if self.t0 is not None:
+        """Evaluation begins: an evaluation outside a training stretch (the sanity check) is not counted."""
+        if self._t0 is not None:
+            self.stop()
             self._v0 = time.perf_counter()
 
     def resume(self) -> None:
         if self._v0 is not None:
-            self.eval_s += time.perf_counter() - self._v0
+            self._eval_before += time.perf_counter() - self._v0
             self._v0 = None
+            self.start()
 
-    def take(self) -> float | None:
-        """Samples per second since the last call (or the start), then start again."""
-        if self.t0 is None:
-            return None
-        elapsed = time.perf_counter() - self.t0 - self.eval_s
-        rate = self.samples / elapsed if elapsed > 0 else None
-        self.start()
-        return rate
+    def state_dict(self) -> dict:
+        return {"train_time_s": self.train_s, "eval_time_s": self.eval_s}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "TrainClock":
+        return cls(state["train_time_s"], state["eval_time_s"])
 
 
 class LitLRA(L.LightningModule):
@@ -112,9 +134,11 @@ class LitLRA(L.LightningModule):
         self.compile_note: str | None = None  # why a requested compilation runs eager
         self.compile_fallback = compile_fallback  # train.compile=auto: a failed compilation runs eager
         self._sums = {}
+        self._samples = 0  # training examples this process has seen
         self._rng_to_restore = None
         self._last_batch = None  # (loss, correct, count, optimizer step before it) of the last micro-batch
-        self._rate = TrainRate()
+        self.clock = TrainClock()
+        self._since_log = (0, 0.0)  # (samples, clock.train_s) at the last logged training row
         self._step_hparams: dict = {}  # lr and beta1 the last optimizer step used
 
     # compilation -------------------------------------------------------------------------------
@@ -177,7 +201,7 @@ class LitLRA(L.LightningModule):
         logits = self(batch["tokens"], batch["mask"])
         loss, correct = loss_and_correct(logits, batch["label"])
         self._last_batch = (loss.detach(), correct, batch["label"].numel(), self.trainer.global_step)
-        self._rate.samples += batch["label"].numel()
+        self._samples += batch["label"].numel()
         return loss
 
     def on_before_optimizer_step(self, optimizer):
@@ -206,9 +230,11 @@ class LitLRA(L.LightningModule):
         and beta1, training throughput since the last logged step (every rank's samples, evaluation excluded)
         and, on CUDA, the peak memory the caching allocator has handed out so far."""
         out = dict(self._step_hparams)
-        rate = self._rate.take()
-        if rate is not None:
-            rate *= self.trainer.world_size
+        samples, train_s = self._samples, self.clock.train_s
+        n, seconds = samples - self._since_log[0], train_s - self._since_log[1]
+        self._since_log = (samples, train_s)
+        if seconds > 0:
+            rate = n / seconds * self.trainer.world_size
             out["throughput/samples_per_s"] = rate
             out["throughput/tokens_per_s"] = rate * self.spec.seq_len * (2 if self.spec.dual else 1)
         if self.device.type == "cuda":
@@ -233,6 +259,8 @@ class LitLRA(L.LightningModule):
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=False)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=False)
         self.log(f"{stage}/count", s[2].item(), sync_dist=False)
+        if stage == "val" and self.clock.evaluating:  # an evaluation that paused training (not the sanity check)
+            self.log("time/train_s", self.clock.train_s, sync_dist=False)
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, "val")
@@ -267,19 +295,28 @@ class LitLRA(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         checkpoint["rng_states"] = rng_states()
         checkpoint["resume_key"] = self.resume_key
+        checkpoint["train_clock"] = self.clock.state_dict()
 
     def on_load_checkpoint(self, checkpoint):
         # applied when training (re)starts: restoring data loaders between here and there draws seeds
         self._rng_to_restore = checkpoint.get("rng_states")
+        # a checkpoint of an older harness kept the clock in its TrainTimer callback's state
+        state = checkpoint.get("train_clock") or checkpoint.get("callbacks", {}).get("TrainTimer")
+        if state:
+            self.clock = TrainClock.from_state(state)
 
     def on_validation_start(self):
-        self._rate.pause()  # evaluation time is not training time
+        self.clock.pause()  # evaluation time is not training time
 
     def on_validation_end(self):
-        self._rate.resume()
+        self.clock.resume()
+
+    def on_train_end(self):
+        self.clock.stop()
 
     def on_train_start(self):
-        self._rate.start()
+        self.clock.start()
+        self._since_log = (self._samples, self.clock.train_s)
         if self._rng_to_restore is not None:
             set_rng_states(self._rng_to_restore)
             self._rng_to_restore = None

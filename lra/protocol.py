@@ -1,7 +1,7 @@
 """The papers' protocol as the loop runs it: when to evaluate, checkpoint, stop and select, and
 what the outcome of a run is (docs/protocol.md).
 
-* :func:`callbacks` builds a run's callbacks from its spec: progress bar, training-only timer,
+* :func:`callbacks` builds a run's callbacks from its spec: progress bar,
   best-validation selection (after ``select_after``), resume checkpoints, early stopping on val loss,
   the guard that stops diverged (NaN/inf) and stuck runs, and the epoch count every logger records
   (:class:`DataEpoch`). All keep their state in the checkpoint, so a restarted run ends with the same
@@ -61,45 +61,6 @@ class StepProgress(L.Callback):
             self.bar.close()
 
 
-class TrainTimer(L.Callback):
-    """Wall time of training alone (evaluation excluded), summed over restarts of a resumed run."""
-
-    def __init__(self):
-        self.train_time_s = 0.0
-        self.eval_time_s = 0.0
-        self._t0 = None  # start of the current training stretch (None while evaluating or stopped)
-        self._v0 = None
-
-    def _pause(self):
-        if self._t0 is not None:
-            self.train_time_s += time.perf_counter() - self._t0
-            self._t0 = None
-
-    def on_train_start(self, trainer, pl_module):
-        self._t0 = time.perf_counter()
-
-    def on_validation_start(self, trainer, pl_module):
-        if trainer.training or self._t0 is not None:
-            self._pause()
-            self._v0 = time.perf_counter()
-
-    def on_validation_end(self, trainer, pl_module):
-        if self._v0 is not None:
-            self.eval_time_s += time.perf_counter() - self._v0
-            self._v0 = None
-            self._t0 = time.perf_counter()
-
-    def on_train_end(self, trainer, pl_module):
-        self._pause()
-
-    def state_dict(self):
-        running = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-        return {"train_time_s": self.train_time_s + running, "eval_time_s": self.eval_time_s}
-
-    def load_state_dict(self, state):
-        self.train_time_s, self.eval_time_s = float(state["train_time_s"]), float(state["eval_time_s"])
-
-
 class BestCheckpoint(ModelCheckpoint):
     """The best-validation checkpoint (``best.ckpt``), considered only from ``select_after`` optimizer
     steps on (Skyformer keeps the best dev checkpoint after 20% of training); remembers the step."""
@@ -151,10 +112,12 @@ class ResumeCheckpoint(Checkpoint):
         self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from lra.compat import should_accumulate  # Lightning's private _should_accumulate, with a fallback
+
         s = trainer.global_step
         if (self.every_n_steps and s > 0 and s != self._last_step and s % self.every_n_steps == 0
                 and s % self.eval_every != 0 and s < trainer.max_steps
-                and not trainer.fit_loop.epoch_loop._should_accumulate()):
+                and not should_accumulate(trainer, batch_idx)):
             self._save(trainer)
 
     def on_validation_end(self, trainer, pl_module):
@@ -276,7 +239,6 @@ def label_entropy(labels) -> float:
 class Callbacks:
     """The callbacks of one run, by role (``all`` in the order the Trainer runs them)."""
 
-    timer: TrainTimer
     guard: RunGuard
     best: BestCheckpoint
     resume: ResumeCheckpoint
@@ -291,26 +253,26 @@ def callbacks(spec: RunSpec, val: Split, ckpt_dir: Path, extra: list | None = No
                           mode="max" if tr.monitor.endswith("acc") else "min", save_top_k=1, save_last=False,
                           auto_insert_metric_name=False, enable_version_counter=False, select_after=select_after)
     resume = ResumeCheckpoint(ckpt_dir / "last.ckpt", eval_every=tr.eval_every, every_n_steps=tr.ckpt_every_steps)
-    timer = TrainTimer()
     guard = RunGuard(baseline_loss=label_entropy(val.labels), majority_acc=val.majority_rate(),
                      stuck_after=tr.stuck_after_steps, loss_tol=tr.stuck_loss_tol, acc_tol=tr.stuck_acc_tol)
     stopper = None
     if tr.patience:
         stopper = EarlyStopping(monitor="val/loss", mode="min", patience=tr.patience, check_on_train_epoch_end=False,
                                 check_finite=False)
-    cbs = [DataEpoch(), timer, guard, best, resume, *(extra or [])]
+    cbs = [DataEpoch(), guard, best, resume, *(extra or [])]
     if spec.progress:
         cbs.append(StepProgress(tr.max_steps))
     if stopper is not None:
         cbs.append(stopper)
-    return Callbacks(timer, guard, best, resume, stopper, cbs)
+    return Callbacks(guard, best, resume, stopper, cbs)
 
 
 def measured(spec: RunSpec, trainer, cb: Callbacks, effective_batch: int) -> dict:
     """Steps, training time (evaluation excluded), throughput and selection of a finished fit."""
-    steps, t = int(trainer.global_step), cb.timer.train_time_s
+    clock = trainer.lightning_module.clock  # lra.module.TrainClock: training time, evaluation excluded
+    steps, t = int(trainer.global_step), clock.train_s
     tokens = steps * effective_batch * spec.model.seq_len * (2 if spec.model.dual else 1)
-    return {"steps": steps, "steps_at_stop": steps, "train_time_s": t, "eval_time_s": cb.timer.eval_time_s,
+    return {"steps": steps, "steps_at_stop": steps, "train_time_s": t, "eval_time_s": clock.eval_s,
             "time_per_1k_steps_s": t / steps * 1000 if steps else None, "tokens_per_s": tokens / t if t else None,
             "best_val_acc": None if cb.best.best_model_score is None else float(cb.best.best_model_score),
             "best_ckpt": cb.best.best_model_path or None, "steps_to_best": cb.best.best_step,

@@ -229,24 +229,42 @@ def test_resumable_loader_continues_the_same_order():
     assert last.state_dict() == {"epoch": 1, "position": 0}  # after the last batch: the next epoch
 
 
-def test_train_timer_excludes_evaluation():
-    from lra.protocol import TrainTimer
+def test_train_clock_excludes_evaluation_and_survives_a_restart():
+    from lra.module import TrainClock
 
-    t, tr = TrainTimer(), SimpleNamespace(training=True)
-    t.on_train_start(tr, None)
+    c = TrainClock()
+    c.pause()   # the sanity check's evaluation, before training starts: not counted
+    c.resume()
+    assert not c.running and c.train_s == 0 and c.eval_s == 0
+    c.start()
     time.sleep(0.05)
-    t.on_validation_start(tr, None)
+    c.pause()
+    assert c.evaluating and not c.running
+    frozen = c.train_s
     time.sleep(0.2)
-    t.on_validation_end(tr, None)
+    assert c.train_s == frozen   # the clock stands still while evaluating
+    c.resume()
     time.sleep(0.05)
-    saved = t.state_dict()
-    t.on_train_end(tr, None)
-    assert 0.09 < t.train_time_s < 0.2 and t.eval_time_s >= 0.2 and saved["train_time_s"] >= 0.09
-    resumed = TrainTimer()
-    resumed.load_state_dict(saved)
-    resumed.on_train_start(tr, None)
-    resumed.on_train_end(tr, None)
-    assert resumed.train_time_s >= saved["train_time_s"] and math.isfinite(resumed.eval_time_s)
+    saved = c.state_dict()
+    c.stop()
+    assert 0.09 < c.train_s < 0.2 and c.eval_s >= 0.2 and saved["train_time_s"] >= 0.09
+    resumed = TrainClock.from_state(saved)
+    resumed.start()
+    time.sleep(0.01)
+    resumed.stop()
+    assert resumed.train_s >= saved["train_time_s"] + 0.01 and resumed.eval_s == saved["eval_time_s"]
+
+
+def test_train_clock_is_restored_from_new_and_older_checkpoints():
+    """The clock goes on from a checkpoint's ``train_clock``, or from the TrainTimer callback state an older
+    harness wrote (a run started before the upgrade resumes with its training time, not from zero)."""
+    from lra.module import LitLRA
+
+    for ckpt in ({"train_clock": {"train_time_s": 12.5, "eval_time_s": 3.0}},
+                 {"callbacks": {"TrainTimer": {"train_time_s": 12.5, "eval_time_s": 3.0}}}):
+        lit = SimpleNamespace(clock=None)
+        LitLRA.on_load_checkpoint(lit, ckpt)
+        assert (lit.clock.train_s, lit.clock.eval_s) == (12.5, 3.0) and not lit.clock.running
 
 
 @pytest.mark.parametrize("warmup,steps", [(0, 10), (1, 10), (10, 10), (50, 10)])

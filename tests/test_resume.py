@@ -218,6 +218,10 @@ def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path, 
     assert [e for _, e, m in expected if "train/loss" in m] == [k // 4 for k in range(14)]
     assert expected[-1][1:] == (4, ("test/acc", "test/count", "test/loss"))  # after training: epochs begun
     assert _metrics_rows(tmp_path / "runs" / "resumed") == expected
+    # the curves' time axis goes on from where each stretch stopped: training time only ever grows
+    with open(tmp_path / "runs" / "resumed" / "metrics.csv", newline="") as f:
+        times = [float(r["time/train_s"]) for r in csv.DictReader(f) if r.get("time/train_s")]
+    assert len(times) == sum("val/acc" in m for _, _, m in expected) and times == sorted(times) and times[0] > 0
     if "logger=tensorboard" in EPOCHS:  # TensorBoard gets the same rows
         tb = _tensorboard_epochs(tmp_path / "runs" / "ref")
         assert tb == [(k, e) for k, e, _ in expected]

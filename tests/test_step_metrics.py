@@ -3,6 +3,7 @@ rate and Adam's beta1 that step used, training throughput and, on CUDA, peak mem
 under OneCycleLR (the papers' schedule that also cycles beta1), read back from metrics.csv."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -50,3 +51,13 @@ def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path):
     assert min(betas) < 0.9 < max(betas)   # OneCycleLR moves beta1 against the learning rate
     assert max(float(r["lr"]) for r in rows) == pytest.approx(lr_max, rel=1e-6)
     assert not any(r.get("memory/peak_gib") for r in rows)   # trainer.accelerator=cpu: no allocator to ask
+
+    # every evaluation row says how much training time (evaluation excluded) the run had spent by then:
+    # the time axis of the curves (lra/collect/plots.py), from the same clock as the record's train_time_s
+    evals = [r for r in csv.DictReader(path.open()) if r.get("val/acc")]
+    assert [int(r["step"]) for r in evals] == [3, 7, 11]   # eval_every=4: after optimizer steps 4, 8, 12
+    times = [float(r["time/train_s"]) for r in evals]
+    assert 0 < times[0] < times[1] < times[2]
+    record = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
+    assert times[-1] <= record["train_time_s"] < times[-1] + 60
+    assert not any(r.get("time/train_s") for r in rows)   # training rows carry throughput instead
