@@ -73,8 +73,10 @@ def test_mean_std_and_seed_count(tmp_path):
     one = cell(t1, "none")
     assert one.n == 1 and math.isnan(one.std)
     md = to_markdown(t1)
-    assert "| Standard | -- | **40.00 ± 10.00 (3)** | -- |" in md  # best of the column: bold
-    assert "| none | -- | 20.00 (1) |" in md  # one seed: no std, count shown
+    half = 4.302652729749464 * 10.0 / math.sqrt(3)  # t(0.975, 2), from a t table, x std / sqrt(n)
+    # best of the column: bold; then the mean's 95% interval over the seeds
+    assert f"| Standard | -- | **40.00 ± 10.00 (3)** [{40 - half:.2f}, {40 + half:.2f}] | -- |" in md
+    assert "| none | -- | 20.00 (1) [one seed: no CI] |" in md  # one seed: no std, no interval, count shown
     # units of the other tables: steps in k, minutes per 1k steps, hours, GB, batch and accumulation
     t2 = build(SPEC["skeinformer_table2"], runs, "quick")
     row = next(r for r in t2.rows if r.key == "softmax")
@@ -290,8 +292,9 @@ def test_latex_booktabs_bold_best_per_column(tmp_path):
     t2 = to_latex(build(SPEC["skeinformer_table2"], runs, "quick"))
     lines = {l.split(" & ")[0]: l.split(" & ") for l in t2.splitlines() if " & " in l}
     # ListOps columns are 4..6 (step, time, accu): lowest time and accumulation win
-    assert lines["Skeinformer"][5] == r"\textbf{2.00 (1)}" and lines["none"][5] == r"\textbf{2.00 (1)}"
-    assert lines["Standard"][5] == "10.00 (1)" and lines["Standard"][6] == "2"
+    one = " [one seed: no CI]"  # a measured cell of one seed has no interval; a setting never has one
+    assert lines["Skeinformer"][5] == r"\textbf{2.00 (1)}" + one and lines["none"][5] == r"\textbf{2.00 (1)}" + one
+    assert lines["Standard"][5] == "10.00 (1)" + one and lines["Standard"][6] == "2"
     assert lines["Skeinformer"][6] == r"\textbf{1}"
     assert r"\multicolumn{3}{c}{ListOps}" in t2 and r"\cmidrule(lr){5-7}" in t2
     t4 = to_latex(build(SPEC["skeinformer_table4"], runs, "quick"))
@@ -313,10 +316,14 @@ def test_compare_adds_paper_value_and_delta(tmp_path):
     md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
     assert "| Model | Text ours | Text paper | Text Δ | ListOps ours |" in md
     std_row = next(l for l in md.splitlines() if l.startswith("| Standard |"))
-    assert "| **41.00 ± 1.41 (2)** | 38.15 | +2.85 |" in std_row
+    half = 12.706204736174703 * math.sqrt(2) / math.sqrt(2)  # t(0.975, 1) x std / sqrt(n), std = sqrt(2)
+    lo, hi = 41 - half, 41 + half  # covers the paper's 38.15: marked
+    assert (f"| **41.00 ± 1.41 (2)** [{lo:.2f}, {hi:.2f}] | 38.15 | +2.85 [{lo - 38.15:+.2f}, {hi - 38.15:+.2f}] ≈ |"
+            in std_row)
+    assert "| **40.00 (1)** [one seed: no CI] | 57.69 | -17.69 [one seed: no CI] |" in std_row  # no mark
     assert "| 57.50 | -- |" in std_row  # paper average, no average of ours (tasks missing)
     poly = next(l for l in md.splitlines() if l.startswith("| polysketch |"))
-    assert "| 30.00 (1) | -- | -- |" in poly
+    assert "| 30.00 (1) [one seed: no CI] | -- | -- |" in poly
     with open(tmp_path / "out" / "quick" / "skeinformer_table1.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["attn"] == "softmax")
     assert row["listops:acc:paper"] == "38.15" and float(row["listops:acc:delta"]) == pytest.approx(2.85)
@@ -559,84 +566,3 @@ def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     failed = pd.read_csv(tmp_path / "out" / "failed.csv")
     assert "seeds are integers" in " ".join(failed["reason"])
 
-
-# ----------------------------------------------------------------------------- figures
-LONG = "protocol.listops.data.n_test=64,protocol.listops.data.n_train=256,train.lr=0.001"
-
-
-def test_curves_against_steps_and_time_with_full_labels(tmp_path):
-    from lra.collect.plots import curves_figure
-
-    for seed in (0, 1):
-        make_record(tmp_path, "softmax", seed, time_per_1k_steps_s=100.0 * (seed + 1))
-        make_record(tmp_path, "softmax", seed, sub=LONG)
-    make_record(tmp_path, "none", 0, time_per_1k_steps_s=None)  # no time: drawn against steps only
-    runs, _ = load_runs(tmp_path)
-    fig, notes = curves_figure(runs, tmp_path, "quick", "listops")
-    (acc_step, acc_time), (loss_step, loss_time) = fig.axes[0:2], fig.axes[2:4]
-    labels = [t.get_text().replace("\n", "") for t in fig.legends[0].get_texts()]
-    assert f"softmax [{LONG}] (2 seeds)" in labels and "none (1 seeds)" in labels  # never cut
-    assert acc_step.get_ylabel() == "validation accuracy (%)" and "optimizer step" in loss_step.get_xlabel()
-    assert "training time" in loss_time.get_xlabel()
-    soft = {ax: next(l for l in ax.get_lines() if l.get_color() == acc_step.get_lines()[1].get_color())
-            for ax in (acc_step, acc_time)}
-    assert list(soft[acc_step].get_xdata()) == [149, 299, 449, 599]
-    # time = step x the seeds' mean time per step (100 and 200 s per 1k steps), in seconds here
-    assert soft[acc_time].get_xdata() == pytest.approx([s * 0.15 for s in (149, 299, 449, 599)])
-    assert soft[acc_step].get_ydata() == pytest.approx([100 * (0.2 + 0.05 * i + 0.005) for i in range(4)])
-    assert len(acc_step.get_lines()) == 3 and len(acc_time.get_lines()) == 2
-    assert [p for p, _ in notes] == ["quick/clean/listops/none/seed0"]
-
-
-def _points(ax):
-    import numpy as np
-
-    return np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())
-                           and c.get_offsets().shape[1] == 2 and type(c).__name__ == "PathCollection"])
-
-
-def test_cpu_runs_plot_the_memory_estimate_and_say_so(tmp_path):
-    from lra.collect.plots import efficiency_figure, lra_chart_data, lra_chart_figure
-
-    make_record(tmp_path, "softmax", 0, device="cpu", peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
-    make_record(tmp_path, "none", 0, peak_mem_bytes=2 ** 30, peak_mem_estimate_bytes=5 * 2 ** 30)
-    runs, _ = load_runs(tmp_path)
-    summ = summary(runs)
-    fig = efficiency_figure(summ, "quick", "listops")
-    mem_ax = fig.axes[1]
-    assert sorted(_points(mem_ax)[:, 0]) == [1.0, 3.0]  # measured where present, else the estimate (GB)
-    assert "measured (peak_mem_bytes)" in mem_ax.get_xlabel() and "estimated (peak_mem_estimate_bytes)" in \
-        mem_ax.get_xlabel()
-    d, unit = lra_chart_data(summ, "quick")
-    got = {r.row: (r.mem / 2 ** 30, r.mem_src) for r in d.itertuples()}
-    assert got == {"softmax": (3.0, "estimated"), "none": (1.0, "measured")}
-    assert unit == "steps/s"  # these records carry no tokens_per_s
-    fig, _ = lra_chart_figure(summ, "quick")
-    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "memory estimated (peak_mem_estimate_bytes)" in texts and "memory measured (peak_mem_bytes)" in texts
-
-
-def test_lra_chart_averages_tasks_and_uses_throughput(tmp_path):
-    from lra.collect.plots import lra_chart_data
-
-    for task, acc, tok in (("listops", 0.4, 1000.0), ("text", 0.6, 3000.0)):
-        for seed in (0, 1):
-            make_record(tmp_path, "softmax", seed, task=task, test_acc=acc + 0.02 * seed, tokens_per_s=tok,
-                        peak_mem_bytes=(2 if task == "text" else 1) * 2 ** 30)
-    make_record(tmp_path, "none", 0, task="listops", test_acc=0.2, tokens_per_s=9000.0, time_per_1k_steps_s=50.0)
-    runs, _ = load_runs(tmp_path)
-    d, unit = lra_chart_data(summary(runs), "quick")
-    assert unit == "tokens/s"
-    soft = d.set_index("row").loc["softmax"]
-    assert soft["acc"] == pytest.approx(51.0) and soft["speed"] == pytest.approx(2000.0)
-    assert soft["mem"] == 2 * 2 ** 30 and soft["tasks"] == 2 and soft["of"] == 2  # the largest peak of its tasks
-    none = d.set_index("row").loc["none"]
-    assert none["acc"] == pytest.approx(20.0) and none["tasks"] == 1
-    # one run without throughput: every point falls back to steps/s = 1000 / time per 1k steps
-    make_record(tmp_path, "performer", 0, tokens_per_s=None, time_per_1k_steps_s=250.0)
-    runs, _ = load_runs(tmp_path)
-    d, unit = lra_chart_data(summary(runs), "quick")
-    assert unit == "steps/s" and d.set_index("row").loc["performer", "speed"] == pytest.approx(4.0)
-    res = collect(tmp_path, tmp_path / "out")
-    assert (tmp_path / "out" / "quick" / "lra_chart.png").is_file()
-    assert (tmp_path / "out" / "quick" / "lra_chart.pdf") in res.files

@@ -1,16 +1,18 @@
 """Results collector: run records → the papers' tables, plots and reports (``make tables``).
 
     python -m lra.collect [--runs DIR] [--out DIR] [--format csv,tex,md] [--compare PAPER[,PAPER]|all]
-                          [--preset NAME] [--drop-empty] [--no-plots]
+                          [--preset NAME] [--drop-empty] [--no-plots] [--no-html]
 
 Reads every ``result.json`` under the runs root (default ``$LRA_RUNS`` or ``runs/``), groups the
 finished runs by preset × task × attention, and writes under ``--out`` (default ``<runs>/tables``):
 
+    index.html               the results page: every table (deltas, marks), the figures inline, each cell
+                             linking to its runs' records, failed runs and problems; self-contained (offline)
     index.md                 what was read, per preset, failed runs and every problem found
     runs.csv                 one normalised row per record (``usable``: finished; ``kept``: not a duplicate)
     failed.{csv,md}          runs that did not finish (failed, interrupted, running), with their reason
     issues.{csv,md}          old-schema records, duplicates, folders without a record, NaN metrics ...
-    <preset>/summary.csv     mean/std/n of every metric per task × attention
+    <preset>/summary.csv     mean/std/n and 95% interval half-width of every metric per task × attention
     <preset>/<table>.{csv,tex,md}, <preset>/tables.md
                              Skeinformer Tables 1-4, Skyformer Tables 1-2, YOSO Table 3
     <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}, <preset>/lra_chart.{png,pdf}
@@ -33,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from lra.cli import Parser
+from lra.collect.page import page_html
 from lra.collect.plots import plot_preset
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
 from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
@@ -60,7 +63,7 @@ def default_runs_root() -> Path:
 
 
 def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(), presets=None,
-            drop_empty: bool = False, plots: bool = True) -> Result:
+            drop_empty: bool = False, plots: bool = True, html: bool = True) -> Result:
     """Read the records under ``runs_root`` and write every table, report and figure into ``out``.
 
     Args:
@@ -71,6 +74,7 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         presets: only these presets (an unknown one raises :class:`CollectError`).
         drop_empty: leave out rows and columns without a run.
         plots: also draw the figures (lra/collect/plots.py).
+        html: also write the results page ``index.html`` (lra/collect/page.py).
 
     Returns:
         A :class:`Result`: the runs read, the problems found (a run folder without a record, a failed
@@ -92,6 +96,7 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
                            f"presets found: {', '.join(all_presets) or '(none)'}")
     chosen = [p for p in all_presets if presets is None or p in presets]
     summ = summary(runs)
+    figures = {}
 
     def emit(rel: str, text: str):
         res.files.append(write_text(out / rel, text))
@@ -116,6 +121,7 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         if plots:
             files, notes = plot_preset(runs, summ, runs_root, preset, out / folder)
             res.files += files
+            figures[preset] = files
             issues += [Issue(p, "plot", n) for p, n in notes]
     issues.sort(key=lambda i: (i.path, i.kind, i.detail))
 
@@ -129,6 +135,8 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
     emit("failed.md", failed_md)
     emit("issues.md", issues_md)
     emit("index.md", _index(runs, issues, chosen, summ, failed_md, issues_md, compare))
+    if html:
+        emit("index.html", page_html(res.tables, runs, issues, runs_root, out, figures, compare))
     res.files = sorted(set(res.files))
     return res
 
@@ -149,10 +157,11 @@ def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
                   f"Tables: [{safe_name(preset)}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
                   f"[{safe_name(preset)}/summary.csv]({safe_name(preset)}/summary.csv).", ""]
         if len(s):
-            view = s[["task", "row", "seeds", "test_acc_mean", "test_acc_std", "test_acc_n"]].copy()
-            view["test_acc_mean"] = 100 * view["test_acc_mean"]
-            view["test_acc_std"] = 100 * view["test_acc_std"]
-            view.columns = ["task", "attention", "seeds", "test acc (%)", "std", "n"]
+            view = s[["task", "row", "seeds", "test_acc_mean", "test_acc_std", "test_acc_ci95", "test_acc_n"]].copy()
+            for c in ("test_acc_mean", "test_acc_std", "test_acc_ci95"):
+                view[c] = 100 * view[c]
+            # the half-width of the 95% t-interval over seeds (empty with one seed: docs/results.md)
+            view.columns = ["task", "attention", "seeds", "test acc (%)", "std", "95% ±", "n"]
             lines.append(frame_markdown(view))
     lines += [failed_md, issues_md]
     return "\n".join(lines)
@@ -185,6 +194,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preset", action="append", default=None, help="only this preset (repeatable)")
     p.add_argument("--drop-empty", action="store_true", help="leave out paper rows without any run")
     p.add_argument("--no-plots", action="store_true", help="tables and reports only")
+    p.add_argument("--no-html", action="store_true", help="no results page (index.html)")
     args = p.parse_args(argv)
     args.formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     bad = [f for f in args.formats if f not in FORMATS]
@@ -214,7 +224,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         res = collect(root, out, args.formats, args.compare_papers, args.preset, args.drop_empty,
-                      plots=not args.no_plots)
+                      plots=not args.no_plots, html=not args.no_html)
     except CollectError as e:
         print(f"lra.collect: {e}", file=sys.stderr)
         return 2
@@ -236,6 +246,6 @@ def main(argv=None) -> int:
               f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / safe_name(preset)}")
     if len(runs) == 0:
         print(f"no result.json under {root}: nothing to tabulate", file=sys.stderr)
-    print(f"wrote {len(res.files)} files into {res.out} ({time.perf_counter() - t0:.1f} s); start at "
-          f"{res.out / 'index.md'}")
+    start = res.out / ("index.html" if not args.no_html else "index.md")
+    print(f"wrote {len(res.files)} files into {res.out} ({time.perf_counter() - t0:.1f} s); start at {start}")
     return 0

@@ -1,11 +1,14 @@
 """Tables to CSV, Markdown and LaTeX (booktabs), and atomic file writes.
 
-Cells read ``mean ± std (n)``: mean and sample standard deviation over seeds, n the number of seeds
-with a finite value (one seed: ``mean (1)``); settings such as the batch are printed as their value,
-or ``a/b`` when seeds disagree. ``--`` marks a missing cell. The best value of each column among our
-rows (highest accuracy or batch; lowest steps, time, memory, accumulation), compared as printed, is
-bold in Markdown and LaTeX. With a comparison, each column gains the paper's value and our delta
-(ours minus paper, in the table's unit). Nothing time-dependent is printed, so the same runs give
+Cells read ``mean ± std (n) [low, high]``: mean and sample standard deviation over seeds, n the number
+of seeds with a finite value, and the 95% t-interval of the mean (one seed: ``mean (1) [one seed: no
+CI]``); settings such as the batch are printed as their value, or ``a/b`` when seeds disagree. ``--``
+marks a missing cell. The best value of each column among our rows (highest accuracy or batch; lowest
+steps, time, memory, accumulation), compared as printed, is bold in Markdown and LaTeX. With a
+comparison, each column gains the paper's value and our delta (ours minus paper, in the table's unit)
+with its interval. Marks (:func:`marks`, :func:`legend`): ``≈`` after a delta, the seeds cannot
+separate ours from the paper; ``†`` after ours, they cannot separate the row from the Standard row;
+``?``, not testable against Standard. Nothing time-dependent is printed, so the same runs give
 byte-identical files.
 """
 
@@ -17,9 +20,13 @@ from typing import Callable
 
 import pandas as pd
 
-from lra.collect.tables import METRICS, PAPERS, Built, Cell
+from lra.collect.stats import CANNOT_SEPARATE, NOT_TESTABLE
+from lra.collect.tables import BASELINE, METRICS, ONE_SEED, PAPERS, Built, Cell
 
 MISSING = "--"
+PAPER_MARK = "≈"      # after a delta: the seeds cannot separate ours from the paper's value
+BASELINE_MARK = "†"   # after ours: the seeds cannot separate this row from the Standard row (Welch, 95%)
+UNTESTED_MARK = "?"   # after ours: not testable against the Standard row (it has fewer than two seeds there)
 
 
 def safe_name(name: str) -> str:
@@ -67,12 +74,86 @@ def paper_text(cell: Cell) -> str:
     return cell.paper_text if cell.paper_text else MISSING
 
 
+def _signed(x: float, decimals: int, minus: str = "-") -> str:
+    return ("+" if x >= 0 else minus) + _fmt(abs(x), decimals)
+
+
 def delta_text(cell: Cell, metric: str, minus: str = "-") -> str:
     d = cell.delta
     if not math.isfinite(d):
         return MISSING
-    s = _fmt(abs(d), METRICS[metric].decimals)
-    return ("+" if d >= 0 else minus) + s
+    return _signed(d, METRICS[metric].decimals, minus)
+
+
+def _no_ci(cell: Cell) -> str:
+    return "[one seed: no CI]" if cell.ci_note == ONE_SEED else f"[CI n/a: {cell.ci_note}]"
+
+
+def interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
+    """``[low, high]``: the 95% t-interval of our mean over seeds; ``[one seed: no CI]`` (or ``[CI n/a:
+    why]``) without one; "" for a setting or an empty cell."""
+    m = METRICS[metric]
+    if cell.empty or m.setting:
+        return ""
+    if not cell.has_ci:
+        return _no_ci(cell)
+    lo, hi = (_fmt(x, m.decimals) for x in (cell.ci_low, cell.ci_high))
+    return f"[{lo.replace('-', minus)}, {hi.replace('-', minus)}]"
+
+
+def delta_interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
+    """``[low, high]`` of the delta (ours - paper): our interval shifted by the paper's value, which is one
+    published number without spread; "" where there is no delta or the metric is a setting."""
+    m = METRICS[metric]
+    if not math.isfinite(cell.delta) or m.setting:
+        return ""
+    if not cell.has_ci:
+        return _no_ci(cell)
+    return f"[{_signed(cell.delta_low, m.decimals, minus)}, {_signed(cell.delta_high, m.decimals, minus)}]"
+
+
+def marks(cell: Cell, baseline: str = "Standard", *, paper: bool = True,
+          standard: bool = True) -> list[tuple[str, str]]:
+    """The marks of a cell as (symbol, meaning), the paper's first. ``baseline``: the printed name of the
+    table's Standard row (:func:`baseline_name`). Markdown and LaTeX print the paper's mark after the
+    delta (``standard=False``) and the Standard marks after our value (``paper=False``). A cell without
+    an interval of its own (one seed) gets none: its interval text says so."""
+    out = []
+    if paper and cell.paper_test == CANNOT_SEPARATE:
+        out.append((PAPER_MARK, ("the seeds cannot separate ours from the paper: the paper's value lies in "
+                                 "our 95% interval")))
+    if standard and cell.base_test == CANNOT_SEPARATE:
+        out.append((BASELINE_MARK, (f"the seeds cannot separate this row from {baseline}: Welch's 95% "
+                                    f"interval of the difference of means contains 0")))
+    elif standard and cell.base_test == NOT_TESTABLE and cell.has_ci:
+        out.append((UNTESTED_MARK, f"not testable against {baseline}: it has fewer than two seeds here"))
+    return out
+
+
+def baseline_name(built: Built) -> str:
+    """The printed name of the table's Standard row (``softmax``: Standard / Self-Attention / softmax)."""
+    return next((r.name for r in built.rows if r.key == BASELINE), "Standard")
+
+
+def legend(built: Built) -> list[str]:
+    """The lines printed under a table that explain its intervals and marks (none for settings-only tables)."""
+    if all(METRICS[c.metric].setting for c in built.columns):
+        return []
+    base = baseline_name(built)
+    lines = [("95% intervals: [low, high] after our value is the t-interval of the mean over seeds, "
+              "mean ± t(0.975, n-1) * std / sqrt(n). One seed has none: [one seed: no CI], and no mark.")]
+    if built.spec.average:
+        lines.append(f"{built.spec.average}: an interval only when every task has the same seeds (the t-interval "
+                     f"of the per-seed averages); otherwise [CI n/a: seeds differ by task].")
+    if built.compare:
+        lines.append(f"Δ [low, high]: ours - paper, with our interval shifted by the paper's value (the paper "
+                     f"prints one value without its spread). {PAPER_MARK} after Δ: the seeds cannot separate ours "
+                     f"from the paper (its value lies in our interval).")
+    lines.append(f"{BASELINE_MARK} after our value: the seeds cannot separate this row from {base} (Welch's 95% "
+                 f"interval of the difference of means contains 0). {UNTESTED_MARK}: not testable against {base} "
+                 f"(fewer than two seeds there). A difference with an interval and no mark is separated at 95%; "
+                 f"a mark means the seeds cannot tell the values apart, not that they are equal.")
+    return lines
 
 
 def best_rows(built: Built) -> list[set]:
@@ -104,18 +185,30 @@ def _leaves(built: Built) -> list[tuple]:
     return out
 
 
-def _row_texts(built: Built, pm: str, minus: str, bold: Callable[[str], str]) -> list[list[str]]:
+def _row_texts(built: Built, esc: Callable[[str], str], bold: Callable[[str], str], minus: str = "-") \
+        -> list[list[str]]:
+    """Every printed cell, already in the output format: ``esc`` escapes a piece of text, ``bold`` wraps
+    an escaped one. Ours: value (bold if best), interval, Standard marks; Δ: delta, interval, paper mark."""
     best = best_rows(built)
+    base = baseline_name(built)
+
+    def join(*parts):
+        return " ".join(p for p in parts if p)
+
     texts = []
     for i, row in enumerate(built.rows):
         cells = []
         for j, (col, cell) in enumerate(zip(built.columns, row.cells)):
-            t = ours_text(cell, col.metric, pm)
-            if i in best[j]:
+            t = esc(ours_text(cell, col.metric))
+            if i in best[j] and t != MISSING:
                 t = bold(t)
-            cells.append(t)
+            base_marks = "".join(m for m, _ in marks(cell, base, paper=False))
+            cells.append(join(t, esc(interval_text(cell, col.metric, minus)), esc(base_marks)))
             if built.compare:
-                cells += [paper_text(cell), delta_text(cell, col.metric, minus)]
+                paper_marks = "".join(m for m, _ in marks(cell, base, standard=False))
+                cells += [esc(paper_text(cell)), join(esc(delta_text(cell, col.metric, minus)),
+                                                      esc(delta_interval_text(cell, col.metric, minus)),
+                                                      esc(paper_marks))]
         texts.append(cells)
     return texts
 
@@ -126,7 +219,8 @@ def title(built: Built) -> str:
 
 def note(built: Built) -> str:
     s = (f"Preset `{built.preset}`, {built.n_runs} finished runs. Cells: mean ± std over seeds (number of seeds "
-         f"with a value); settings (batch, accumulation) as their value, a/b when seeds differ; -- no run.")
+         f"with a value) [95% interval of the mean]; settings (batch, accumulation) as their value, a/b when "
+         f"seeds differ; -- no run.")
     if built.compare:
         s += (f" paper: {PAPERS[built.spec.paper]}, {built.spec.title}; Δ = ours - paper. Compare time and "
               f"memory only on the paper's hardware and protocol.")
@@ -149,9 +243,19 @@ def to_csv(built: Built) -> str:
             if not cell.average:
                 r[f"{cid}:std"] = num(cell.std)
             r[f"{cid}:n"] = cell.n
+            measured = not METRICS[col.metric].setting
+            if measured:
+                r[f"{cid}:ci95_low"], r[f"{cid}:ci95_high"] = num(cell.ci_low), num(cell.ci_high)
+                r[f"{cid}:vs_{BASELINE}"] = cell.base_test
+                r[f"{cid}:vs_{BASELINE}_diff"] = num(cell.base_diff)
+                r[f"{cid}:vs_{BASELINE}_ci95_low"] = num(cell.base_low)
+                r[f"{cid}:vs_{BASELINE}_ci95_high"] = num(cell.base_high)
             if built.compare:
                 r[f"{cid}:paper"] = num(cell.paper)
                 r[f"{cid}:delta"] = num(cell.delta)
+                if measured:
+                    r[f"{cid}:delta_ci95_low"], r[f"{cid}:delta_ci95_high"] = num(cell.delta_low), num(cell.delta_high)
+                    r[f"{cid}:vs_paper"] = cell.paper_test
         recs.append(r)
     return pd.DataFrame(recs).to_csv(index=False, lineterminator="\n")
 
@@ -165,9 +269,12 @@ def to_markdown(built: Built, heading: str = "###") -> str:
     header = ["Model"] + [" ".join(p for p in path if p) for path in leaves]
     lines = [f"{heading} {title(built)}", "", "| " + " | ".join(_md_escape(h) for h in header) + " |",
              "|:---|" + "---:|" * len(leaves)]
-    for row, cells in zip(built.rows, _row_texts(built, "±", "-", lambda t: f"**{t}**" if t != MISSING else t)):
-        lines.append("| " + " | ".join(_md_escape(x) for x in [row.name] + cells) + " |")
+    for row, cells in zip(built.rows, _row_texts(built, _md_escape, lambda t: f"**{t}**")):
+        lines.append("| " + " | ".join([_md_escape(row.name)] + cells) + " |")
     lines += ["", note(built), ""]
+    legend_lines = legend(built)
+    if legend_lines:
+        lines += [f"- {x}" for x in legend_lines] + [""]
     return "\n".join(lines)
 
 
@@ -179,8 +286,14 @@ def tex_escape(s: str) -> str:
     return "".join(_TEX.get(ch, ch) for ch in s)
 
 
+_TEX_SYMBOLS = {"±": r"$\pm$", PAPER_MARK: r"$\approx$", BASELINE_MARK: r"\textdagger{}", "Δ": r"$\Delta$"}
+
+
 def _tex_cell(t: str) -> str:
-    return tex_escape(t).replace("±", r"$\pm$")
+    t = tex_escape(t)
+    for k, v in _TEX_SYMBOLS.items():
+        t = t.replace(k, v)
+    return t
 
 
 def _tex_header(leaves: list[tuple]) -> list[str]:
@@ -213,8 +326,8 @@ def _tex_header(leaves: list[tuple]) -> list[str]:
 def to_latex(built: Built) -> str:
     leaves = _leaves(built)
     spec = built.spec
-    caption = tex_escape(f"{spec.caption}. Ours: preset {built.preset}, mean ± std over seeds (seeds with a "
-                         f"value); -- no run.").replace("±", r"$\pm$")
+    caption = _tex_cell(f"{spec.caption}. Ours: preset {built.preset}, mean ± std over seeds (seeds with a "
+                        f"value) [95% interval of the mean]; -- no run.")
     if built.compare:
         caption += tex_escape(f" Paper: {PAPERS[spec.paper]}; Δ = ours - paper.").replace("Δ", r"$\Delta$")
         if not built.preset.endswith("_paper"):
@@ -226,20 +339,18 @@ def to_latex(built: Built) -> str:
              f"\\begin{{tabular}}{{l{'r' * len(leaves)}}}", r"\toprule"]
     lines += _tex_header(leaves)
     lines.append(r"\midrule")
-    texts = _row_texts(built, "±", "-", lambda t: f"\\textbf{{{t}}}" if t != MISSING else t)
+    texts = _row_texts(built, _tex_cell, lambda t: f"\\textbf{{{t}}}")
     first_extra = True
     for row, cells in zip(built.rows, texts):
         if not row.in_paper and first_extra:
             lines.append(r"\midrule")
             first_extra = False
-        body = [tex_escape(row.name)]
-        for c in cells:
-            if c.startswith("\\textbf{"):
-                body.append("\\textbf{" + _tex_cell(c[8:-1]) + "}")
-            else:
-                body.append(_tex_cell(c))
-        lines.append(" & ".join(body) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+        lines.append(" & ".join([tex_escape(row.name)] + cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    legend_lines = legend(built)
+    if legend_lines:
+        lines += [r"\par\smallskip\footnotesize"] + [_tex_cell(x) + r"\par" for x in legend_lines]
+    lines += [r"\end{table}", ""]
     return "\n".join(lines)
 
 

@@ -1,0 +1,74 @@
+"""95% intervals over seeds and the two comparisons the tables mark (docs/results.md, "How to read the numbers").
+
+* :func:`t_interval`: the t-based 95% interval of a mean over ``n`` seeds,
+  ``mean ± t(0.975, n-1) * std / sqrt(n)``; none (NaN) with fewer than two seeds.
+* :func:`welch_interval`: the Welch 95% interval of the difference of two means (unequal variances,
+  Welch-Satterthwaite degrees of freedom); none with fewer than two seeds on either side.
+* :func:`verdict`: whether an interval covers a value (``CANNOT_SEPARATE``), misses it (``SEPARATED``),
+  or there is no interval (``NOT_TESTABLE``).
+
+The paper's number is one published value without its own spread, so the comparison with the paper
+is "does our interval cover it"; the comparison with the Standard row is Welch's on the two means.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scipy import stats as _st
+
+LEVEL = 0.95
+CANNOT_SEPARATE = "cannot_separate"   # the interval covers the other value: the seeds cannot tell them apart
+SEPARATED = "separated"               # the interval excludes it (at 95%)
+NOT_TESTABLE = "not_testable"         # fewer than two seeds on one side: no interval, no claim
+
+
+def _finite(*xs) -> bool:
+    return all(x is not None and math.isfinite(x) for x in xs)
+
+
+def t_quantile(df: float) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom (4.302653 for df = 2)."""
+    return float(_st.t.ppf(0.5 + LEVEL / 2, df))
+
+
+def t_interval(mean: float, std: float, n: int) -> tuple[float, float]:
+    """(low, high) of the 95% t-interval of ``mean`` over ``n`` seeds with sample std ``std`` (ddof 1);
+    (nan, nan) when n < 2 or a value is missing: one seed has no interval."""
+    if n < 2 or not _finite(mean, std):
+        return math.nan, math.nan
+    half = t_quantile(n - 1) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def half_width(std: float, n: int) -> float:
+    """The 95% t-interval's half-width, nan when n < 2."""
+    hi = t_interval(0.0, std, n)[1]
+    return hi if math.isfinite(hi) else math.nan
+
+
+def welch_interval(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> tuple[float, float, float]:
+    """(difference m1 - m2, low, high): Welch's 95% interval of the difference of two means.
+
+    Degrees of freedom by Welch-Satterthwaite. With fewer than two seeds on a side, the bounds are nan.
+    Where both sides have zero spread the interval shrinks to the difference itself."""
+    if not _finite(m1, m2):
+        return math.nan, math.nan, math.nan
+    diff = m1 - m2
+    if n1 < 2 or n2 < 2 or not _finite(s1, s2):
+        return diff, math.nan, math.nan
+    v1, v2 = s1 * s1 / n1, s2 * s2 / n2
+    se = math.sqrt(v1 + v2)
+    if se == 0:
+        return diff, diff, diff
+    df = (v1 + v2) ** 2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
+    half = t_quantile(df) * se
+    return diff, diff - half, diff + half
+
+
+def verdict(low: float, high: float, value: float) -> str:
+    """``CANNOT_SEPARATE`` when [low, high] covers ``value``, ``SEPARATED`` when not, ``NOT_TESTABLE`` without
+    an interval (or without a value)."""
+    if not _finite(low, high, value):
+        return NOT_TESTABLE
+    return CANNOT_SEPARATE if low <= value <= high else SEPARATED
