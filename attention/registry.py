@@ -33,7 +33,17 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import is_fake
+
+
+def _is_fake_by_class(t: torch.Tensor) -> bool:
+    """The fallback of the private ``is_fake``: a tensor whose class (or a base) is torch's ``FakeTensor``."""
+    return any(c.__name__ == "FakeTensor" for c in type(t).__mro__)
+
+
+try:  # a private torch API (lra/compat.py lists it; attention/ imports torch only, so its guard lives here)
+    from torch._subclasses.fake_tensor import is_fake
+except ImportError:  # a torch that moved it
+    is_fake = _is_fake_by_class
 
 
 class InvalidOption(ValueError):

@@ -11,7 +11,7 @@ for any number of devices. How the micro-batch is chosen:
    without allocating: the real model with the real attention backend, its parameters turned into
    fake tensors (``FakeTensorMode``), runs one AdamW step on zero gradients (so the optimizer states
    exist, as from the second iteration on) and then a full training iteration (forward, backward,
-   AdamW step) inside ``torch.distributed._tools.mem_tracker.MemTracker``, which rounds every
+   AdamW step) inside torch's ``MemTracker`` (a private API: lra/compat.py), which rounds every
    tensor to the CUDA caching allocator's 512-byte blocks. The peak it reports is what
    ``torch.cuda.max_memory_allocated`` measures for the same iteration (docs/facts.md §7). A micro-batch
    fits when ``peak x (1 + allocator_margin) + cuda_context <= total`` (see ``budget_bytes``).
@@ -57,11 +57,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
 import attention
 from lra.cli import Parser
+from lra.compat import fake_copy, fake_tensor_mode, mem_tracker
 from lra.config import ConfigError, ModelSpec, RunSpec, attn_configs, load
 from lra.files import write_json, write_text
 from lra.model import build_model, loss_and_correct
@@ -134,14 +133,13 @@ def _sdpa_as_cuda():
 def _to_fake(model: nn.Module, mode) -> nn.Module:
     """Swap every parameter and buffer for a fake tensor of the same shape (one-element buffers keep
     their value, so code that reads a seed or a counter with ``int()`` still works)."""
-    conv = mode.fake_tensor_converter
     for m in model.modules():
         for k, p in list(m._parameters.items()):
             if p is not None:
                 m._parameters[k] = nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
         for k, b in list(m._buffers.items()):
             if b is not None:
-                m._buffers[k] = conv.from_real_tensor(mode, b, make_constant=b.numel() <= 1)
+                m._buffers[k] = fake_copy(mode, b, constant=b.numel() <= 1)
     return model
 
 
@@ -171,7 +169,7 @@ def train_step_peak(model: ModelSpec, micro_batch: int, *, precision: str = "32-
         torch.manual_seed(0)
         model = build_model(spec)  # real and small (parameters only); made fake below
         model.train()
-        mode = FakeTensorMode() if fake else None
+        mode = fake_tensor_mode() if fake else None
         if fake:
             _to_fake(model, mode)
         sdpa = _sdpa_as_cuda() if (fake and cuda_sdpa) else contextlib.nullcontext()
@@ -181,7 +179,7 @@ def train_step_peak(model: ModelSpec, micro_batch: int, *, precision: str = "32-
             tokens = torch.randint(1, vocab, shape)
             mask = torch.ones(shape, dtype=torch.bool)
             labels = torch.randint(0, classes, (micro_batch,))
-            tracker = MemTracker()
+            tracker = mem_tracker()
             tracker.track_external(model, opt, tokens, mask, labels)
             with tracker:
                 for p in params:  # first step on zero gradients: creates the AdamW states

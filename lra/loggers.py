@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import lightning as L
-from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE, _TENSORBOARDX_AVAILABLE
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from lra import compat
 from lra.config import ConfigError, RunSpec
 from lra.files import write_text
 from lra.wandb_extras import WandbTables
@@ -64,7 +64,7 @@ def check_loggers(names) -> None:
     if unknown:
         raise ConfigError(f"logger={','.join(unknown)} is not allowed: one of {', '.join(LOGGERS)}, or a list of "
                           f"them such as logger=[wandb,tensorboard]")
-    installed = {"wandb": _importable("wandb"), "tensorboard": bool(_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE)}
+    installed = {"wandb": _importable("wandb"), "tensorboard": compat.tensorboard_available()}
     missing = [n for n in names if not installed.get(n, True)]
     if missing:
         raise ConfigError(f"logger={','.join(missing)} needs the package{'s' * (len(missing) > 1)} "

@@ -152,7 +152,7 @@ class LitLRA(L.LightningModule):
     def _uncompile(self, e: Exception) -> None:
         """Back to the eager classifier after a failed compilation (``auto``), or one CompileError (``true``)."""
         self.model._compiled_call_impl = None  # what nn.Module.compile() set: forward runs eager again
-        torch._dynamo.reset()  # drop the half-built caches and guards
+        torch.compiler.reset()  # drop the half-built caches and guards
         self.model.train()  # the failure may have come in the evaluation call
         for p in self.parameters():
             p.grad = None  # a partial backward's (fork_rng in _compile has already restored the RNG states)
@@ -170,7 +170,7 @@ class LitLRA(L.LightningModule):
         batch and evaluation batches reuse them): compilation is timed apart from training. Every
         backend traces as one graph whatever the padding (tests/test_compile.py). RNG states and
         gradients are left as they were, also when compilation fails (:meth:`_uncompile`)."""
-        torch._dynamo.reset()  # one process may build several models (tests, benchmarks)
+        torch.compiler.reset()  # one process may build several models (tests, benchmarks)
         self.model.compile(backend=COMPILE_BACKEND)
         s, dev, b = self.spec, self.device, self.trainer.datamodule.batch_size
         shape = (b, 2, s.seq_len) if s.dual else (b, s.seq_len)

@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from tqdm.auto import tqdm
 
+from lra.compat import should_accumulate
 from lra.config import RunSpec
 from lra.data.base import Split
 from lra.data.module import ResumableLoader
@@ -112,8 +113,6 @@ class ResumeCheckpoint(Checkpoint):
         self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        from lra.compat import should_accumulate  # Lightning's private _should_accumulate, with a fallback
-
         s = trainer.global_step
         if (self.every_n_steps and s > 0 and s != self._last_step and s % self.every_n_steps == 0
                 and s % self.eval_every != 0 and s < trainer.max_steps

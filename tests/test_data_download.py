@@ -1,14 +1,17 @@
 """task.download=true (lra/data/download.py) without the network: a local "hub" folder ($LRA_HUB) holds tiny
 copies of stanfordnlp/imdb, uoft-cs/cifar10 and OpenNLPLab/lra laid out as on the Hub, and the real
-path runs: datasets.load_dataset / fsspec -> row and size checks -> rename into the data root -> the
-task's reader. Also: interrupted downloads leave nothing a reader accepts and resume, wrong sizes fail
-in one line, the user's folders are never replaced."""
+path runs: datasets.load_dataset / a copy of the TSVs -> row and size checks -> rename into the data root ->
+the task's reader; the Hub route of the TSVs (huggingface_hub's hf_hub_download) runs against fakes of its
+two calls that read the same folder. Also: interrupted downloads leave nothing a reader accepts and resume,
+wrong sizes fail in one line, the user's folders are never replaced."""
 
+import hashlib
 import io
 import logging
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -130,81 +133,94 @@ def test_off_by_default_and_the_message_says_how(tmp_path, tiny, task):
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing fetched, nothing written
 
 
-class _Flaky:
-    """An fsspec filesystem whose reads fail after ``fail_after`` bytes (None: never); records seeks."""
+@pytest.fixture
+def fake_hub(monkeypatch, tiny):
+    """The Hub route (no $LRA_HUB) with huggingface_hub's two calls served from the fixture folder, the
+    network check skipped: what download.py asks the Hub for, and what it does with the answers."""
+    import huggingface_hub
 
-    def __init__(self, fs, fail_after=None):
-        self.fs, self.fail_after, self.seeks, self.sent = fs, fail_after, [], 0
+    monkeypatch.delenv(download.HUB_ENV)
+    monkeypatch.setattr(download, "check_network", lambda *a, **k: None)
+    base = tiny / "OpenNLPLab" / "lra"
+    state = {"info": [], "downloads": [], "fail": set(), "size_delta": 0, "sha": None}
 
-    def info(self, path):
-        return self.fs.info(path)
+    class Api:
+        def get_paths_info(self, repo_id, paths, *, revision=None, repo_type=None, **kw):
+            state["info"].append((repo_id, tuple(paths), revision, repo_type))
+            return [SimpleNamespace(path=p, size=(base / p).stat().st_size + state["size_delta"],
+                                    lfs={"sha256": state["sha"] or hashlib.sha256((base / p).read_bytes()).hexdigest()})
+                    for p in paths]
 
-    def open(self, path, mode="rb"):
-        outer, f = self, self.fs.open(path, mode)
+    def hf_hub_download(repo_id, filename, *, repo_type=None, revision=None, local_dir=None, **kw):
+        state["downloads"].append({"repo": repo_id, "file": filename, "repo_type": repo_type, "revision": revision,
+                                   "local_dir": local_dir})
+        if filename in state["fail"]:
+            state["fail"].discard(filename)
+            raise ConnectionResetError("connection reset by peer")
+        dest = Path(local_dir) / filename
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes((base / filename).read_bytes())
+        return str(dest)
 
-        class F:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *a):
-                f.close()
-
-            def seek(self, n):
-                outer.seeks.append(n)
-                return f.seek(n)
-
-            def read(self, n):
-                if outer.fail_after is not None and outer.sent >= outer.fail_after:
-                    raise ConnectionResetError("connection reset by peer")
-                b = f.read(n)
-                outer.sent += len(b)
-                return b
-
-        return F()
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    return state
 
 
-def test_interrupted_tsv_download_leaves_nothing_readable_and_resumes(tmp_path, tiny, monkeypatch):
-    import fsspec.core
-
-    real = fsspec.core.url_to_fs
-    flaky = []
-    monkeypatch.setattr(download, "CHUNK", 16)
-
-    def url_to_fs(url):
-        fs, path = real(url)
-        return flaky[-1].wrap(fs), path
-
-    monkeypatch.setattr(fsspec.core, "url_to_fs", url_to_fs)
-
-    class Plan:
-        def __init__(self, fail_after):
-            self.fail_after, self.made = fail_after, []
-
-        def wrap(self, fs):
-            self.made.append(_Flaky(fs, self.fail_after))
-            return self.made[-1]
-
+def test_aan_from_the_hub_goes_through_huggingface_hub_at_the_pinned_revision(tmp_path, tiny, fake_hub):
     root = tmp_path / "data"
-    flaky.append(Plan(fail_after=40))
-    with pytest.raises(DataError, match="run again: it continues") as e:
-        load_task({**TASKS["retrieval"], "download": True}, root)
-    assert "\n" not in str(e.value)
-    folder = root / download.SOURCES["retrieval"].folder
-    assert not folder.exists() and _left_over(root) == [f".download-{folder.name}"]
-    part = root / f".download-{folder.name}" / (AAN_NAMES["train"] + ".part")
-    assert 0 < part.stat().st_size < (tiny / "OpenNLPLab/lra/data/aan" / AAN_NAMES["train"]).stat().st_size
-    with pytest.raises(DataError, match="not found"):  # the half download is invisible to the reader
-        load_task(dict(TASKS["retrieval"]), root)
-
-    have = part.stat().st_size
-    flaky.append(Plan(fail_after=None))
+    src = download.SOURCES["retrieval"]
     got = load_task({**TASKS["retrieval"], "download": True}, root)
-    assert flaky[-1].made[0].seeks == [have]  # the train file continued after its first bytes
-    assert _left_over(root) == [] and (folder / download.STAMP).is_file()
-    want = _fixture_splits("retrieval", tiny, tmp_path)
-    assert np.array_equal(got["train"].tokens, want["train"].tokens)
+    folder = root / src.folder
+    assert fake_hub["info"] == [(src.repo, tuple(src.files.values()), src.revision, "dataset")]
+    assert [d["file"] for d in fake_hub["downloads"]] == list(src.files.values())
+    for d in fake_hub["downloads"]:  # pinned, a dataset, resumable state inside the dot folder
+        assert (d["repo"], d["repo_type"], d["revision"]) == (src.repo, "dataset", src.revision)
+        assert Path(d["local_dir"]) == root / f".download-{src.folder}" / "hub"
     for name in AAN_NAMES.values():
         assert (folder / name).read_bytes() == (tiny / "OpenNLPLab/lra/data/aan" / name).read_bytes()
+    stamp = json.loads((folder / download.STAMP).read_text())
+    assert stamp["revision"] == src.revision and all(len(f["sha256"]) == 64 for f in stamp["files"].values())
+    assert _left_over(root) == []
+    want = _fixture_splits("retrieval", tiny, tmp_path)
+    assert np.array_equal(got["train"].tokens, want["train"].tokens)
+
+
+def test_interrupted_hub_download_leaves_nothing_readable_and_resumes(tmp_path, tiny, fake_hub):
+    """A transfer cut on the second file: one line, only the dot folder; the next try fetches the files not
+    yet whole (huggingface_hub continues the cut one from its .incomplete file in the same local_dir)."""
+    root = tmp_path / "data"
+    src = download.SOURCES["retrieval"]
+    val = src.files["val"]
+    fake_hub["fail"].add(val)
+    with pytest.raises(DataError, match="run again: it continues") as e:
+        load_task({**TASKS["retrieval"], "download": True}, root)
+    assert "\n" not in str(e.value) and "ConnectionResetError" in str(e.value)
+    folder = root / src.folder
+    assert not folder.exists() and _left_over(root) == [f".download-{folder.name}"]
+    with pytest.raises(DataError, match="not found"):  # the half download is invisible to the reader
+        load_task(dict(TASKS["retrieval"]), root)
+    first = fake_hub["downloads"][:]
+    load_task({**TASKS["retrieval"], "download": True}, root)
+    again = fake_hub["downloads"][len(first):]
+    assert [d["file"] for d in again] == [val, src.files["test"]]  # the whole train file is kept
+    assert {d["local_dir"] for d in first + again} == {str(root / f".download-{folder.name}" / "hub")}
+    assert _left_over(root) == [] and (folder / download.STAMP).is_file()
+
+
+@pytest.mark.parametrize("damage,message", [("size", "expected"), ("sha", "SHA-256 differs")])
+def test_a_hub_file_of_the_wrong_size_or_checksum_is_one_line_and_removed(tmp_path, tiny, fake_hub, damage,
+                                                                         message):
+    if damage == "size":
+        fake_hub["size_delta"] = 1
+    else:
+        fake_hub["sha"] = "0" * 64
+    root = tmp_path / "data"
+    with pytest.raises(DataError, match=message) as e:
+        load_task({**TASKS["retrieval"], "download": True}, root)
+    assert "\n" not in str(e.value) and not (root / download.SOURCES["retrieval"].folder).exists()
+    dot = root / f".download-{download.SOURCES['retrieval'].folder}"
+    assert not [p for p in dot.rglob("*.tsv")]  # the file that differs is gone, nothing half-checked stays
 
 
 def test_interrupted_dataset_write_leaves_nothing_readable_and_restarts(tmp_path, tiny, monkeypatch):

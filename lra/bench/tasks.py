@@ -284,7 +284,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
         compiled = r["mode"] == "compiled"
         try:
             if compiled:
-                torch._dynamo.reset()  # dynamo's recompile limit (8) is per process, not per model
+                torch.compiler.reset()  # dynamo's recompile limit (8) is per process, not per model
             target = model if r["part"] == "step" else attn
             net = torch.compile(target) if compiled else target
             call = step_call(net) if r["part"] == "step" else attn_call(net)

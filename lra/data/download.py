@@ -9,14 +9,16 @@ How (the libraries made for it):
 - IMDB (``stanfordnlp/imdb``) and CIFAR-10 (``uoft-cs/cifar10``): ``datasets.load_dataset`` at the
   pinned revision, train and test written with ``DatasetDict.save_to_disk`` (the readers' ``hf_disk``
   format; the folder name mentions imdb / cifar, as the readers require).
-- AAN (``OpenNLPLab/lra``, ``data/aan/``): the three raw TSVs streamed byte for byte through fsspec's
-  ``hf://`` filesystem (huggingface_hub), never through a CSV parser (quotes in these files are text).
+- AAN (``OpenNLPLab/lra``, ``data/aan/``): the three raw TSVs fetched byte for byte with huggingface_hub's
+  ``hf_hub_download`` (which resumes a cut transfer and checks the size), never through a CSV parser
+  (quotes in these files are text); their sizes and SHA-256 come from ``HfApi.get_paths_info``.
 
 Safety: everything is written under ``<root>/.download-<folder>/`` (a dot folder, which no reader
 enters), checked (rows per split; for the TSVs also bytes, and SHA-256 where the Hub reports one),
 stamped with ``DOWNLOADED.json``, then renamed to ``<root>/<folder>/`` in one step. An interruption
 leaves only the dot folder; the next try reuses what is complete there (the ``datasets`` download
-cache; whole TSVs, and a partial TSV continues from its last byte) and rebuilds the rest.
+cache; whole TSVs, and a partial TSV continues from its last byte: huggingface_hub's ``.incomplete`` file
+under ``local_dir``, kept in the dot folder) and rebuilds the rest.
 
 No network: before anything is fetched, one TCP connection is opened to the Hub (``HF_ENDPOINT``, or the
 HTTPS proxy the environment names). A name that does not resolve, a refused or unreachable connection, or no
@@ -27,7 +29,8 @@ transfer, a server error) keep the libraries' retries, and a cut transfer contin
 
 ``LRA_HUB=/some/folder`` (or ``hub=``) reads ``<folder>/<owner>/<name>/`` instead of the Hub: an
 offline mirror (e.g. made with ``hf download <repo> --repo-type dataset --local-dir``) and what the
-tests use, through the same code path. The revision then is whatever the mirror holds.
+tests use: ``datasets.load_dataset`` reads the folder, the TSVs are copied from it (a local copy needs no
+resume), and the same checks and rename follow. The revision then is whatever the mirror holds.
 """
 
 from __future__ import annotations
@@ -186,64 +189,98 @@ def _load_dataset(src: HubSource, where: str, tmp: Path, out: Path) -> dict:
 
 # ------------------------------------------------------------------------------ raw file route
 def _copy_files(src: HubSource, where: str, hub: str | None, tmp: Path, out: Path, progress: bool) -> dict:
-    from fsspec.core import url_to_fs
-
+    """The split files, whole and checked (bytes, and SHA-256 where the Hub reports one), into ``out``."""
     out.mkdir(exist_ok=True)
+    expected = _file_info(src, where, hub)
     files, rows = {}, {}
     for split, name in src.files.items():
-        url = str(Path(where) / name) if hub else f"hf://datasets/{src.repo}@{src.revision}/{name}"
-        try:
-            fs, path = url_to_fs(url)
-            info = fs.info(path)
-        except Exception as e:  # noqa: BLE001
-            raise DataError(f"cannot reach {url} ({type(e).__name__}: {str(e)[:200]}); check the network "
-                            f"(HF_ENDPOINT, HF_TOKEN) or {HUB_ENV}") from None
-        size, sha = int(info["size"]), (info.get("lfs") or {}).get("sha256")
+        size, sha = expected[name]
         dest = out / Path(name).name
         if not (dest.is_file() and dest.stat().st_size == size):  # whole and checked on an earlier try
-            part = tmp / (dest.name + ".part")
-            _stream(fs, path, part, size, progress)
-            if sha and _sha256(part) != sha:
-                part.unlink()
-                raise DataError(f"{url}: SHA-256 differs from the Hub's; the partial file was removed, run again")
-            os.replace(part, dest)
+            got = _mirror_copy(Path(where) / name, tmp) if hub else _hub_download(src, name, tmp, progress)
+            _check_file(got, size, sha, f"{where}/{name}")
+            os.replace(got, dest)
         rows[split] = _count_lines(dest)
         files[dest.name] = {"bytes": size, "sha256": sha}
     _check_rows(src, rows, tmp)
     return {"rows": rows, "files": files}
 
 
-def _stream(fs, path: str, part: Path, size: int, progress: bool) -> None:
-    """Copy ``path`` into ``part``, continuing after the bytes a cut try left there."""
-    have = part.stat().st_size if part.exists() else 0
-    if have > size:
-        part.unlink()
-        have = 0
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=size, initial=have, unit="B", unit_scale=True, desc=f"downloading {part.stem}",
-                   mininterval=1.0)
+def _file_info(src: HubSource, where: str, hub: str | None) -> dict:
+    """``{name: (bytes, sha256 or None)}`` for the source's files: the Hub's record at the pinned revision
+    (one request), or the mirror folder's sizes."""
+    names = list(src.files.values())
+    if hub:
+        missing = [n for n in names if not (Path(where) / n).is_file()]
+        if missing:
+            raise DataError(f"{HUB_ENV}={hub}: {Path(where) / missing[0]} does not exist; the mirror must hold "
+                            f"{src.repo} as the Hub lays it out")
+        return {n: ((Path(where) / n).stat().st_size, None) for n in names}
+    from huggingface_hub import HfApi
+
     try:
-        with fs.open(path, "rb") as f, open(part, "ab") as g:
-            f.seek(have)
-            while True:
-                b = f.read(CHUNK)
-                if not b:
-                    break
-                g.write(b)
-                if bar is not None:
-                    bar.update(len(b))
+        found = HfApi().get_paths_info(src.repo, names, revision=src.revision, repo_type="dataset")
+    except Exception as e:  # noqa: BLE001 - network, auth and server errors come in many types
+        raise DataError(f"cannot reach {src.repo}@{src.revision[:12]} on the Hub ({type(e).__name__}: "
+                        f"{_first_line(e)}); check the network (HF_ENDPOINT, HF_TOKEN) or {HUB_ENV}") from None
+    info = {f.path: (int(f.size), _lfs_sha256(getattr(f, "lfs", None))) for f in found if hasattr(f, "size")}
+    absent = [n for n in names if n not in info]
+    if absent:
+        raise DataError(f"{src.repo}@{src.revision[:12]} has no file {absent[0]}; not the pinned dataset")
+    return info
+
+
+def _lfs_sha256(lfs) -> str | None:
+    """The SHA-256 of an LFS file (huggingface_hub gives a dataclass, older releases a dict)."""
+    if lfs is None:
+        return None
+    return getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
+
+
+def _hub_download(src: HubSource, name: str, tmp: Path, progress: bool) -> Path:
+    """One file at the pinned revision through ``hf_hub_download`` into the dot folder: it resumes a cut
+    transfer (its ``.incomplete`` file under ``local_dir``) and checks the size against the Hub's record."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    quiet = not progress and not are_progress_bars_disabled()
+    if quiet:
+        disable_progress_bars()
+    try:
+        return Path(hf_hub_download(src.repo, name, repo_type="dataset", revision=src.revision,
+                                    local_dir=str(tmp / "hub")))
     except Exception as e:  # noqa: BLE001 - a dropped connection or a full disk, in many types
-        raise DataError(f"downloading {path} stopped after {part.stat().st_size} of {size} bytes "
-                        f"({type(e).__name__}: {str(e)[:200]}); run again: it continues from there") from None
+        raise DataError(f"downloading {src.repo}/{name} stopped ({type(e).__name__}: {_first_line(e)}); run "
+                        f"again: it continues from there") from None
     finally:
-        if bar is not None:
-            bar.close()
-    got = part.stat().st_size
+        if quiet:
+            enable_progress_bars()
+
+
+def _mirror_copy(path: Path, tmp: Path) -> Path:
+    """A file of the local mirror ($LRA_HUB), copied into the dot folder (renamed into place once checked)."""
+    part = tmp / (path.name + ".part")
+    try:
+        shutil.copyfile(path, part)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise DataError(f"copying {path} failed ({type(e).__name__}: {e}); run again") from None
+    return part
+
+
+def _check_file(path: Path, size: int, sha: str | None, what: str) -> None:
+    """Bytes (and SHA-256 where known) as the source says; a file that differs is removed."""
+    got = path.stat().st_size
     if got != size:
-        part.unlink()
-        raise DataError(f"{path}: got {got} bytes, expected {size}; the partial file was removed, run again")
+        path.unlink()
+        raise DataError(f"{what}: got {got} bytes, expected {size}; the partial file was removed, run again")
+    if sha and _sha256(path) != sha:
+        path.unlink()
+        raise DataError(f"{what}: SHA-256 differs from the Hub's; the file was removed, run again")
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [""])[0][:200]
 
 
 def _sha256(path: Path) -> str:

