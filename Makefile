@@ -9,7 +9,7 @@ grid ?= quick
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup lra test test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
+.PHONY: check-install setup lra test test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
 
 help:
 	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | data task=<t>"
@@ -65,6 +65,9 @@ approx: $(STAMP)
 
 doctor: $(STAMP)   # the environment and six checks of this machine (docs/doctor.md); ARGS='--quick' for minutes
 	$(PY) -m lra.doctor $(ARGS)
+
+check-install: $(STAMP)   # a clean pip install resolves inside pyproject's ranges (needs the index; docs/dependencies.md)
+	$(PY) tools/check_install.py
 
 clean:
 	rm -rf runs/ outputs/ multirun/ .pytest_cache

@@ -296,3 +296,35 @@ def test_task_mode_compiled_rows_record_compilation_apart(tmp_path):
         assert c["first_call_s"] > 5 * c["time_ms_max"] / 1e3  # compilation, not a step
         assert c["peak_mem_bytes"] == "" and e["peak_mem_bytes"] > 0
     assert "listops (compiled)" in (tmp_path / "bench_tasks.md").read_text()
+
+
+def _figure_texts(fig) -> list[str]:
+    """Every text a reader sees in a matplotlib Figure: titles, axis and tick labels, legend, notes."""
+    from matplotlib.text import Text
+
+    fig.draw_without_rendering()  # tick labels exist once the figure is laid out
+    return [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+
+
+def test_figure_reads_like_the_papers_and_rerenders_byte_identical(tmp_path):
+    from lra.bench import render
+
+    results = [dict(backend=b, n=n, status="ok", time_ms=t * n / 256, peak_mem_bytes=int(m * n * 2 ** 20 / 256),
+                    batch=2, heads=2, head_dim=32, dtype="float32", device_name="test CPU")
+               for b, t, m in (("softmax", 10, 1), ("softmax_materialized", 40, 8), ("skeinformer_no_rownorm", 20, 4))
+               for n in (256, 512)]
+    results.append(dict(results[0], backend="yoso_conv", status="skipped"))  # never measured: not drawn
+    texts = _figure_texts(render.figure(results))
+    joined = "\n".join(texts)
+    for code in ("peak_mem_bytes", "time_ms", "head_dim", "device_name", "softmax_materialized",
+                 "skeinformer_no_rownorm", "yoso_conv", "GB =", "(GB)", "fwd+bwd"):
+        assert code not in joined, code
+    assert "Skeinformer w/o row normalization" in texts and "Standard (fused SDPA), the reference" in texts
+    assert "peak memory (MiB, log scale)" in texts and "time (ms, log scale)" in texts
+    assert "sequence length n (log scale)" in texts and "256" in texts and "512" in texts
+    render.plot(results, tmp_path / "a.png")
+    render.plot(results, tmp_path / "b.png")
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    # GiB once the largest peak reaches 1 GiB
+    big = [dict(r, peak_mem_bytes=r["peak_mem_bytes"] * 2048) for r in results]
+    assert "peak memory (GiB, log scale)" in _figure_texts(render.figure(big))

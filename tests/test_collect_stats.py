@@ -101,6 +101,10 @@ def test_cells_carry_the_interval_and_one_seed_says_none(tmp_path):
     t4 = build(SPEC["skeinformer_table4"], runs, "quick")
     assert all(math.isnan(x.ci_low) and x.ci_note == "" for x in t4.rows[0].cells)
     assert interval_text(t4.rows[0].cells[2], "batch") == ""
+    # steps fixed by the protocol: every seed ran the same number; no interval, and no mark against Standard
+    t2 = build(SPEC["skeinformer_table2"], runs, "quick")
+    steps = cell(t2, "softmax")
+    assert steps.std == 0 and interval_text(steps, "steps_k") == "" and marks(steps) == []
 
 
 def test_delta_interval_and_paper_mark(tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from lra.bench.analyse import _ok, crossover, growth, ratios
 from lra.bench.rows import BASELINE, MATERIALIZED, MIB
+from lra.display import mem_unit, readable_names
 from lra.files import write_atomic
 
 
@@ -118,52 +119,82 @@ def render_markdown(results: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
+# names the papers give no row to (readable_names returns the key for those)
+_EXTRA_NAMES = {BASELINE: "Standard (fused SDPA), the reference", MATERIALIZED: "Standard, materialised n×n softmax"}
+PNG_META = {"Software": "lra.bench (matplotlib)"}  # fixed metadata: reruns on the same records are byte-identical
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def backend_names(labels) -> dict:
+    """{backend label: the name the figure prints}: the papers' row names (``lra.display``),
+    the fused and materialised softmax rows spelt out, the label itself for a backend no paper has."""
+    names = readable_names([b for b in labels if b not in _EXTRA_NAMES])
+    return {b: _EXTRA_NAMES.get(b) or names[b] for b in labels}
+
+
+def figure(results: list[dict]):
+    """The figure of ``bench.png`` (a matplotlib ``Figure``, object API): median forward+backward time
+    and peak memory against n, log-log, one line per measured backend, legend on the right."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     ok = _ok(results)
     labels = [b for b in dict.fromkeys(r["backend"] for r in results) if ok.get(b)]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
-    cmap = plt.get_cmap("tab20")
-    styles = ["-", "--", "-.", ":"]
-    for i, b in enumerate(labels):
+    names = backend_names(labels)
+    fig = Figure(figsize=(14, 6), layout="constrained")
+    axes = fig.subplots(1, 2)
+    cmap = colormaps["tab20"]
+    markers = "os^D"
+    peak = max((float(r["peak_mem_bytes"]) for pts in ok.values() for r in pts.values()), default=float("nan"))
+    mem_div, mem_name = mem_unit(peak)
+    others = [b for b in labels if b not in (BASELINE, MATERIALIZED)]
+    for b in labels:
         ns = sorted(ok[b])
-        kw = dict(marker="o", ms=3, lw=1.2, color=cmap(i % 20), ls=styles[(i // 20) % 4], label=b)
+        i = others.index(b) if b in others else 0
+        kw = dict(marker=markers[(i // 20) % 4], ms=4, lw=1.2, color=cmap(i % 20), ls="-", label=names[b])
         if b == BASELINE:
-            kw.update(color="black", lw=2.5, ls="-", label=f"{b} (fused, reference)")
+            kw.update(color="black", lw=2.5, marker="o")
         elif b == MATERIALIZED:
-            kw.update(color="gray", lw=2.0, ls="--")
+            kw.update(color="0.45", lw=2.0, ls="--", marker="o")
         axes[0].plot(ns, [float(ok[b][n]["time_ms"]) for n in ns], **kw)
-        axes[1].plot(ns, [float(ok[b][n]["peak_mem_bytes"]) / MIB for n in ns], **kw)
+        axes[1].plot(ns, [float(ok[b][n]["peak_mem_bytes"]) / mem_div for n in ns], **kw)
     lengths = sorted({int(r["n"]) for r in results})
-    for ax, title, unit in ((axes[0], "forward+backward time", "ms (median)"), (axes[1], "peak memory", "MiB")):
+    r0 = results[0] if results else {}
+    base = ok.get(BASELINE, {})
+    panels = ((axes[0], "forward + backward time (median of the timed calls)", "time (ms, log scale)", "time_ms", 1.0),
+              (axes[1], "peak memory (inputs and gradients included)", f"peak memory ({mem_name}, log scale)",
+               "peak_mem_bytes", mem_div))
+    for ax, title, ylabel, key, div in panels:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xticks(lengths)
-        ax.set_xticklabels([str(n) for n in lengths])
-        ax.set_xlabel("sequence length n")
-        ax.set_ylabel(unit)
-        ax.set_title(title)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_xlabel("sequence length n (log scale)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        # slope guides through the first point of the baseline
-        base = ok.get(BASELINE, {})
+        # slope guides through the reference's first point
         if base and len(lengths) > 1:
             n0 = min(base)
-            y0 = float(base[n0]["time_ms"] if ax is axes[0] else float(base[n0]["peak_mem_bytes"]) / MIB)
+            y0 = float(base[n0][key]) / div
             xs = [n0, lengths[-1]]
-            ax.plot(xs, [y0, y0 * (xs[1] / n0)], color="0.6", lw=0.8, ls=":")
-            ax.plot(xs, [y0, y0 * (xs[1] / n0) ** 2], color="0.6", lw=0.8, ls=":")
-            ax.annotate("∝n", (xs[1], y0 * xs[1] / n0), fontsize=8, color="0.4")
-            ax.annotate("∝n²", (xs[1], y0 * (xs[1] / n0) ** 2), fontsize=8, color="0.4")
-    r0 = results[0] if results else {}
-    fig.suptitle(f"attention fwd+bwd, batch {r0.get('batch')} × heads {r0.get('heads')} × head_dim "
-                 f"{r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('device_name', '')}", fontsize=10)
+            for power, text in ((1, "∝ n"), (2, "∝ n²")):
+                ys = [y0, y0 * (xs[1] / n0) ** power]
+                ax.plot(xs, ys, color="0.5", lw=0.9, ls=":")
+                ax.annotate(text, (xs[1], ys[1]), xytext=(4, 0), textcoords="offset points", fontsize=8,
+                            color="0.35", va="center")
+    fig.suptitle(f"One attention layer, forward + backward: batch {r0.get('batch')}, {r0.get('heads')} heads of "
+                 f"dimension {r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('device_name', '')}", fontsize=11)
     handles, labs = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labs, loc="center left", bbox_to_anchor=(0.86, 0.5), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0, 0.85, 0.95))
-    write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png"))
-    plt.close(fig)
+    if base and len(lengths) > 1:
+        handles.append(Line2D([], [], color="0.5", lw=0.9, ls=":"))
+        labs.append("guides ∝ n and ∝ n² through\nthe reference's first point")
+    if handles:
+        fig.legend(handles, labs, loc="outside right center", fontsize=8, frameon=False,
+                   title="attention (reference: fused softmax)", title_fontsize=8)
+    return fig
 
+
+def plot(results: list[dict], path: Path) -> None:
+    """``bench.png``: :func:`figure`, written atomically with fixed metadata."""
+    fig = figure(results)
+    write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", metadata=PNG_META))

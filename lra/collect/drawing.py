@@ -21,51 +21,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
-from lra.collect.tables import SKEIN_ROWS, SKEIN_TASKS, SKY_ROWS, YOSO_ROWS
+from lra.display import GIB, mem_unit, paper_names, readable_names, split_key, task_name  # noqa: F401
 from lra.files import write_atomic
 
 PNG_META = {"Software": "lra.collect (matplotlib)"}
 PDF_META = {"Creator": "lra.collect", "Producer": "matplotlib", "CreationDate": None, "ModDate": None}
-GIB = 2 ** 30
 MEASURED, ESTIMATED = "measured", "estimated"
 SOFTMAX = "softmax"
-# a bare "none" on a chart reads like a missing value; the YOSO paper's row is "no attention at all"
-_EXTRA_NAMES = {"none": "none (no attention)"}
-
-
-def paper_names() -> dict:
-    """{attention key: the papers' row name}; Skeinformer's names first, then Skyformer's, then YOSO's."""
-    out = dict(_EXTRA_NAMES)
-    for rows in (SKEIN_ROWS, SKY_ROWS, YOSO_ROWS):
-        for key, name in rows:
-            out.setdefault(key, name)
-    return out
-
-
-def split_key(key: str) -> tuple[str, str]:
-    """(attention, variant) of a row key ``attn`` or ``attn [variant]`` (``tables.row_key``)."""
-    if key.endswith("]") and " [" in key:
-        attn, variant = key.split(" [", 1)
-        return attn, variant[:-1]
-    return key, ""
-
-
-def readable_names(keys) -> dict:
-    """{row key: name to print}: the paper's row name with the override tag kept (``Standard [train.lr=1e-3]``),
-    the key itself for an attention no paper has. Two keys never share a name (the key is added if they would)."""
-    known = paper_names()
-    out = {}
-    for key in sorted(set(keys)):
-        attn, variant = split_key(key)
-        name = known.get(attn, attn)
-        out[key] = f"{name} [{variant}]" if variant else name
-    counts = pd.Series(list(out.values()), dtype=str).value_counts()
-    return {k: (f"{v} ({k})" if counts[v] > 1 else v) for k, v in out.items()}
-
-
-def task_name(task: str) -> str:
-    """The papers' task header (``listops`` -> "ListOps"), else the task key."""
-    return dict(SKEIN_TASKS).get(task, task)
 
 
 def short(name: str, width: int = 34) -> str:
@@ -123,11 +85,6 @@ def save(fig: Figure, stem: Path) -> list[Path]:
 def time_unit(seconds: float) -> tuple[float, str]:
     """(divisor, name) so that the largest time reads in s, min or h."""
     return (3600.0, "h") if seconds > 2 * 3600 else (60.0, "min") if seconds > 120 else (1.0, "s")
-
-
-def mem_unit(largest: float) -> tuple[float, str]:
-    """(divisor, name): GiB (2^30 bytes), or MiB (2^20 bytes) when every value is under 1 GiB (tiny runs)."""
-    return (2.0 ** 20, "MiB") if math.isfinite(largest) and largest < GIB else (float(GIB), "GiB")
 
 
 def legend_below(fig: Figure, handles, labels, title: str):

@@ -93,7 +93,7 @@ def interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
     """``[low, high]``: the 95% t-interval of our mean over seeds; ``[one seed: no CI]`` (or ``[CI n/a:
     why]``) without one; "" for a setting or an empty cell."""
     m = METRICS[metric]
-    if cell.empty or m.setting:
+    if cell.empty or m.setting or cell.std == 0:  # seeds that agree exactly: ± 0.00 says it all
         return ""
     if not cell.has_ci:
         return _no_ci(cell)
@@ -105,7 +105,7 @@ def delta_interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
     """``[low, high]`` of the delta (ours - paper): our interval shifted by the paper's value, which is one
     published number without spread; "" where there is no delta or the metric is a setting."""
     m = METRICS[metric]
-    if not math.isfinite(cell.delta) or m.setting:
+    if not math.isfinite(cell.delta) or m.setting or cell.std == 0:
         return ""
     if not cell.has_ci:
         return _no_ci(cell)
@@ -122,7 +122,7 @@ def marks(cell: Cell, baseline: str = "Standard", *, paper: bool = True,
     if paper and cell.paper_test == CANNOT_SEPARATE:
         out.append((PAPER_MARK, ("the seeds cannot separate ours from the paper: the paper's value lies in "
                                  "our 95% interval")))
-    if standard and cell.base_test == CANNOT_SEPARATE:
+    if standard and cell.base_test == CANNOT_SEPARATE and cell.base_low < cell.base_high:  # no spread: no question
         out.append((BASELINE_MARK, (f"the seeds cannot separate this row from {baseline}: Welch's 95% "
                                     f"interval of the difference of means contains 0")))
     elif standard and cell.base_test == NOT_TESTABLE and cell.has_ci:
@@ -141,7 +141,8 @@ def legend(built: Built) -> list[str]:
         return []
     base = baseline_name(built)
     lines = [("95% intervals: [low, high] after our value is the t-interval of the mean over seeds, "
-              "mean ± t(0.975, n-1) * std / sqrt(n). One seed has none: [one seed: no CI], and no mark.")]
+              "mean ± t(0.975, n-1) * std / sqrt(n). One seed has none: [one seed: no CI], and no mark. Seeds "
+              "that agree exactly (a std of zero) need none.")]
     if built.spec.average:
         lines.append(f"{built.spec.average}: an interval only when every task has the same seeds (the t-interval "
                      f"of the per-seed averages); otherwise [CI n/a: seeds differ by task].")

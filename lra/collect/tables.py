@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lra.display import SKEIN_ROWS, SKEIN_TASKS, SKY_ROWS, YOSO_ROWS
+
 from lra.collect.stats import (
     NOT_TESTABLE,
     half_width,
@@ -56,28 +58,12 @@ METRICS = {
     "min_per_1k": Metric("time_per_1k_steps_s", 1 / 60, 2, False, label="training minutes per 1k steps"),
     "train_min": Metric("train_time_s", 1 / 60, 2, False, label="total training time (min)"),
     "hours": Metric("train_time_s", 1 / 3600, 2, False, label="training time (h)"),
-    "mem_gb": Metric("peak_mem_bytes", 1 / 2 ** 30, 2, False, label="peak memory (GB = 2^30 bytes)"),
+    "mem_gb": Metric("peak_mem_bytes", 1 / 2 ** 30, 2, False,
+                     label="peak memory (GiB = 2^30 bytes, what the paper's table calls GB)"),
     "accum": Metric("accum_steps", 1.0, 0, False, setting=True, label="gradient accumulation steps"),
     "batch": Metric("micro_batch", 1.0, 0, True, setting=True, label="actual (micro-)batch"),
 }
 
-SKEIN_ROWS = (("softmax", "Standard"), ("softmax_nodrop", "Standard w/o dropout"), ("vmean", "V-mean"),
-              ("bigbird", "BigBird"), ("performer", "Performer"), ("nystrom", "Nyströmformer"),
-              ("reformer", "Reformer"), ("linformer", "Linformer"),
-              ("linformer_jlt", "Linformer w/ unreduced JLT"), ("informer", "Informer"),
-              ("informer_mask", "Informer w/ padding mask"), ("skeinformer", "Skeinformer"),
-              ("skeinformer_uniform", "Skeinformer w/ uniform sampling"),
-              ("skeinformer_no_rownorm", "Skeinformer w/o row normalization"),
-              ("skeinformer_simple_rownorm", "Skeinformer w/ simple row normalization"),
-              ("skeinformer_no_pilot", "Skeinformer w/o pilot sampling reutilization"))
-SKY_ROWS = (("softmax", "Self-Attention"), ("kernelized", "Kernelized Attention"), ("nystrom", "Nyströmformer"),
-            ("linformer", "Linformer"), ("informer", "Informer"), ("performer", "Performer"),
-            ("reformer", "Reformer"), ("bigbird", "BigBird"), ("skyformer", "Skyformer"))
-YOSO_ROWS = (("none", "none"), ("softmax", "softmax"), ("yoso_e", "YOSO-E"), ("nystrom", "Nyströmformer"),
-             ("longformer", "Longformer"), ("linformer", "Linformer"), ("reformer", "Reformer"),
-             ("performer", "Performer"), ("yoso", "YOSO-32"), ("yoso_conv", "YOSO-C-16"))
-SKEIN_TASKS = (("text", "Text"), ("listops", "ListOps"), ("retrieval", "Retrieval"), ("pathfinder", "Pathfinder"),
-               ("image", "Image"))
 SKY_ABBR = (("text", "TC"), ("listops", "LO"), ("retrieval", "RE"), ("pathfinder", "PF"), ("image", "IC"))
 YOSO_TASKS = (("listops", "listops"), ("text", "text"), ("retrieval", "retrieval"), ("image", "image"),
               ("pathfinder", "pathfinder"))
