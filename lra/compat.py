@@ -41,14 +41,15 @@ class CompatError(RuntimeError):
     """A private API lra needs is missing or changed in the installed release (outside the tested range)."""
 
 
-def _outside(what: str, package: str = "torch") -> str:
+def _no_estimate(what: str) -> str:
+    """The one line of a :class:`CompatError` of the memory fit: which torch API, and what to do instead."""
     from importlib.metadata import PackageNotFoundError, version
     try:
-        have = version(package)
+        have = version("torch")
     except PackageNotFoundError:
         have = "not installed"
-    return (f"{what} is missing or changed in {package} {have}, outside the range pyproject.toml declares "
-            f"(docs/dependencies.md)")
+    return (f"{what} is missing or changed in torch {have}, outside the range pyproject.toml declares "
+            f"(docs/dependencies.md); the memory fit cannot estimate: set hardware.micro_batch")
 
 
 # ---------------------------------------------------------------------------------------------- Lightning
@@ -92,8 +93,7 @@ def fake_tensor_mode():
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ImportError:
-        raise CompatError(_outside("torch._subclasses.fake_tensor.FakeTensorMode") +
-                          "; the memory fit cannot estimate: set hardware.micro_batch") from None
+        raise CompatError(_no_estimate("torch._subclasses.fake_tensor.FakeTensorMode")) from None
     return FakeTensorMode()
 
 
@@ -107,8 +107,7 @@ def fake_copy(mode, t, constant: bool = False):
         except TypeError:  # its signature changed: the plain copy below
             pass
     if constant:
-        raise CompatError(_outside("FakeTensorMode.fake_tensor_converter.from_real_tensor") +
-                          "; the memory fit cannot estimate: set hardware.micro_batch")
+        raise CompatError(_no_estimate("FakeTensorMode.fake_tensor_converter.from_real_tensor"))
     return mode.from_tensor(t)
 
 
@@ -117,11 +116,9 @@ def mem_tracker():
     try:
         from torch.distributed._tools.mem_tracker import MemTracker
     except ImportError:  # moved, or a torch built without torch.distributed
-        raise CompatError(_outside("torch.distributed._tools.mem_tracker.MemTracker") +
-                          "; the memory fit cannot estimate: set hardware.micro_batch") from None
+        raise CompatError(_no_estimate("torch.distributed._tools.mem_tracker.MemTracker")) from None
     tracker = MemTracker()
     missing = [m for m in ("track_external", "reset_mod_stats", "get_tracker_snapshot") if not hasattr(tracker, m)]
     if missing:
-        raise CompatError(_outside(f"MemTracker.{missing[0]}") + "; the memory fit cannot estimate: set "
-                          "hardware.micro_batch")
+        raise CompatError(_no_estimate(f"MemTracker.{missing[0]}"))
     return tracker

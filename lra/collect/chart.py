@@ -34,7 +34,7 @@ from lra.collect.drawing import (
     source_handles,
     task_name,
 )
-from lra.collect.stats import t_quantile
+from lra.collect.stats import mean_of_means_half_width
 
 BUBBLE = 1600.0  # marker area (pt²) of the largest memory
 
@@ -42,18 +42,6 @@ BUBBLE = 1600.0  # marker area (pt²) of the largest memory
 def _geomean(v: np.ndarray) -> float:
     v = v[np.isfinite(v) & (v > 0)]
     return float(np.exp(np.mean(np.log(v)))) if v.size else math.nan
-
-
-def _avg_interval(std: np.ndarray, n: np.ndarray) -> float:
-    """Half-width of the 95% t-interval of the mean of independent per-task means (Welch-Satterthwaite
-    degrees of freedom); NaN when a task has fewer than two seeds."""
-    if len(std) == 0 or (n < 2).any() or not np.isfinite(std).all():
-        return math.nan
-    v = std ** 2 / n
-    if v.sum() == 0:
-        return 0.0
-    df = v.sum() ** 2 / np.sum(v ** 2 / (n - 1))
-    return t_quantile(float(df)) * math.sqrt(v.sum()) / len(std)
 
 
 def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, str, str]:
@@ -90,7 +78,7 @@ def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, st
         rel = 1.0 if key == SOFTMAX and np.isfinite(ratio).any() else _geomean(ratio)
         n = g["test_acc_n"].to_numpy(dtype=float)
         rows.append({"row": key, "acc": 100 * g["test_acc_mean"].mean(),
-                     "acc_ci": 100 * _avg_interval(g["test_acc_std"].to_numpy(dtype=float), n),
+                     "acc_ci": 100 * mean_of_means_half_width(g["test_acc_std"].to_numpy(dtype=float), n),
                      "seeds": int(n.min()), "speed": _geomean(speed), "rel": rel,
                      "rel_tasks": int(np.sum(np.isfinite(ratio) & (ratio > 0))), "mem": mem,
                      "mem_src": MEASURED if measured else ESTIMATED if math.isfinite(mem) else "",

@@ -114,21 +114,19 @@ def _marks_html(marks: list[tuple[str, str]]) -> str:
     return "".join(f'<span class="mark" title="{_e(meaning)}">{_e(sym)}</span>' for sym, meaning in marks)
 
 
+def _ci_html(text: str) -> str:
+    return f'<span class="ci">{_e(text)}</span>' if text else ""
+
+
 def _legend(built: Built) -> str:
     lines = render.legend(built)
     return f'<ul class="legend">{"".join(f"<li>{_inline(x)}</li>" for x in lines)}</ul>' if lines else ""
 
 
-def _join(*parts: str) -> str:
-    """Pieces of a cell, one space apart, as the Markdown table joins them (empty ones left out)."""
-    return " ".join(p for p in parts if p)
-
-
 # ----------------------------------------------------------------------------- tables
 def _header(built: Built) -> list[str]:
     """<tr>s of a multi-level header: spans over equal prefixes, rowspans where deeper levels are empty."""
-    leaves = [col.path + ((p,) if built.compare else ()) for col in built.columns for p in
-              (("ours", "paper", "Δ") if built.compare else ("",))]
+    leaves = render.leaves(built)
     depth = max(len(p) for p in leaves)
     leaves = [tuple(p) + ("",) * (depth - len(p)) for p in leaves]
 
@@ -168,33 +166,25 @@ def _delta_class(cell, metric: str, paper_marks: list) -> str:
 def _table(built: Built, pid: int, run_ids: dict, row_ids: dict) -> str:
     """One paper table: each cell as the Markdown prints it (value, interval, marks), the value linking to
     the runs behind it."""
-    best = render.best_rows(built)
-    base = render.baseline_name(built)
     body, first_extra = [], True
-    for i, row in enumerate(built.rows):
+    for row, texts in zip(built.rows, render.cell_texts(built)):
         cls = ""
         if not row.in_paper and first_extra:
             cls, first_extra = ' class="extra-first"', False
         cells = [f'<th class="model" scope="row">{_e(row.name)}</th>']
-        for j, (col, cell) in enumerate(zip(built.columns, row.cells)):
-            text = render.ours_text(cell, col.metric)
+        for col, cell, t in zip(built.columns, row.cells, texts):
             if cell.empty:
-                cells.append(f'<td class="ours empty">{_e(text)}</td>')
+                cells.append(f'<td class="ours empty">{_e(t.value)}</td>')
             else:
                 target = row_ids.get(row.key) if col.task == "average" else run_ids.get((col.task, row.key))
-                value = f'<a href="#{target}" title="the runs behind this value">{_e(text)}</a>' if target else _e(text)
-                ci = render.interval_text(cell, col.metric)
-                best_cls = " best" if i in best[j] else ""
-                cells.append(f'<td class="ours{best_cls}">' + _join(
-                    f"<strong>{value}</strong>" if best_cls else value, f'<span class="ci">{_e(ci)}</span>' if ci else "",
-                    _marks_html(render.marks(cell, base, paper=False))) + "</td>")
+                value = f'<a href="#{target}" title="the runs behind this value">{_e(t.value)}</a>' if target \
+                    else _e(t.value)
+                cells.append(f'<td class="ours{" best" if t.best else ""}">' + render.join(
+                    f"<strong>{value}</strong>" if t.best else value, _ci_html(t.ci), _marks_html(t.marks)) + "</td>")
             if built.compare:
-                d = render.delta_text(cell, col.metric)
-                dci = render.delta_interval_text(cell, col.metric)
-                pm = render.marks(cell, base, standard=False)
-                cells.append(f'<td class="paper">{_e(render.paper_text(cell))}</td>')
-                cells.append(f'<td class="delta{_delta_class(cell, col.metric, pm)}">' + _join(
-                    _e(d), f'<span class="ci">{_e(dci)}</span>' if dci else "", _marks_html(pm)) + "</td>")
+                cells.append(f'<td class="paper">{_e(t.paper)}</td>')
+                cells.append(f'<td class="delta{_delta_class(cell, col.metric, t.paper_marks)}">' + render.join(
+                    _e(t.delta), _ci_html(t.delta_ci), _marks_html(t.paper_marks)) + "</td>")
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
     sid = _anchor("t", pid, built.spec.key)
     return "\n".join([

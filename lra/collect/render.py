@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import pandas as pd
@@ -175,7 +176,7 @@ def best_rows(built: Built) -> list[set]:
     return best
 
 
-def _leaves(built: Built) -> list[tuple]:
+def leaves(built: Built) -> list[tuple]:
     """Header path of every printed column (compare adds ours/paper/Δ under each column)."""
     out = []
     for col in built.columns:
@@ -186,32 +187,64 @@ def _leaves(built: Built) -> list[tuple]:
     return out
 
 
+@dataclass(frozen=True)
+class CellText:
+    """One cell's printed pieces, as Markdown, LaTeX and the results page all print them: ours (value, bold
+    if best, interval, Standard marks) and, with a comparison, the paper's value and Δ (interval, paper mark).
+    Marks are (symbol, meaning) pairs (:func:`marks`)."""
+
+    value: str
+    best: bool
+    ci: str
+    marks: tuple = ()
+    paper: str = ""
+    delta: str = ""
+    delta_ci: str = ""
+    paper_marks: tuple = ()
+
+
+def cell_texts(built: Built, minus: str = "-") -> list[list[CellText]]:
+    """The :class:`CellText` of every cell, row by row."""
+    best = best_rows(built)
+    base = baseline_name(built)
+    rows = []
+    for i, row in enumerate(built.rows):
+        texts = []
+        for j, (col, cell) in enumerate(zip(built.columns, row.cells)):
+            value = ours_text(cell, col.metric)
+            t = CellText(value, i in best[j] and value != MISSING, interval_text(cell, col.metric, minus),
+                         tuple(marks(cell, base, paper=False)))
+            if built.compare:
+                t = replace(t, paper=paper_text(cell), delta=delta_text(cell, col.metric, minus),
+                            delta_ci=delta_interval_text(cell, col.metric, minus),
+                            paper_marks=tuple(marks(cell, base, standard=False)))
+            texts.append(t)
+        rows.append(texts)
+    return rows
+
+
+def join(*parts: str) -> str:
+    """Pieces of a cell, one space apart, empty ones left out."""
+    return " ".join(p for p in parts if p)
+
+
 def _row_texts(built: Built, esc: Callable[[str], str], bold: Callable[[str], str], minus: str = "-") \
         -> list[list[str]]:
     """Every printed cell, already in the output format: ``esc`` escapes a piece of text, ``bold`` wraps
     an escaped one. Ours: value (bold if best), interval, Standard marks; Δ: delta, interval, paper mark."""
-    best = best_rows(built)
-    base = baseline_name(built)
+    def symbols(ms) -> str:
+        return esc("".join(m for m, _ in ms))
 
-    def join(*parts):
-        return " ".join(p for p in parts if p)
-
-    texts = []
-    for i, row in enumerate(built.rows):
+    out = []
+    for row in cell_texts(built, minus):
         cells = []
-        for j, (col, cell) in enumerate(zip(built.columns, row.cells)):
-            t = esc(ours_text(cell, col.metric))
-            if i in best[j] and t != MISSING:
-                t = bold(t)
-            base_marks = "".join(m for m, _ in marks(cell, base, paper=False))
-            cells.append(join(t, esc(interval_text(cell, col.metric, minus)), esc(base_marks)))
+        for t in row:
+            value = bold(esc(t.value)) if t.best else esc(t.value)
+            cells.append(join(value, esc(t.ci), symbols(t.marks)))
             if built.compare:
-                paper_marks = "".join(m for m, _ in marks(cell, base, standard=False))
-                cells += [esc(paper_text(cell)), join(esc(delta_text(cell, col.metric, minus)),
-                                                      esc(delta_interval_text(cell, col.metric, minus)),
-                                                      esc(paper_marks))]
-        texts.append(cells)
-    return texts
+                cells += [esc(t.paper), join(esc(t.delta), esc(t.delta_ci), symbols(t.paper_marks))]
+        out.append(cells)
+    return out
 
 
 def title(built: Built) -> str:
@@ -266,10 +299,10 @@ def _md_escape(s: str) -> str:
 
 
 def to_markdown(built: Built, heading: str = "###") -> str:
-    leaves = _leaves(built)
-    header = ["Model"] + [" ".join(p for p in path if p) for path in leaves]
+    heads = leaves(built)
+    header = ["Model"] + [" ".join(p for p in path if p) for path in heads]
     lines = [f"{heading} {title(built)}", "", "| " + " | ".join(_md_escape(h) for h in header) + " |",
-             "|:---|" + "---:|" * len(leaves)]
+             "|:---|" + "---:|" * len(heads)]
     for row, cells in zip(built.rows, _row_texts(built, _md_escape, lambda t: f"**{t}**")):
         lines.append("| " + " | ".join([_md_escape(row.name)] + cells) + " |")
     lines += ["", note(built), ""]
@@ -297,18 +330,18 @@ def _tex_cell(t: str) -> str:
     return t
 
 
-def _tex_header(leaves: list[tuple]) -> list[str]:
+def _tex_header(heads: list[tuple]) -> list[str]:
     """Header rows with \\multicolumn spans and \\cmidrule under every span wider than one column."""
-    depth = max(len(p) for p in leaves)
+    depth = max(len(p) for p in heads)
     lines = []
     for level in range(depth):
         spans, j = [], 0
-        while j < len(leaves):
-            key = leaves[j][:level + 1]
+        while j < len(heads):
+            key = heads[j][:level + 1]
             k = j
-            while k + 1 < len(leaves) and leaves[k + 1][:level + 1] == key:
+            while k + 1 < len(heads) and heads[k + 1][:level + 1] == key:
                 k += 1
-            spans.append((j, k, leaves[j][level] if level < len(leaves[j]) else ""))
+            spans.append((j, k, heads[j][level] if level < len(heads[j]) else ""))
             j = k + 1
         last = level == depth - 1
         cells = ["Model" if last else ""]
@@ -325,7 +358,7 @@ def _tex_header(leaves: list[tuple]) -> list[str]:
 
 
 def to_latex(built: Built) -> str:
-    leaves = _leaves(built)
+    heads = leaves(built)
     spec = built.spec
     caption = _tex_cell(f"{spec.caption}. Ours: preset {built.preset}, mean ± std over seeds (seeds with a "
                         f"value) [95% interval of the mean]; -- no run.")
@@ -337,8 +370,8 @@ def to_latex(built: Built) -> str:
                                   f"do not edit by hand",
              r"\begin{table}[ht]", r"\centering", r"\small", f"\\caption{{{caption}}}",
              f"\\label{{tab:{built.preset}:{spec.key}}}",
-             f"\\begin{{tabular}}{{l{'r' * len(leaves)}}}", r"\toprule"]
-    lines += _tex_header(leaves)
+             f"\\begin{{tabular}}{{l{'r' * len(heads)}}}", r"\toprule"]
+    lines += _tex_header(heads)
     lines.append(r"\midrule")
     texts = _row_texts(built, _tex_cell, lambda t: f"\\textbf{{{t}}}")
     first_extra = True

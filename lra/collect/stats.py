@@ -4,6 +4,8 @@
   ``mean ± t(0.975, n-1) * std / sqrt(n)``; none (NaN) with fewer than two seeds.
 * :func:`welch_interval`: the Welch 95% interval of the difference of two means (unequal variances,
   Welch-Satterthwaite degrees of freedom); none with fewer than two seeds on either side.
+* :func:`mean_of_means_half_width`: the 95% interval of an average of independent per-task means (the
+  LRA chart's accuracy over tasks), Welch-Satterthwaite degrees of freedom as in :func:`welch_interval`.
 * :func:`verdict`: whether an interval covers a value (``CANNOT_SEPARATE``), misses it (``SEPARATED``),
   or there is no interval (``NOT_TESTABLE``).
 
@@ -61,9 +63,25 @@ def welch_interval(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int)
     se = math.sqrt(v1 + v2)
     if se == 0:
         return diff, diff, diff
-    df = (v1 + v2) ** 2 / (v1 * v1 / (n1 - 1) + v2 * v2 / (n2 - 1))
-    half = t_quantile(df) * se
+    half = t_quantile(satterthwaite_df((v1, v2), (n1, n2))) * se
     return diff, diff - half, diff + half
+
+
+def satterthwaite_df(v, n) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of independent means, from each mean's squared
+    standard error ``v[i] = std[i]**2 / n[i]`` and its number of seeds ``n[i]`` (all >= 2, some v > 0)."""
+    return sum(v) ** 2 / sum(vi * vi / (ni - 1) for vi, ni in zip(v, n))
+
+
+def mean_of_means_half_width(std, n) -> float:
+    """Half-width of the 95% t-interval of the mean of independent means (one per task, each over its
+    seeds; Welch-Satterthwaite degrees of freedom); nan when a mean has fewer than two seeds."""
+    if len(std) == 0 or any(k < 2 for k in n) or not all(math.isfinite(x) for x in std):
+        return math.nan
+    v = [x * x / k for x, k in zip(std, n)]
+    if sum(v) == 0:
+        return 0.0
+    return t_quantile(satterthwaite_df(v, n)) * math.sqrt(sum(v)) / len(std)
 
 
 def verdict(low: float, high: float, value: float) -> str:
