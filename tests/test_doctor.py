@@ -171,10 +171,11 @@ def test_the_extras_the_doctor_checks_are_pyprojects():
     """The doctor's "extras installed" line reads the installed metadata, so it cannot drift from pyproject."""
     import tomllib
 
+    from packaging.requirements import Requirement
+
     from lra import REPO_ROOT
     from lra.doctor.env import APART, extras
 
     declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    expected = {k: tuple(r.split(">")[0].split("<")[0].split("[")[0].strip() for r in v) + APART.get(k, ())
-                for k, v in declared.items() if k != "dev"}
+    expected = {k: tuple(Requirement(r).name for r in v) + APART.get(k, ()) for k, v in declared.items() if k != "dev"}
     assert extras() == expected
