@@ -76,7 +76,8 @@ def test_mean_std_and_seed_count(tmp_path):
     half = 4.302652729749464 * 10.0 / math.sqrt(3)  # t(0.975, 2), from a t table, x std / sqrt(n)
     # best of the column: bold; then the mean's 95% interval over the seeds
     assert f"| Standard | -- | **40.00 ± 10.00 (3)** [{40 - half:.2f}, {40 + half:.2f}] | -- |" in md
-    assert "| none | -- | 20.00 (1) [one seed: no CI] |" in md  # one seed: no std, no interval, count shown
+    assert "| none (no attention) | -- | 20.00 (1) | -- |" in md  # one seed: no std, no interval, count shown
+    assert "Intervals and tests need 3 seeds or more" in md  # said once, under the table
     # units of the other tables: steps in k, minutes per 1k steps, hours, GB, batch and accumulation
     t2 = build(SPEC["skeinformer_table2"], runs, "quick")
     row = next(r for r in t2.rows if r.key == "softmax")
@@ -84,7 +85,7 @@ def test_mean_std_and_seed_count(tmp_path):
     assert got[("listops", "steps_k")].mean == pytest.approx(0.6)
     assert got[("listops", "min_per_1k")].mean == pytest.approx(200 / 60)
     assert got[("listops", "accum")].values == (1.0,)
-    sky2 = build(SPEC["skyformer_table2"], runs, "quick")
+    sky2 = build(SPEC["skyformer_table2"], runs, "quick", drop_empty=False)
     got = {(col.task, col.metric): c for col, c in zip(sky2.columns, sky2.rows[0].cells)}
     assert got[("listops", "hours")].mean == pytest.approx(120 / 3600) and got[("listops", "mem_gb")].mean == 1.0
 
@@ -209,18 +210,18 @@ def test_paper_order_of_rows_and_columns(tmp_path):
     make_record(tmp_path, "softmax", 0, task="pathfinder128")           # a task the paper lacks
     make_record(tmp_path, "softmax", 0, sub="train.lr=0.01", test_acc=0.9)  # an extra override: its own row
     runs, _ = load_runs(tmp_path)
-    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick", drop_empty=False)
     names = [r.name for r in t1.rows]
     assert names[:16] == [n for _, n in SKEIN_ROWS]
-    assert names[16:] == ["none", "polysketch", "softmax [train.lr=0.01]"]
+    assert names[16:] == ["none (no attention)", "polysketch", "Standard [lr=0.01]"]
     assert [c.path[0] for c in t1.columns] == ["Text", "ListOps", "Retrieval", "Pathfinder", "Image",
                                                "pathfinder128", "Average"]
     assert cell(t1, "softmax").mean == pytest.approx(40.0)      # the override run is not mixed in
-    yoso = build(SPEC["yoso_table3"], runs, "quick")
+    yoso = build(SPEC["yoso_table3"], runs, "quick", drop_empty=False)
     assert [r.name for r in yoso.rows][:3] == ["none", "softmax", "YOSO-E"]
     assert [c.path[0] for c in yoso.columns][:6] == ["listops", "text", "retrieval", "image", "pathfinder",
                                                      "pathfinder128"]
-    sky2 = build(SPEC["skyformer_table2"], runs, "quick")
+    sky2 = build(SPEC["skyformer_table2"], runs, "quick", drop_empty=False)
     assert [c.path for c in sky2.columns][:6] == [("Time (h)", t) for t in ("TC", "LO", "RE", "PF", "IC")] + [
         ("Time (h)", "pathfinder128")]
     assert [r.name for r in sky2.rows][:2] == ["Self-Attention", "Kernelized Attention"]
@@ -229,18 +230,21 @@ def test_paper_order_of_rows_and_columns(tmp_path):
     for task in ("retrieval", "pathfinder", "image"):
         make_record(tmp_path, "softmax", 0, task=task, test_acc=0.6)
     runs, _ = load_runs(tmp_path)
-    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick", drop_empty=False)
     assert t1.rows[0].cells[-1].mean == pytest.approx((40 + 40 + 60 * 3) / 5)
 
 
-def test_drop_empty_and_presets_not_mixed(tmp_path):
+def test_empty_rows_dropped_unless_asked_and_presets_not_mixed(tmp_path):
+    """Bugs caught: sixteen empty paper rows by default; a quick run averaged into the paper preset."""
     make_record(tmp_path, "softmax", 0, test_acc=0.3)
     make_record(tmp_path, "softmax", 0, preset="skeinformer_paper", test_acc=0.5)
-    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, drop_empty=True)
+    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False)
     quick = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
     paper = (tmp_path / "out" / "skeinformer_paper" / "skeinformer_table1.md").read_text()
-    assert "30.00 (1)" in quick and "50.00" not in quick and "50.00 (1)" in paper
+    assert "30.00 (1)" in quick and "50.00" not in quick and "| Standard | -- | **50.00** |" in paper
     assert [r.name for r in res.tables[("quick", "skeinformer_table1")].rows] == ["Standard"]
+    res = collect(tmp_path, tmp_path / "all", formats=("md",), plots=False, all_rows=True)
+    assert len(res.tables[("quick", "skeinformer_table1")].rows) == 16
     assert not list((tmp_path / "out" / "quick").glob("*.csv"))[1:]  # only summary.csv with --format md
 
 
@@ -255,7 +259,7 @@ def test_paper_and_clean_semantics_never_share_a_cell(tmp_path):
     (old / "result.json").write_text(json.dumps(rec))
     (tmp_path / "old" / "skeinformer_paper" / "listops" / "softmax").mkdir(parents=True)
     old = old.rename(tmp_path / "old" / "skeinformer_paper" / "listops" / "softmax" / "seed1")  # the layout before
-    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, compare=("skeinformer",))
+    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, compare=("skeinformer",), style="full")
     paper = (tmp_path / "out" / "skeinformer_paper" / "skeinformer_table1.md").read_text()
     clean = (tmp_path / "out" / "skeinformer_paper+clean" / "skeinformer_table1.md").read_text()
     assert "50.00 (1)" in paper and "30.00" not in paper and "20.00" not in paper
@@ -282,22 +286,22 @@ def test_latex_booktabs_bold_best_per_column(tmp_path):
     make_record(tmp_path, "none", 0, test_acc=0.20, time_per_1k_steps_s=120.0)  # tie on time: both bold
     make_record(tmp_path, "softmax", 0, task="text", test_acc=0.6)
     runs, _ = load_runs(tmp_path)
-    tex = to_latex(build(SPEC["skeinformer_table1"], runs, "quick"))
+    tex = to_latex(build(SPEC["skeinformer_table1"], runs, "quick", drop_empty=False))
     for cmd in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{lrrrrrr}"):
         assert cmd in tex
     lines = {l.split(" & ")[0]: l for l in tex.splitlines() if " & " in l}
     assert r"\textbf{35.00 (1)}" in lines["Skeinformer"] and r"\textbf{60.00 (1)}" in lines["Standard"]
-    assert "textbf" not in lines["none"] and lines["V-mean"].count("--") == 6
+    assert "textbf" not in lines["none (no attention)"] and lines["V-mean"].count("--") == 6
     assert tex.count(r"\midrule") == 2  # header rule, then the rule before rows the paper lacks
-    t2 = to_latex(build(SPEC["skeinformer_table2"], runs, "quick"))
+    t2 = to_latex(build(SPEC["skeinformer_table2"], runs, "quick", drop_empty=False))
     lines = {l.split(" & ")[0]: l.split(" & ") for l in t2.splitlines() if " & " in l}
     # ListOps columns are 4..6 (step, time, accu): lowest time and accumulation win
-    one = " [one seed: no CI]"  # a measured cell of one seed has no interval; a setting never has one
-    assert lines["Skeinformer"][5] == r"\textbf{2.00 (1)}" + one and lines["none"][5] == r"\textbf{2.00 (1)}" + one
-    assert lines["Standard"][5] == "10.00 (1)" + one and lines["Standard"][6] == "2"
+    # a measured cell of one seed has no interval (the legend says so once); a setting never has one
+    assert lines["Skeinformer"][5] == r"\textbf{2.00 (1)}" and lines["none (no attention)"][5] == r"\textbf{2.00 (1)}"
+    assert lines["Standard"][5] == "10.00 (1)" and lines["Standard"][6] == "2"
     assert lines["Skeinformer"][6] == r"\textbf{1}"
     assert r"\multicolumn{3}{c}{ListOps}" in t2 and r"\cmidrule(lr){5-7}" in t2
-    t4 = to_latex(build(SPEC["skeinformer_table4"], runs, "quick"))
+    t4 = to_latex(build(SPEC["skeinformer_table4"], runs, "quick", drop_empty=False))
     lines = {l.split(" & ")[0]: l.split(" & ") for l in t4.splitlines() if " & " in l}
     assert lines["Skeinformer"][3] == r"\textbf{32}" and lines["Standard"][3] == "16"  # larger batch wins
     md = to_markdown(build(SPEC["skeinformer_table1"], runs, "quick"))
@@ -305,34 +309,35 @@ def test_latex_booktabs_bold_best_per_column(tmp_path):
 
 
 def test_compare_adds_paper_value_and_delta(tmp_path):
-    make_record(tmp_path, "softmax", 0, test_acc=0.40)
-    make_record(tmp_path, "softmax", 1, test_acc=0.42)
-    make_record(tmp_path, "polysketch", 0, test_acc=0.30)
-    make_record(tmp_path, "softmax", 0, task="text", micro_batch=16, accum_steps=8)
-    res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False)
-    t1 = res.tables[("quick", "skeinformer_table1")]
+    P = "skeinformer_paper"
+    for seed, acc in enumerate((0.40, 0.42, 0.44)):
+        make_record(tmp_path, "softmax", seed, preset=P, test_acc=acc)
+    make_record(tmp_path, "polysketch", 0, preset=P, test_acc=0.30)
+    make_record(tmp_path, "softmax", 0, preset=P, task="text", micro_batch=16, accum_steps=8)
+    res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False, style="full")
+    t1 = res.tables[(P, "skeinformer_table1")]
     c = cell(t1, "softmax")
-    assert c.paper == 38.15 and c.delta == pytest.approx(41.0 - 38.15)
-    md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
+    assert c.paper == 38.15 and c.delta == pytest.approx(42.0 - 38.15)
+    md = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
     assert "| Model | Text ours | Text paper | Text Δ | ListOps ours |" in md
     std_row = next(l for l in md.splitlines() if l.startswith("| Standard |"))
-    half = 12.706204736174703 * math.sqrt(2) / math.sqrt(2)  # t(0.975, 1) x std / sqrt(n), std = sqrt(2)
-    lo, hi = 41 - half, 41 + half  # covers the paper's 38.15: marked
-    assert (f"| **41.00 ± 1.41 (2)** [{lo:.2f}, {hi:.2f}] | 38.15 | +2.85 [{lo - 38.15:+.2f}, {hi - 38.15:+.2f}] ≈ |"
+    half = 4.302652729749464 * 2.0 / math.sqrt(3)  # t(0.975, 2) x std / sqrt(n), std = 2
+    lo, hi = 42 - half, 42 + half  # covers the paper's 38.15: marked
+    assert (f"| **42.00 ± 2.00 (3)** [{lo:.2f}, {hi:.2f}] | 38.15 | +3.85 [{lo - 38.15:+.2f}, {hi - 38.15:+.2f}] ≈ |"
             in std_row)
-    assert "| **40.00 (1)** [one seed: no CI] | 57.69 | -17.69 [one seed: no CI] |" in std_row  # no mark
+    assert "| **40.00 (1)** | 57.69 | -17.69 |" in std_row  # one seed: no interval, no mark
     assert "| 57.50 | -- |" in std_row  # paper average, no average of ours (tasks missing)
     poly = next(l for l in md.splitlines() if l.startswith("| polysketch |"))
-    assert "| 30.00 (1) [one seed: no CI] | -- | -- |" in poly
-    with open(tmp_path / "out" / "quick" / "skeinformer_table1.csv") as f:
+    assert "| 30.00 (1) | -- | -- |" in poly
+    with open(tmp_path / "out" / P / "skeinformer_table1.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["attn"] == "softmax")
-    assert row["listops:acc:paper"] == "38.15" and float(row["listops:acc:delta"]) == pytest.approx(2.85)
-    t4 = (tmp_path / "out" / "quick" / "skeinformer_table4.md").read_text()
+    assert row["listops:acc:paper"] == "38.15" and float(row["listops:acc:delta"]) == pytest.approx(3.85)
+    t4 = (tmp_path / "out" / P / "skeinformer_table4.md").read_text()
     std_row = next(l for l in t4.splitlines() if l.startswith("| Standard |"))
     assert std_row.startswith("| Standard | **16** | 16 | +0 | **8** | 8 | +0 | **32** | 64 | -32 |")
     # tables of other papers are not compared unless asked
-    assert "paper" not in (tmp_path / "out" / "quick" / "yoso_table3.md").read_text().splitlines()[2]
-    tex = (tmp_path / "out" / "quick" / "skeinformer_table1.tex").read_text()
+    assert "paper" not in (tmp_path / "out" / P / "yoso_table3.md").read_text().splitlines()[2]
+    tex = (tmp_path / "out" / P / "skeinformer_table1.tex").read_text()
     assert r"$\Delta$" in tex and r"\multicolumn{3}{c}{ListOps}" in tex
 
 
@@ -396,7 +401,8 @@ def test_cli(tmp_path, capsys):
     files = {p.name for p in (tmp_path / "o" / "quick").iterdir()}
     assert "yoso_table3.md" in files and "yoso_table3.csv" in files and not any(f.endswith(".tex") for f in files)
     assert not any(f.endswith(".png") for f in files)
-    assert "Δ" in (tmp_path / "o" / "quick" / "yoso_table3.md").read_text()
+    yoso = (tmp_path / "o" / "quick" / "yoso_table3.md").read_text()
+    assert "Δ" not in yoso and "Not compared with YOSO" in yoso  # quick is not the paper's protocol: said
     assert main(["--runs", str(tmp_path / "nowhere")]) == 1
     assert "no runs folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -562,7 +568,7 @@ def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     assert "seed 4.25 is not an integer" in unusable["quick/clean/listops/none/seed4"]
     c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
     assert c.n == 3 and c.mean == pytest.approx((30 + 50 + 97) / 3)
-    assert cell(res.tables[("quick", "yoso_table3")], "none").empty  # its only run is not counted
+    assert "none" not in [r.key for r in res.tables[("quick", "yoso_table3")].rows]  # its only run is not counted
     failed = pd.read_csv(tmp_path / "out" / "failed.csv")
     assert "seeds are integers" in " ".join(failed["reason"])
 

@@ -37,6 +37,9 @@ SPEC = {s.key: s for s in TABLES}
 T_975_2 = 4.302652729749464    # Student's t, 97.5% quantile, 2 degrees of freedom (any t table)
 
 
+P = "skeinformer_paper"   # the preset whose tables are compared with the Skeinformer paper
+
+
 def paper_value(paper, table, attn, task):
     df = paper_results()
     row = df[(df["paper"] == paper) & (df["table"] == table) & (df["attn"] == attn) & (df["task"] == task)]
@@ -82,10 +85,13 @@ def test_welch_interval_against_scipy():
 
 
 # ----------------------------------------------------------------------------- cells and text
-def test_cells_carry_the_interval_and_one_seed_says_none(tmp_path):
+def test_cells_carry_the_interval_and_fewer_than_three_seeds_none(tmp_path):
+    """Bug caught: two quick seeds printed accuracy [-22.07, 57.97] (t(0.975, 1) = 12.7)."""
     for seed, acc in enumerate((0.30, 0.40, 0.50)):
         make_record(tmp_path, "softmax", seed, test_acc=acc)
     make_record(tmp_path, "none", 0, test_acc=0.2)
+    for seed, acc in enumerate((0.05, 0.30)):
+        make_record(tmp_path, "performer", seed, test_acc=acc)
     runs, _ = load_runs(tmp_path)
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     c = cell(t1, "softmax")
@@ -93,10 +99,13 @@ def test_cells_carry_the_interval_and_one_seed_says_none(tmp_path):
     assert (c.ci_low, c.ci_high) == (pytest.approx(40 - half), pytest.approx(40 + half)) and c.ci_note == ""
     assert interval_text(c, "acc") == f"[{40 - half:.2f}, {40 + half:.2f}]"
     one = cell(t1, "none")
-    assert math.isnan(one.ci_low) and math.isnan(one.ci_high) and one.ci_note == "one seed"
-    assert interval_text(one, "acc") == "[one seed: no CI]" and marks(one) == []
+    assert math.isnan(one.ci_low) and math.isnan(one.ci_high) and one.ci_note == "few seeds"
+    assert interval_text(one, "acc") == "" and marks(one) == []
+    two = cell(t1, "performer")
+    assert two.n == 2 and math.isnan(two.ci_low) and interval_text(two, "acc") == "" and marks(two) == []
     md = to_markdown(t1)
-    assert "20.00 (1) [one seed: no CI]" in md and "± 0.00" not in md   # never a fake ± 0
+    assert "| 20.00 (1) |" in md and "± 0.00" not in md   # never a fake ± 0
+    assert "| 17.50 ± 17.68 (2) |" in md and "-" not in md_row(md, "Performer")[2]  # std only, never below 0
     # settings (batch, accumulation) have no interval at all
     t4 = build(SPEC["skeinformer_table4"], runs, "quick")
     assert all(math.isnan(x.ci_low) and x.ci_note == "" for x in t4.rows[0].cells)
@@ -112,11 +121,11 @@ def test_delta_interval_and_paper_mark(tmp_path):
     near = (0.37, 0.39, 0.40)          # Standard, ListOps; the paper prints 38.15
     far = (0.300, 0.302, 0.304)        # Skeinformer, ListOps; the paper prints 38.73: a tight interval far below
     for seed, (a, b) in enumerate(zip(near, far)):
-        make_record(tmp_path, "softmax", seed, test_acc=a)
-        make_record(tmp_path, "skeinformer", seed, test_acc=b)
-    make_record(tmp_path, "performer", 0, test_acc=0.38)   # one seed: not testable, no mark
-    res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False)
-    t1 = res.tables[("quick", "skeinformer_table1")]
+        make_record(tmp_path, "softmax", seed, preset=P, test_acc=a)
+        make_record(tmp_path, "skeinformer", seed, preset=P, test_acc=b)
+    make_record(tmp_path, "performer", 0, preset=P, test_acc=0.38)   # one seed: not testable, no mark
+    res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False, style="full")
+    t1 = res.tables[(P, "skeinformer_table1")]
     for attn, accs in (("softmax", near), ("skeinformer", far)):
         xs = 100 * np.array(accs)
         lo, hi = st.t.interval(0.95, len(xs) - 1, loc=xs.mean(), scale=st.sem(xs))
@@ -127,21 +136,21 @@ def test_delta_interval_and_paper_mark(tmp_path):
         assert covered == (attn == "softmax")            # the data were chosen so
         assert c.paper_test == (CANNOT_SEPARATE if covered else SEPARATED)
         assert [m for m, _ in marks(c, standard=False)] == ([PAPER_MARK] if covered else [])
-    md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
+    md = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
     j = 6   # Model | Text ours, paper, Δ | ListOps ours, paper, Δ: ListOps Δ is the 7th cell
     soft, skein, perf = md_row(md, "Standard"), md_row(md, "Skeinformer"), md_row(md, "Performer")
     assert soft[j].endswith(f" {PAPER_MARK}") and PAPER_MARK not in skein[j]
     c = cell(t1, "softmax")
     assert soft[j] == f"{c.delta:+.2f} [{c.delta_low:+.2f}, {c.delta_high:+.2f}] {PAPER_MARK}"
     p = paper_value("skeinformer", "table1", "performer", "listops")
-    assert perf[j] == f"{38.0 - p:+.2f} [one seed: no CI]"  # no interval, so no mark either
+    assert perf[j] == f"{38.0 - p:+.2f}"  # no interval, so no mark either
     assert cell(t1, "performer").paper_test == NOT_TESTABLE and marks(cell(t1, "performer")) == []
-    assert delta_interval_text(cell(t1, "performer"), "acc") == "[one seed: no CI]"
+    assert delta_interval_text(cell(t1, "performer"), "acc") == ""
 
 
 def test_standard_row_comparison_is_welch(tmp_path):
     soft = (0.40, 0.42, 0.38)
-    close = (0.39, 0.41)             # Performer: cannot be told apart from Standard
+    close = (0.39, 0.41, 0.40)       # Performer: cannot be told apart from Standard
     far = (0.30, 0.31, 0.30)         # Skeinformer: clearly below
     for seed, a in enumerate(soft):
         make_record(tmp_path, "softmax", seed, test_acc=a)
@@ -180,36 +189,36 @@ def test_standard_row_comparison_is_welch(tmp_path):
 
 
 def test_legend_under_markdown_and_latex(tmp_path):
-    for seed, a in enumerate((0.40, 0.42)):
-        make_record(tmp_path, "softmax", seed, test_acc=a)
-        make_record(tmp_path, "performer", seed, test_acc=a + 0.01)
+    for seed, a in enumerate((0.40, 0.42, 0.41)):
+        make_record(tmp_path, "softmax", seed, preset=P, test_acc=a)
+        make_record(tmp_path, "performer", seed, preset=P, test_acc=a + 0.01)
     runs, _ = load_runs(tmp_path)
-    plain = build(SPEC["skeinformer_table1"], runs, "quick")
-    comp = build(SPEC["skeinformer_table1"], runs, "quick", compare=True)
+    plain = build(SPEC["skeinformer_table1"], runs, P, style="full")
+    comp = build(SPEC["skeinformer_table1"], runs, P, compare=True, style="full")
     for built in (plain, comp):
         md, tex = to_markdown(built), to_latex(built)
         lines = legend(built)
         assert lines and all(f"- {x}" in md for x in lines)
         assert md.index(lines[0]) > md.index("| Performer |")             # under the table
-        assert "95\\% intervals" in tex and r"\textdagger{}" in tex
-        assert tex.index(r"\end{tabular}") < tex.index("95\\% intervals") < tex.index(r"\end{table}")
+        assert "95\\% t-interval" in tex and r"\textdagger{}" in tex
+        assert tex.index(r"\end{tabular}") < tex.index("95\\% t-interval") < tex.index(r"\end{table}")
         assert ("Δ [low, high]" in md) == built.compare and (r"$\approx$ after" in tex) == built.compare
         assert f"{BASELINE_MARK} after our value" in md and "Welch" in md
     assert "Average: an interval only when every task has the same seeds" in to_markdown(plain)
-    t4 = build(SPEC["skeinformer_table4"], runs, "quick")                 # settings only: nothing to explain
-    assert legend(t4) == [] and "95% intervals" not in to_markdown(t4)
+    t4 = build(SPEC["skeinformer_table4"], runs, P, style="full")         # settings only: nothing to explain
+    assert legend(t4) == [] and "95% t-interval" not in to_markdown(t4)
 
 
 def test_csv_bounds_are_numeric(tmp_path):
     for seed, a in enumerate((0.40, 0.42, 0.38)):
-        make_record(tmp_path, "softmax", seed, test_acc=a)
-        make_record(tmp_path, "performer", seed, test_acc=a - 0.01)
-    make_record(tmp_path, "none", 0, test_acc=0.2)
+        make_record(tmp_path, "softmax", seed, preset=P, test_acc=a)
+        make_record(tmp_path, "performer", seed, preset=P, test_acc=a - 0.01)
+    make_record(tmp_path, "none", 0, preset=P, test_acc=0.2)
     res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False, formats=("csv",))
-    df = pd.read_csv(tmp_path / "out" / "quick" / "skeinformer_table1.csv").set_index("attn")
+    df = pd.read_csv(tmp_path / "out" / P / "skeinformer_table1.csv").set_index("attn")
     for col in ("listops:acc:ci95_low", "listops:acc:ci95_high", "listops:acc:delta_ci95_low",
-                "listops:acc:delta_ci95_high", "listops:acc:vs_softmax_ci95_low", "listops:acc:vs_softmax_ci95_high",
-                "listops:acc:vs_softmax_diff", "average:acc:ci95_low"):
+                "listops:acc:delta_ci95_high", "listops:acc:vs_baseline_ci95_low", "listops:acc:vs_baseline_ci95_high",
+                "listops:acc:vs_baseline_diff", "average:acc:ci95_low"):
         assert pd.api.types.is_float_dtype(df[col]), col
     xs = np.array([40.0, 42.0, 38.0])
     lo, hi = st.t.interval(0.95, 2, loc=xs.mean(), scale=st.sem(xs))
@@ -219,17 +228,18 @@ def test_csv_bounds_are_numeric(tmp_path):
                                                                         pytest.approx(hi, abs=1e-6))
     assert s["listops:acc:delta_ci95_low"] == pytest.approx(lo - p, abs=1e-6)
     assert s["listops:acc:vs_paper"] == (CANNOT_SEPARATE if lo <= p <= hi else SEPARATED)
-    assert pd.isna(s["listops:acc:vs_softmax"])                          # the reference is not compared
+    assert pd.isna(s["listops:acc:vs_baseline"])                          # the reference is not compared
     perf = df.loc["performer"]
     wl, wh = scipy_welch(xs - 1, xs)
-    assert perf["listops:acc:vs_softmax_ci95_low"] == pytest.approx(wl, abs=1e-6)
-    assert perf["listops:acc:vs_softmax_ci95_high"] == pytest.approx(wh, abs=1e-6)
-    assert perf["listops:acc:vs_softmax"] == CANNOT_SEPARATE and perf["listops:acc:vs_softmax_diff"] == -1
+    assert perf["listops:acc:vs_baseline_ci95_low"] == pytest.approx(wl, abs=1e-6)
+    assert perf["listops:acc:vs_baseline_ci95_high"] == pytest.approx(wh, abs=1e-6)
+    assert perf["listops:acc:vs_baseline"] == CANNOT_SEPARATE and perf["listops:acc:vs_baseline_diff"] == -1
     none = df.loc["none"]
-    assert pd.isna(none["listops:acc:ci95_low"]) and none["listops:acc:vs_softmax"] == NOT_TESTABLE
-    t4 = pd.read_csv(tmp_path / "out" / "quick" / "skeinformer_table4.csv")
+    assert pd.isna(none["listops:acc:ci95_low"]) and none["listops:acc:vs_baseline"] == NOT_TESTABLE
+    t4 = pd.read_csv(tmp_path / "out" / P / "skeinformer_table4.csv")
     assert not [c for c in t4.columns if "ci95" in c]                    # settings: no interval columns
-    assert res.tables[("quick", "skeinformer_table1")].compare
+    assert res.tables[(P, "skeinformer_table1")].compare
+    assert set(df["baseline"].fillna("")) == {"", "softmax"}               # which row each comparison used
 
 
 def test_average_interval_only_over_the_same_seeds(tmp_path):
@@ -238,8 +248,9 @@ def test_average_interval_only_over_the_same_seeds(tmp_path):
     for t in tasks:
         for seed, a in enumerate(acc[t]):
             make_record(tmp_path, "softmax", seed, task=t, test_acc=a)
-            if not (t == "image" and seed == 2):                          # Performer lacks one seed on Image
-                make_record(tmp_path, "performer", seed, task=t, test_acc=a)
+            make_record(tmp_path, "performer", seed, task=t, test_acc=a)
+        if t != "image":                                                  # Performer has a 4th seed but on Image
+            make_record(tmp_path, "performer", 3, task=t, test_acc=acc[t][0])
     runs, _ = load_runs(tmp_path)
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     avg = cell(t1, "softmax", "average")
@@ -248,11 +259,11 @@ def test_average_interval_only_over_the_same_seeds(tmp_path):
     lo, hi = st.t.interval(0.95, 2, loc=per_seed.mean(), scale=st.sem(per_seed))
     assert (avg.ci_low, avg.ci_high) == (pytest.approx(lo), pytest.approx(hi))
     pavg = cell(t1, "performer", "average")
-    assert pavg.mean == pytest.approx(np.mean([100 * np.mean(acc[t][:2 if t == "image" else 3]) for t in tasks]))
+    assert pavg.mean == pytest.approx(np.mean([100 * np.mean(acc[t] + (() if t == "image" else acc[t][:1]))
+                                               for t in tasks]))
     assert math.isnan(pavg.ci_low) and pavg.ci_note == "seeds differ by task"
-    assert interval_text(pavg, "acc") == "[CI n/a: seeds differ by task]"
+    assert interval_text(pavg, "acc") == ""
     assert pavg.base_test == NOT_TESTABLE and marks(pavg) == []           # no interval, no claim
-    assert "[CI n/a: seeds differ by task]" in to_markdown(t1)
 
 
 def test_summary_has_interval_half_widths(tmp_path):

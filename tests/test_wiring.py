@@ -399,7 +399,7 @@ def test_collector_std_over_seeds_is_the_sample_std(tmp_path):
     out = tmp_path / "out"
     assert f"50.00 ± {100 * want_std:.2f} (4)" in (out / "quick" / "skeinformer_table1.md").read_text()
     half95 = 3.182446 * 100 * want_std / 2   # t(0.975, 3 degrees of freedom) * std / sqrt(4), from a t table
-    row = f"| listops | softmax | 0,1,2,3 | 50 | {100 * want_std:.4f} | {half95:.4f} | 4 |"
+    row = f"| listops | Standard | 0,1,2,3 | 50 | {100 * want_std:.4f} | {half95:.4f} | 4 |"
     assert row in (out / "index.md").read_text()
     # the curves: validation accuracy 0.2 + 0.05 i + 0.01 seed at each step (make_record): band ± std
     from lra.collect.plots import curves_figure
@@ -418,9 +418,9 @@ def test_collector_average_column_and_delta_on_hand_records(tmp_path):
                 "pathfinder": (0.55, 0.65), "image": (0.35,)}
     for task, accs in per_task.items():
         for seed, acc in enumerate(accs):
-            make_record(tmp_path, "softmax", seed, task=task, test_acc=acc)
+            make_record(tmp_path, "softmax", seed, task=task, test_acc=acc, preset="skeinformer_paper")
     res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False)
-    t1 = res.tables[("quick", "skeinformer_table1")]
+    t1 = res.tables[("skeinformer_paper", "skeinformer_table1")]  # the paper's own preset: compared
     paper = paper_results()
     paper = paper[(paper["paper"] == "skeinformer") & (paper["table"] == "table1") & (paper["attn"] == "softmax")]
     means = {}

@@ -1,10 +1,11 @@
 """Results collector: run records → the papers' tables, plots and reports (``make tables``).
 
     python -m lra.collect [--runs DIR] [--out DIR] [--format csv,tex,md] [--compare PAPER[,PAPER]|all]
-                          [--preset NAME] [--drop-empty] [--no-plots] [--no-html]
+                          [--style paper|full] [--preset NAME] [--all-rows] [--trials] [--no-plots] [--no-html]
 
 Reads every ``result.json`` under the runs root (default ``$LRA_RUNS`` or ``runs/``), groups the
-finished runs by preset × task × attention, and writes under ``--out`` (default ``<runs>/tables``):
+finished runs by preset × task × row (one row per configuration: attention, overrides, name, data;
+lra/collect/rows.py), and writes under ``--out`` (default ``<runs>/tables``):
 
     index.html               the results page: every table (deltas, marks), the figures inline, each cell
                              linking to its runs' records, failed runs and problems; self-contained (offline)
@@ -12,14 +13,16 @@ finished runs by preset × task × attention, and writes under ``--out`` (defaul
     runs.csv                 one normalised row per record (``usable``: finished; ``kept``: not a duplicate)
     failed.{csv,md}          runs that did not finish (failed, interrupted, running), with their reason
     issues.{csv,md}          old-schema records, duplicates, folders without a record, NaN metrics ...
-    <preset>/summary.csv     mean/std/n and 95% interval half-width of every metric per task × attention
+    <preset>/summary.csv     mean/std/n and 95% interval half-width of every metric per task × row
+    <preset>/searches.{csv,md}  each search's best trial (its trials are rows only with ``--trials``)
     <preset>/<table>.{csv,tex,md}, <preset>/tables.md
                              Skeinformer Tables 1-4, Skyformer Tables 1-2, YOSO Table 3
     <preset>/curves_<task>.{png,pdf}, <preset>/efficiency_<task>.{png,pdf}, <preset>/lra_chart.{png,pdf}
 
 Presets (``quick``, ``skeinformer_paper`` ...) are never mixed in one table. ``--compare skeinformer``
-adds the paper's number and our delta to every cell of that paper's tables (numbers in
-``lra/paper_results.csv`` with their source). Every file is written atomically and holds nothing
+adds the paper's number and our delta beside the rows that ran the paper's configuration in the
+paper's own preset (numbers in ``lra/paper_results.csv`` with their source); other presets get their own
+caption and no paper column. Every file is written atomically and holds nothing
 time-dependent: the same runs give byte-identical files. Layout and reading rules: docs/results.md.
 """
 
@@ -39,7 +42,8 @@ from lra.collect.page import page_html
 from lra.collect.plots import plot_preset
 from lra.collect.records import Issue, failed_frame, issues_frame, load_runs
 from lra.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
-from lra.collect.tables import PAPERS, TABLES, build, summary
+from lra.collect.rows import searches as search_frame
+from lra.collect.tables import PAPERS, STYLES, TABLES, build, own_paper, summary
 from lra.files import runs_root, write_text
 
 FORMATS = ("csv", "tex", "md")
@@ -63,7 +67,8 @@ def default_runs_root() -> Path:
 
 
 def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(), presets=None,
-            drop_empty: bool = False, plots: bool = True, html: bool = True) -> Result:
+            all_rows: bool = False, plots: bool = True, html: bool = True, trials: bool = False,
+            style: str | None = None) -> Result:
     """Read the records under ``runs_root`` and write every table, report and figure into ``out``.
 
     Args:
@@ -72,9 +77,11 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         formats: any of ``csv``, ``tex``, ``md``.
         compare: extra papers to put beside each table's own (keys of ``PAPERS``).
         presets: only these presets (an unknown one raises :class:`CollectError`).
-        drop_empty: leave out rows and columns without a run.
+        all_rows: keep the paper's rows that have no run (the paper's full layout).
         plots: also draw the figures (lra/collect/plots.py).
         html: also write the results page ``index.html`` (lra/collect/page.py).
+        trials: show search trials as rows (else each search is summarised by its best trial).
+        style: ``paper`` or ``full`` for Markdown and LaTeX (default: paper in a paper's own preset).
 
     Returns:
         A :class:`Result`: the runs read, the problems found (a run folder without a record, a failed
@@ -95,7 +102,8 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         raise CollectError(f"--preset {', '.join(unknown)}: no run records of that preset under {runs_root}; "
                            f"presets found: {', '.join(all_presets) or '(none)'}")
     chosen = [p for p in all_presets if presets is None or p in presets]
-    summ = summary(runs)
+    summ = summary(runs, trials=trials)
+    found = search_frame(runs)
     figures = {}
 
     def emit(rel: str, text: str):
@@ -104,8 +112,10 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
     for preset in chosen:
         folder = safe_name(preset)
         md_all = [f"# Tables for preset `{preset}`", ""]
-        for spec in TABLES:
-            built = build(spec, runs, preset, compare=spec.paper in compare, drop_empty=drop_empty)
+        own = own_paper(preset)  # the paper whose protocol the preset runs: its tables first
+        for spec in sorted(TABLES, key=lambda t: t.paper != own):
+            built = build(spec, runs, preset, compare=spec.paper in compare, drop_empty=not all_rows,
+                          trials=trials, style=style)
             res.tables[(preset, spec.key)] = built
             if "csv" in formats:
                 emit(f"{folder}/{spec.key}.csv", to_csv(built))
@@ -115,11 +125,18 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
             md_all.append(md)
             if "md" in formats:
                 emit(f"{folder}/{spec.key}.md", md)
+        mine = found[found["preset"] == preset].drop(columns="preset")
+        if len(mine):
+            emit(f"{folder}/searches.csv", frame_csv(mine))
+            md = frame_markdown(mine, f"## Searches of preset `{preset}` (best trial each; --trials shows them all)")
+            md_all.append(md)
+            if "md" in formats:
+                emit(f"{folder}/searches.md", md)
         if "md" in formats:
             emit(f"{folder}/tables.md", "\n".join(md_all))
         emit(f"{folder}/summary.csv", frame_csv(summ[summ["preset"] == preset].reset_index(drop=True)))
         if plots:
-            files, notes = plot_preset(runs, summ, runs_root, preset, out / folder)
+            files, notes = plot_preset(runs, summ, runs_root, preset, out / folder, trials=trials)
             res.files += files
             figures[preset] = files
             issues += [Issue(p, "plot", n) for p, n in notes]
@@ -136,7 +153,7 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
     emit("issues.md", issues_md)
     emit("index.md", _index(runs, issues, chosen, summ, failed_md, issues_md, compare))
     if html:
-        emit("index.html", page_html(res.tables, runs, issues, runs_root, out, figures, compare))
+        emit("index.html", page_html(res.tables, runs, issues, runs_root, out, figures, compare, trials, found))
     res.files = sorted(set(res.files))
     return res
 
@@ -157,11 +174,11 @@ def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
                   f"Tables: [{safe_name(preset)}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
                   f"[{safe_name(preset)}/summary.csv]({safe_name(preset)}/summary.csv).", ""]
         if len(s):
-            view = s[["task", "row", "seeds", "test_acc_mean", "test_acc_std", "test_acc_ci95", "test_acc_n"]].copy()
+            view = s[["task", "label", "seeds", "test_acc_mean", "test_acc_std", "test_acc_ci95", "test_acc_n"]].copy()
             for c in ("test_acc_mean", "test_acc_std", "test_acc_ci95"):
                 view[c] = 100 * view[c]
-            # the half-width of the 95% t-interval over seeds (empty with one seed: docs/results.md)
-            view.columns = ["task", "attention", "seeds", "test acc (%)", "std", "95% ±", "n"]
+            # the half-width of the 95% t-interval over seeds (empty under 3 seeds: docs/results.md)
+            view.columns = ["task", "row", "seeds", "test acc (%)", "std", "95% ±", "n"]
             lines.append(frame_markdown(view))
     lines += [failed_md, issues_md]
     return "\n".join(lines)
@@ -181,7 +198,8 @@ def out_problem(out: Path) -> str | None:
 EXAMPLES = """examples:
   python -m lra.collect                                  # every run under runs/ -> runs/tables (make tables)
   python -m lra.collect --preset quick --no-plots        # the quick preset's tables only
-  python -m lra.collect --compare skeinformer --drop-empty --runs /scratch/runs --out report/"""
+  python -m lra.collect --compare skeinformer --runs /scratch/runs --out report/
+  python -m lra.collect --style full --all-rows --trials  # every statistic, every paper row, every trial"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -192,7 +210,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--format", default="csv,tex,md", help="comma list of csv, tex, md (default all)")
     p.add_argument("--compare", default="", help=f"paper(s) to compare with: {', '.join(PAPERS)} or all")
     p.add_argument("--preset", action="append", default=None, help="only this preset (repeatable)")
-    p.add_argument("--drop-empty", action="store_true", help="leave out paper rows without any run")
+    p.add_argument("--style", choices=STYLES, default=None,
+                   help="Markdown and LaTeX cells: paper (the mean, as the paper prints it) or full (mean ± std (n) "
+                        "[95%% interval] and marks); default paper in a paper's own preset, else full")
+    p.add_argument("--all-rows", action="store_true", help="keep the paper's rows that have no run")
+    p.add_argument("--trials", action="store_true", help="show every search trial as a row (default: each "
+                                                         "search's best trial in searches.md)")
     p.add_argument("--no-plots", action="store_true", help="tables and reports only")
     p.add_argument("--no-html", action="store_true", help="no results page (index.html)")
     args = p.parse_args(argv)
@@ -223,8 +246,8 @@ def main(argv=None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        res = collect(root, out, args.formats, args.compare_papers, args.preset, args.drop_empty,
-                      plots=not args.no_plots, html=not args.no_html)
+        res = collect(root, out, args.formats, args.compare_papers, args.preset, args.all_rows,
+                      plots=not args.no_plots, html=not args.no_html, trials=args.trials, style=args.style)
     except CollectError as e:
         print(f"lra.collect: {e}", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ from lra.collect.drawing import (
     source_handles,
     task_name,
 )
-from lra.collect.stats import mean_of_means_half_width
+from lra.collect.stats import MIN_SEEDS, clip, mean_of_means_half_width
 
 BUBBLE = 1600.0  # marker area (pt²) of the largest memory
 
@@ -45,14 +45,15 @@ def _geomean(v: np.ndarray) -> float:
 
 
 def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, str, str]:
-    """(one row per attention row of ``preset``, speed unit, reference row or "").
+    """(one row per table row of ``preset``, speed unit, reference attention or "").
 
-    Columns: ``acc`` (mean over the row's tasks of the per-task mean test accuracy, %), ``acc_ci`` (its
-    95% half-width over seeds), ``seeds`` (fewest seeds of a task), ``speed`` (geometric mean over tasks of
-    the absolute speed), ``rel`` (geometric mean over tasks of speed ÷ the softmax row's speed on that task;
-    1 for softmax), ``rel_tasks`` (tasks in that mean), ``x`` (``rel`` when the preset has a softmax row,
-    else ``speed``), ``mem``/``mem_src``, ``tasks``/``of``/``task_list``. Speed is tokens/s when every
-    point has it, else optimizer steps/s (1000 / time per 1k steps)."""
+    Columns: ``acc`` (mean over the row's tasks of the per-task mean test accuracy, %), ``acc_lo``/``acc_hi``
+    (its 95% interval over seeds, cut to [0, 100]; nan under MIN_SEEDS seeds), ``seeds`` (fewest seeds of a
+    task), ``speed`` (geometric mean over tasks of the absolute speed), ``rel`` (geometric mean over tasks of
+    speed ÷ the speed of the row's baseline, Standard under the same settings, on that task and the same
+    device; 1 for a Standard row), ``rel_tasks`` (tasks in that mean), ``x`` (``rel`` when the preset has a
+    Standard row, else ``speed``), ``loaded`` (a run timed on a shared or busy machine), ``mem``/``mem_src``,
+    ``tasks``/``of``/``task_list``. Speed is tokens/s when every point has it, else optimizer steps/s."""
     s = summary[(summary["preset"] == preset)].copy()
     s = s[np.isfinite(s["test_acc_mean"].to_numpy(dtype=float))]
     if s.empty:
@@ -61,8 +62,8 @@ def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, st
     s["steps_per_s"] = 1000 / s["time_per_1k_steps_s_mean"]
     tokens = np.isfinite(s["tokens_per_s_mean"].to_numpy(dtype=float)).all()
     speed_col, unit = ("tokens_per_s_mean", "tokens/s") if tokens else ("steps_per_s", "steps/s")
-    ref_speed = s[s["row"] == SOFTMAX].set_index("task")[speed_col].to_dict()
-    ref = SOFTMAX if any(math.isfinite(v) and v > 0 for v in ref_speed.values()) else ""  # else: absolute speed
+    by = {(t, k): (float(v), d) for t, k, v, d in zip(s["task"], s["row"], s[speed_col], s["device"])}
+    ref = SOFTMAX if (s["attn"] == SOFTMAX).any() else ""  # else: absolute speed
     tasks_all = sorted(set(s["task"]))
     rows = []
     for key, g in s.groupby("row", sort=True):
@@ -74,14 +75,19 @@ def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, st
             vals = np.where(np.isfinite(e), e, g["mem"].to_numpy(dtype=float))
             mem = float(np.nanmax(vals)) if np.isfinite(vals).any() else math.nan
         speed = g[speed_col].to_numpy(dtype=float)
-        ratio = speed / np.array([ref_speed.get(t, math.nan) for t in g["task"]], dtype=float)
-        rel = 1.0 if key == SOFTMAX and np.isfinite(ratio).any() else _geomean(ratio)
+        base = g["base"].iloc[0] or (key if g["attn"].iloc[0] == SOFTMAX else "")
+        ratio = np.array([sp / by[(t, base)][0] if (t, base) in by and by[(t, base)][1] == d else math.nan
+                          for t, sp, d in zip(g["task"], speed, g["device"])], dtype=float)
         n = g["test_acc_n"].to_numpy(dtype=float)
-        rows.append({"row": key, "acc": 100 * g["test_acc_mean"].mean(),
-                     "acc_ci": 100 * mean_of_means_half_width(g["test_acc_std"].to_numpy(dtype=float), n),
-                     "seeds": int(n.min()), "speed": _geomean(speed), "rel": rel,
+        acc = 100 * g["test_acc_mean"].mean()
+        half = 100 * mean_of_means_half_width(g["test_acc_std"].to_numpy(dtype=float), n) \
+            if n.min() >= MIN_SEEDS else math.nan
+        lo, hi = clip(acc - half, acc + half, 0.0, 100.0)
+        rows.append({"row": key, "acc": acc, "acc_lo": lo, "acc_hi": hi, "seeds": int(n.min()),
+                     "speed": _geomean(speed), "rel": _geomean(ratio), "base": base,
                      "rel_tasks": int(np.sum(np.isfinite(ratio) & (ratio > 0))), "mem": mem,
                      "mem_src": MEASURED if measured else ESTIMATED if math.isfinite(mem) else "",
+                     "loaded": bool(g["loaded"].astype(bool).any()),
                      "tasks": len(g), "of": len(tasks_all), "task_list": ",".join(sorted(g["task"]))})
     d = pd.DataFrame(rows)
     d["x"] = d["rel"] if ref else d["speed"]
@@ -91,7 +97,7 @@ def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, st
 def _x_label(unit: str, ref: str, names: dict) -> str:
     if ref:
         r = names.get(ref, ref)
-        return (f"speed relative to {r} on the same task (its sequence length): {unit} ÷ {r}'s {unit},\n"
+        return (f"speed relative to {r} under the same settings, task and device: {unit} ÷ {r}'s {unit},\n"
                 f"geometric mean over tasks; 1 = as fast as {r}, 2 = twice as fast")
     return (f"training speed ({unit}), geometric mean over tasks; absolute, not relative:\n"
             f"this preset has no Standard (softmax) row with a valid speed to divide by")
@@ -105,8 +111,9 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
         return None, notes
     names = {**readable_names(d["row"]), **(names or {})}
     for r in d[~np.isfinite(d["x"])].itertuples():
-        why = (f"no task where both it and {names.get(ref, ref)} have a valid speed ({unit})" if ref and
-               math.isfinite(r.speed) else f"no valid speed ({unit}) in its runs")
+        why = (f"no {names.get(ref, ref)} run under the same settings to divide by" if ref and not r.base else
+               f"no task where both it and its {names.get(ref, ref)} have a valid speed ({unit}) on the same device"
+               if ref and math.isfinite(r.speed) else f"no valid speed ({unit}) in its runs")
         notes.append((f"{preset} {r.row}", f"{why}: left out of the LRA chart"))
     for r in d[np.isfinite(d["x"]) & (d["rel_tasks"] < d["tasks"])].itertuples():
         if ref:
@@ -124,10 +131,12 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     # marker AREA proportional to memory, as in LRA Fig. 3; a point without any memory value: a small ring
     area = np.where(np.isfinite(mem), BUBBLE * mem / top if math.isfinite(top) and top > 0 else 80, 40)
     area = np.maximum(area, 12)
-    x, y, ci = d["x"].to_numpy(dtype=float), d["acc"].to_numpy(dtype=float), d["acc_ci"].to_numpy(dtype=float)
-    bars = np.isfinite(ci)
-    if bars.any():
-        ax.errorbar(x[bars], y[bars], yerr=ci[bars], fmt="none", ecolor="0.25", capsize=3, lw=0.9, zorder=4)
+    x, y = d["x"].to_numpy(dtype=float), d["acc"].to_numpy(dtype=float)
+    lo, hi = d["acc_lo"].to_numpy(dtype=float), d["acc_hi"].to_numpy(dtype=float)
+    bars = np.isfinite(lo) & np.isfinite(hi)
+    if bars.any():  # cut to [0, 100]: an interval never shows an accuracy that cannot be
+        ax.errorbar(x[bars], y[bars], yerr=[y[bars] - lo[bars], hi[bars] - y[bars]], fmt="none", ecolor="0.25",
+                    capsize=3, lw=0.9, zorder=4)
     scatter_by_source(ax, x, y, [col[k] for k in d["row"]], list(d["mem_src"]), sizes=area)
     if ref:
         ax.axvline(1.0, color="0.6", ls=":", lw=0.9, zorder=1)
@@ -135,9 +144,11 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.margins(0.18)
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, 0.0), min(high, 100.0))
     ax.set_xlabel(_x_label(unit, ref, names))
     ax.set_ylabel("test accuracy (%), average over the row's tasks\n" + ("bars: 95% t-interval over seeds"
-                  if bars.any() else "no interval: fewer than two seeds"))
+                  if bars.any() else f"no interval: fewer than {MIN_SEEDS} seeds"))
     ax.grid(alpha=0.3)
     leg = source_handles(set(d["mem_src"]))
     if math.isfinite(top) and top > 0:
@@ -155,7 +166,8 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     texts = []
     for r in d.itertuples():
         t = short(names.get(r.row, r.row))
-        extra = ([] if r.tasks == r.of else [f"{r.tasks} of {r.of} tasks"]) + ([] if r.seeds > 1 else ["1 seed"])
+        extra = ([] if r.tasks == r.of else [f"{r.tasks} of {r.of} tasks"]) + \
+            ([] if r.seeds > 1 else ["1 seed"]) + (["timed under load"] if r.loaded else [])
         texts.append(f"{t} ({', '.join(extra)})" if extra else t)
     place_labels(ax, x, y, texts, sizes=area, edge=[col[k] for k in d["row"]])
     full_names_legend(fig, list(d["row"]), names, col)

@@ -62,14 +62,15 @@ def colours(keys) -> dict:
     return {k: cmap(i % cmap.N) for i, k in enumerate(sorted(keys))}
 
 
-def preset_rows(frame: pd.DataFrame, preset: str) -> set:
+def preset_rows(frame: pd.DataFrame, preset: str, trials: bool = False) -> set:
     """Every row key of ``preset`` in a runs frame (usable, kept runs) or a summary, so that :func:`colours`
     gives a row the same colour in every figure of the preset, whichever rows a figure shows."""
+    from lra.collect.rows import assign
+
     f = frame[frame["preset"] == preset]
     if "row" in f:
         return set(f["row"])
-    f = f[f["usable"] & f["kept"]]
-    return {f"{a} [{v}]" if v else a for a, v in zip(f["attn"], f["variant"])}
+    return set(assign(f, trials=trials)[0]["row"])
 
 
 def save(fig: Figure, stem: Path) -> list[Path]:

@@ -29,7 +29,8 @@ import pandas as pd
 
 from lra.collect import render
 from lra.collect.records import Issue, failed_frame, issues_frame
-from lra.collect.tables import METRICS, PAPERS, Built, row_key
+from lra.collect import rows as R
+from lra.collect.tables import METRICS, PAPERS, Built
 
 CSS = """
 :root { --fg: #1b1f24; --muted: #59636e; --line: #d0d7de; --head: #f3f5f7; --zebra: #fafbfc;
@@ -171,7 +172,8 @@ def _table(built: Built, pid: int, run_ids: dict, row_ids: dict) -> str:
         cls = ""
         if not row.in_paper and first_extra:
             cls, first_extra = ' class="extra-first"', False
-        cells = [f'<th class="model" scope="row">{_e(row.name)}</th>']
+        name = render.row_name(built, row, _e, lambda n: f'<sup title="{_e(row.settings)}">{n}</sup>')
+        cells = [f'<th class="model" scope="row">{name}</th>']
         for col, cell, t in zip(built.columns, row.cells, texts):
             if cell.empty:
                 cells.append(f'<td class="ours empty">{_e(t.value)}</td>')
@@ -195,29 +197,32 @@ def _table(built: Built, pid: int, run_ids: dict, row_ids: dict) -> str:
         "<tbody>", *body, "</tbody>",
         "</table></div>",
         _legend(built),
-        f'<p class="note">{_inline(render.note(built))} Click a value for the runs behind it.</p>',
+        '<ul class="note">' + "".join(f"<li>{_inline(x)}</li>" for x in render.notes(built)) +
+        "<li>Click a value for the runs behind it.</li></ul>",
         "</section>"])
 
 
 # ----------------------------------------------------------------------------- runs behind the cells
-def _runs_table(runs: pd.DataFrame, preset: str, order: list[str], pid: int, runs_root: Path, page_dir: Path):
-    """(html, {(task, row key): anchor}, {row key: anchor}): task × attention, each cell linking the runs."""
-    ok = runs[(runs["preset"] == preset) & runs["usable"] & runs["kept"]]
+def _runs_table(runs: pd.DataFrame, preset: str, order: list[str], pid: int, runs_root: Path, page_dir: Path,
+               trials: bool = False):
+    """(html, {(task, row key): anchor}, {row key: anchor}): task × row, each cell linking the runs."""
+    ok, infos = R.assign(runs[runs["preset"] == preset], trials=trials)
     if ok.empty:
         return "<p>No finished runs.</p>", {}, {}
-    keys = [row_key(a, v) for a, v in zip(ok["attn"], ok["variant"])]
-    ok = ok.assign(_key=keys)
-    present = set(keys)
+    label, settings = R.labels(infos)
+    present = set(ok["row"])
     rows = [k for k in order if k in present] + sorted(present - set(order))
     tasks = sorted(set(ok["task"]))
     run_ids, row_ids = {}, {}
-    out = ['<div class="scroll"><table class="runs">', "<thead><tr>", '<th class="model">Attention [overrides]</th>',
+    out = ['<div class="scroll"><table class="runs">', "<thead><tr>", '<th class="model">Row (overrides)</th>',
            *[f'<th scope="col">{_e(t)}</th>' for t in tasks], "</tr></thead>", "<tbody>"]
     for r, key in enumerate(rows):
         row_ids[key] = _anchor("r", pid, r)
-        cells = [f'<th class="model" scope="row" id="{row_ids[key]}">{_e(key)}</th>']
+        full = infos[key].tag
+        text = _e(label[key]) + (f'<br><code>{_e(full)}</code>' if full else "")
+        cells = [f'<th class="model" scope="row" id="{row_ids[key]}">{text}</th>']
         for c, task in enumerate(tasks):
-            g = ok[(ok["task"] == task) & (ok["_key"] == key)].sort_values(["seed", "path"], kind="stable")
+            g = ok[(ok["task"] == task) & (ok["row"] == key)].sort_values(["seed", "path"], kind="stable")
             if g.empty:
                 cells.append("<td></td>")
                 continue
@@ -272,7 +277,8 @@ def _report(df: pd.DataFrame, runs_root: Path, page_dir: Path, record: bool) -> 
 
 
 def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: Path, page_dir: Path,
-              figures: dict | None = None, compare=()) -> str:
+              figures: dict | None = None, compare=(), trials: bool = False,
+              searches: pd.DataFrame | None = None) -> str:
     """The results page (one HTML5 document, self-contained) for the tables ``collect`` built.
 
     Args:
@@ -283,6 +289,8 @@ def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: 
         page_dir: the folder the page is written to (links are relative to it).
         figures: {preset: [figure files]} as ``plot_preset`` returned them; PNGs are inlined.
         compare: the papers compared with (keys of ``PAPERS``).
+        trials: search trials are rows of the tables (``lra.collect --trials``).
+        searches: one row per search (:func:`lra.collect.rows.searches`), shown per preset.
     """
     runs_root, page_dir, figures = Path(runs_root), Path(page_dir), figures or {}
     presets = list(dict.fromkeys(p for p, _ in tables))
@@ -309,9 +317,16 @@ def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: 
     for pid, preset in enumerate(presets):
         built = [tables[(p, k)] for p, k in tables if p == preset]
         order = list(dict.fromkeys(r.key for b in built for r in b.rows))
-        runs_html, run_ids, row_ids = _runs_table(runs, preset, order, pid, runs_root, page_dir)
+        runs_html, run_ids, row_ids = _runs_table(runs, preset, order, pid, runs_root, page_dir, trials)
         parts += [f'<section id="{_anchor("p", pid)}">', f"<h2>Preset <code>{_e(preset)}</code></h2>"]
         parts += [_table(b, pid, run_ids, row_ids) for b in built]
+        found = searches[searches["preset"] == preset] if searches is not None else pd.DataFrame()
+        if len(found):
+            parts += [f'<h3 id="{_anchor("s", pid)}">Searches</h3>',
+                      ("<p class=\"note\">Each search's trials are left out of the tables above (<code>--trials</code> "
+                       "shows them); its best trial by the search's objective, and that trial's record:</p>"),
+                      _report(found.drop(columns="preset").rename(columns={"best_path": "path"}), runs_root,
+                              page_dir, True)]
         figs = _figures(figures.get(preset, []), page_dir)
         if figs:
             parts += [f'<h3 id="{_anchor("f", pid)}">Figures</h3>', figs]

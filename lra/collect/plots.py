@@ -53,6 +53,8 @@ from lra.collect.drawing import (
     time_unit,
 )
 from lra.collect.render import safe_name
+from lra.collect.rows import assign
+from lra.collect.rows import labels as row_labels
 
 __all__ = [
     "colours",
@@ -148,27 +150,29 @@ def _time_label(unit: str, sources: set) -> str:
             f"step (older records without that time)")
 
 
-def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names: dict | None = None):
+def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names: dict | None = None,
+                  trials: bool = False):
     """(figure or None, notes): validation accuracy and loss against optimizer steps and training time.
 
     One curve per attention: the mean over its seeds at each evaluated step (band: ± std where at least
     two seeds reached that step). Time = the measured training time of each evaluation (``time/train_s``),
     or for older runs step × their mean training time per step (dashed, and said in legend and axis);
     a run with neither is drawn against steps only."""
-    sel = runs[(runs["preset"] == preset) & (runs["task"] == task) & runs["usable"] & runs["kept"]]
+    sel, infos = assign(runs[runs["preset"] == preset], trials=trials)
+    sel = sel[sel["task"] == task]
     notes = []
     curves: dict[str, list] = {}
     sources: dict[str, list] = {}
-    for r in sel.sort_values(["attn", "variant", "seed", "path"], kind="stable").itertuples():
-        key = f"{r.attn} [{r.variant}]" if r.variant else r.attn
+    for r in sel.sort_values(["row", "seed", "path"], kind="stable").itertuples():
+        key = r.row
         cur, src = _run_curve(r, root, notes)
         if cur is not None:
             curves.setdefault(key, []).append(cur.assign(seed=r.seed))
             sources.setdefault(key, []).append(src)
     if not curves:
         return None, notes
-    names = {**readable_names(curves), **(names or {})}
-    col = colours(preset_rows(runs, preset))
+    names = {**row_labels(infos)[0], **(names or {})}
+    col = colours(preset_rows(runs, preset, trials))
     t_max = max((float(np.nanmax(c["time"])) for cs in curves.values() for c in cs if c["time"].notna().any()),
                 default=0.0)
     t_div, t_unit = time_unit(t_max)
@@ -278,14 +282,17 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
 
 
 def plot_preset(runs: pd.DataFrame, summary: pd.DataFrame, root: Path, preset: str, out_dir: Path,
-                names: dict | None = None) -> tuple[list[Path], list[tuple[str, str]]]:
+                names: dict | None = None, trials: bool = False) -> tuple[list[Path], list[tuple[str, str]]]:
     """Every figure of one preset into ``out_dir``; returns (files, notes about runs left out).
 
-    ``names``: {row key: printed name} over the papers' names (``readable_names``)."""
+    ``names``: {row key: printed name} over the tables' labels (``summary["label"]``); ``trials``: search
+    trials are rows (as ``summary`` was built)."""
+    s = summary[summary["preset"] == preset]
+    names = {**dict(zip(s["row"], s["label"])), **(names or {})} if "label" in s else names
     files, notes = [], []
     tasks = sorted(set(runs.loc[(runs["preset"] == preset) & runs["usable"] & runs["kept"], "task"]))
     for task in tasks:
-        fig, n = curves_figure(runs, root, preset, task, names)
+        fig, n = curves_figure(runs, root, preset, task, names, trials)
         notes += n
         if fig is not None:
             files += save(fig, Path(out_dir) / f"curves_{safe_name(task)}")

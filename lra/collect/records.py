@@ -46,7 +46,8 @@ SCHEMA_VERSION = 1  # the newest run-record schema this reader knows (lra/record
 OK_STATUSES = ("completed", "stopped_early", "stuck")
 UNFINISHED_REASON = {"running": "status 'running': still training, or killed before it wrote its final record"}
 RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints", ".sweep_job.json")
-SKIP_DIRS = (".hydra", "checkpoints", "wandb", "__pycache__")
+# a run's own sub-folders, never a run of their own: the loggers' (lra/loggers.py), Hydra's, checkpoints
+SKIP_DIRS = (".hydra", "checkpoints", "wandb", "tensorboard", "lightning_logs", "__pycache__")
 NUMERIC = ("seed", "test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
            "time_per_1k_steps_s", "tokens_per_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch",
            "accum_steps", "effective_batch", "test_loss")
@@ -59,8 +60,16 @@ POSITIVE = ("time_per_1k_steps_s", "tokens_per_s", "micro_batch", "accum_steps",
 EXPECTED = ("test_acc", "best_val_acc", "steps", "train_time_s", "time_per_1k_steps_s", "micro_batch",
             "accum_steps", "peak_mem_bytes")
 TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit")
+# what identifies a row beyond task and attention (lra/collect/rows.py), and what the tables say about it
+CONTEXT = ("tag", "name", "data_id", "data_kind", "data_desc", "study", "grid", "search_params", "objective",
+           "load_note")
+CONTEXT_NUMERIC = ("trial", "max_length", "max_steps")
 COLUMNS = ("path", "preset", "semantics", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
-           "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit")
+           "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit",
+           *CONTEXT, *CONTEXT_NUMERIC, "loaded")
+# "loaded" (docs/results.md): the run's timing was taken on a shared or busy machine. The 1-minute load
+# average before training, per CPU, above this (others' work, not the run's own) ...
+LOADED_PER_CPU = 0.5
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 # seed1.5, seed1e3 ...: a seed folder whose seed is a number but no integer
 _BAD_SEED_DIR = re.compile(r"^seed([-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+))$")
@@ -272,7 +281,49 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
     out["semantics"] = str(semantics)
     out["preset"] = table_set(out["preset"] or "unknown", out["semantics"])
     out["usable"] = usable
+    out.update(context(rec, cfg, out["variant"]))
     return out, issues
+
+
+def _text(x) -> str:
+    return "" if x is None else str(x)
+
+
+def loaded(machine) -> tuple[object, str]:
+    """(True / False / None for unknown, why) from a record's ``machine`` field: a GPU shared with other runs,
+    or a load average before training above :data:`LOADED_PER_CPU` per CPU."""
+    if not isinstance(machine, dict):
+        return None, ""
+    why = []
+    share = machine.get("gpu_share")
+    if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share < 1:
+        why.append(f"GPU shared ({share:.2g} of it)")
+    load, cpus = machine.get("loadavg_start"), machine.get("cpus")
+    if isinstance(load, (int, float)) and isinstance(cpus, (int, float)) and cpus > 0 and load / cpus > LOADED_PER_CPU:
+        why.append(f"load average {load:.1f} on {int(cpus)} CPUs before training")
+    known = isinstance(load, (int, float)) or isinstance(share, (int, float))
+    return (bool(why) if known else None), "; ".join(why)
+
+
+def context(rec: dict, cfg: dict, variant: str) -> dict:
+    """The fields that place a run in a row and describe its cell: overrides, name, data, search, load."""
+    tag = _get(cfg, "run_tag")
+    data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+    search = rec.get("search") if isinstance(rec.get("search"), dict) else {}
+    is_loaded, note = loaded(rec.get("machine"))
+    params = search.get("params")
+    trial, _ = _number(search.get("trial")) if search else (math.nan, None)
+    out = {"tag": tag if isinstance(tag, str) else variant, "name": _text(rec.get("name")),
+           "data_id": _text(data.get("id")), "data_kind": _text(data.get("kind")),
+           "data_desc": _text(data.get("description")),
+           "study": _text(search.get("study")), "grid": _text(search.get("grid")),
+           "search_params": json.dumps(params, sort_keys=True) if isinstance(params, dict) else "",
+           "objective": _text(search.get("objective")), "load_note": note, "trial": trial, "loaded": is_loaded}
+    task = _get(cfg, "task") or {}
+    length = task.get("max_length") if isinstance(task, dict) else None
+    out["max_length"] = _number(length if length is not None else _get(cfg, "task", "seq_len"))[0]
+    out["max_steps"] = _number(_get(cfg, "train", "max_steps"))[0]
+    return out
 
 
 def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame, list[Issue]]:
@@ -302,9 +353,9 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "kept"])
     df["kept"] = True
     df["usable"] = df["usable"].astype(bool)  # also with no rows, so masks stay masks
-    for c in ("schema_version", *NUMERIC):
+    for c in ("schema_version", *NUMERIC, *CONTEXT_NUMERIC):
         df[c] = df[c].astype(float)
-    for c in ("path", "variant", *TEXT):
+    for c in ("path", "variant", *TEXT, *CONTEXT, "loaded"):
         df[c] = df[c].astype(object)
     if len(df):
         df["_mtime"] = mtimes
@@ -316,9 +367,9 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
 
 
 def _resolve_duplicates(df: pd.DataFrame) -> list[Issue]:
-    """Mark all but one record per (preset, task, attn, variant, seed) as not kept; report them."""
+    """Mark all but one record per (preset, task, attn, variant, data, name, seed) as not kept; report them."""
     issues = []
-    key = ["preset", "task", "attn", "variant", "seed"]
+    key = ["preset", "task", "attn", "variant", "data_id", "name", "seed"]
     valid = df["task"].notna() & df["attn"].notna() & df["seed"].notna()
     for _, g in df[valid].groupby(key, sort=True, dropna=False):
         if len(g) < 2:
