@@ -287,7 +287,7 @@ def notes(built: Built) -> list[str]:
     lines.append(f"{built.n_runs} finished runs. Settings (batch, accumulation) as their value, a/b when seeds "
                  f"differ; -- no run.")
     if built.compare:
-        s = (f"paper: {PAPERS[built.spec.paper]}, {built.spec.title}, beside the rows that ran its configuration; "
+        s = (f"Paper: {PAPERS[built.spec.paper]}, {built.spec.title}, beside the rows that ran its configuration; "
              f"Δ = ours - paper. Compare time and memory only on the paper's hardware.")
         if "+" in built.preset:
             s += (" These runs do not have the paper code's semantics (semantics=paper, docs/fidelity.md): a Δ "
@@ -437,7 +437,7 @@ def to_latex(built: Built) -> str:
     lines += [r"\bottomrule", r"\end{tabular}"]
     below = notes(built) + legend(built)
     if below:
-        lines += [r"\par\smallskip\footnotesize"] + [_tex_cell(x) + r"\par" for x in below]
+        lines += [r"\par\smallskip\footnotesize\raggedright"] + [_tex_cell(x) + r"\par" for x in below]
     lines += [r"\end{table}", ""]
     return "\n".join(lines)
 

@@ -342,8 +342,10 @@ def _about(spec: TableSpec, assigned: pd.DataFrame, preset: str, own: bool) -> l
         g = assigned[(assigned["task"] == t) & (assigned["data_id"].fillna("") == main.get(t, ""))]
         desc = next((d for d in g["data_desc"] if d), "")
         did = main.get(t, "")
+        generated = own and "generated" in set(g["data_kind"])  # the papers read the released files
         lines.append(f"Data, {task_name(t)}: " + (f"{desc} (id {did})" if desc else f"id {did}" if did else
-                                                   "not recorded (records from before the data field)") + ".")
+                                                   "not recorded (records from before the data field)")
+                     + (" — generated here, not the released files the paper read" if generated else "") + ".")
     return lines
 
 
