@@ -191,9 +191,17 @@ def _adopt(obj, name: str) -> str:
     raise TypeError(f"{name}: {obj!r} is not an attention.AttentionBackend subclass or a module")
 
 
+def snake_case(class_name: str) -> str:
+    """``TempSoftmax`` -> ``temp_softmax``, ``YOSOConv`` -> ``yoso_conv``: a class's name in the registry."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
+
+
 def load_external(target: str) -> str:
-    """Import ``package.module:ClassName`` and return its registry name (the name it registered itself
-    under, else the class name). Errors say what to fix in one line."""
+    """Import ``package.module:ClassName`` and return its registry name, the same whatever route loads the
+    class (it is the run record's ``attn``): the name it is registered under already (an entry point of
+    group ``lra_harness.attention``, ``@attention.register``, ``$LRA_ATTENTION_MODULES``), else its class
+    name in snake_case (``TempSoftmax`` -> ``temp_softmax``), registered now; else, where another backend
+    has that name, the class name itself. Errors say what to fix in one line."""
     module, _, attr = target.partition(":")
     if not module or not attr:
         raise InvalidOption(f"attn.target={target!r}: expected 'package.module:ClassName'")
@@ -205,8 +213,9 @@ def load_external(target: str) -> str:
                             f"installed or on PYTHONPATH?") from None
     if not (isinstance(obj, type) and issubclass(obj, AttentionBackend)):
         raise InvalidOption(f"attn.target={target!r} is not a subclass of attention.AttentionBackend")
-    try:
-        return _adopt(obj, obj.__name__)
+    snake = snake_case(obj.__name__)
+    try:  # _adopt keeps a registered class's own name
+        return _adopt(obj, snake if snake not in _REGISTRY else obj.__name__)
     except ValueError as e:  # another class registered under the same name
         raise InvalidOption(f"attn.target={target!r}: {e}; register the class under another name "
                             f"(@attention.register('<name>'))") from None

@@ -43,12 +43,21 @@ def _quirk(path: str, clean, *, _root_):
     return OmegaConf.select(_root_, f"quirks.{path}", default=clean)
 
 
+def _external_label(target) -> str:
+    """attn=external's folder and label: the class name as the registry spells it (TempSoftmax ->
+    temp_softmax, the record's attn unless the class is registered under another name:
+    attention.load_external); the class name itself where that spelling is a built-in backend's."""
+    cls = str(target).partition(":")[2] or str(target)
+    snake = attention.registry.snake_case(cls)
+    builtin = snake in attention.available() and attention.describe(snake)["module"].startswith("attention.")
+    return cls if builtin else snake
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("lra.repo", lambda: str(REPO_ROOT), replace=True)
     OmegaConf.register_new_resolver("lra.quirk", _quirk, replace=True)
     OmegaConf.register_new_resolver("lra.tag", tag_level, replace=True)
-    OmegaConf.register_new_resolver("lra.attr", lambda target: str(target).partition(":")[2] or str(target),
-                                    replace=True)
+    OmegaConf.register_new_resolver("lra.attr", _external_label, replace=True)
 
 
 def _config_type(tp):
@@ -85,7 +94,7 @@ class ExternalAttention:
 
     name: str = "external"
     target: str = MISSING
-    label: str = "${lra.attr:${.target}}"  # the run folder and table name: the class name by default
+    label: str = "${lra.attr:${.target}}"  # the run folder and table name: the class name in snake_case
     base_options: Dict[str, Any] = field(default_factory=dict)
     options: Dict[str, Any] = field(default_factory=dict)
 

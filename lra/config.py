@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from lra.files import data_root
 from lra.tasks import TaskSpec, task_spec
 
 RESUME_KEY_VERSION = 2  # 2: typed run spec, data fingerprint, precision and devices in the key
+NAME = re.compile(r"[A-Za-z0-9_.+-](?:[A-Za-z0-9 _.+-]{0,38}[A-Za-z0-9_.+-])?")  # name=: a table row's label
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,9 +220,13 @@ class TrainSpec:
     stuck_acc_tol: float = 0.01
     monitor: str = "val/acc"  # what the best checkpoint maximises (acc) or minimises (loss)
     compile: Any = "auto"  # torch.compile the classifier: auto (on CUDA) | True | False
+    chunks: int = 1  # the public code's accumulation chunks: micro-batch <= batch_size / chunks (lra/fit.py)
 
     def __post_init__(self):
         _int("train.batch_size", self.batch_size, 1)
+        _int("train.chunks", self.chunks, 1)
+        _check(self.batch_size % self.chunks == 0, "train.chunks", self.chunks,
+               f"a divisor of train.batch_size={self.batch_size}")
         _num("train.lr", self.lr, 0.0)
         _int("train.warmup", self.warmup, 0)
         _int("train.max_steps", self.max_steps, 1)
@@ -336,9 +342,13 @@ class RunSpec:
     config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
     semantics: str = "clean"  # clean: the harness's corrections | paper: the preset's public code (docs/fidelity.md)
     quirks: dict = field(default_factory=dict)  # the public code's quirks this run has on: {"model.pooling": ..}
+    name: str | None = None  # name=: the display name in tables; a label, not in the folder or resume key
 
     def __post_init__(self):
         _choice("semantics", self.semantics, SEMANTICS)
+        _check(self.name is None or (isinstance(self.name, str) and NAME.fullmatch(self.name) is not None),
+               "name", self.name, "1-40 letters, digits, spaces and -_.+, not starting or ending with a space, "
+               "or null (quote a number: name=\"'2'\")")
         _int("seed", self.seed, 0, hi=SEED_MAX)
         _int("num_threads", self.num_threads, 1, optional=True)
         _int("trainer.log_every_n_steps", self.log_every_n_steps, 1)
@@ -366,10 +376,11 @@ class RunSpec:
 
     def resume_key(self, micro_batch: int, accum_steps: int, data_fingerprint: str) -> str:
         """What must be equal for a checkpoint to continue this run (not: worker count, checkpoint
-        interval, logger, progress bar; the data by the fingerprint of its arrays)."""
+        interval, logger, progress bar, the display name; the data by the fingerprint of its arrays)."""
         train = dataclasses.asdict(self.train)
         train.pop("ckpt_every_steps")
         train.pop("compile")  # compiled or eager, the same weights continue
+        train.pop("chunks")  # what it changes is the micro-batch, in the key
         # how the data was obtained (generated, downloaded) is not what it is: the fingerprint says that
         task = {k: v for k, v in self.data.options.items() if k not in ("generate", "download")}
         key = {"version": RESUME_KEY_VERSION, "train": train, "model": self.model.kwargs(),
@@ -405,7 +416,16 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     return merged, {k: v for k, v in preset.items() if k not in command_line}
 
 
-def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict) -> dict:
+def paper_chunks(cfg: DictConfig, attn: AttnSpec) -> int:
+    """The public code's accumulation chunks for this task and attention: ``quirks.train.chunks.<task>``,
+    one count for every attention or one per attention name or label (the label wins); 1 where none."""
+    node = container(OmegaConf.select(cfg, f"quirks.train.chunks.{cfg.task.name}", default=None))
+    if isinstance(node, dict):
+        return [1, *(node[k] for k in (attn.name, attn.label) if k in node)][-1]
+    return 1 if node is None else node
+
+
+def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict, train: TrainSpec | None = None) -> dict:
     """The preset's public-code quirks (``quirks``) this run has on, whatever turned them on (the
     semantics or a single option): ``{"model.pooling": "padded_mean", "task.tokenizer": "alnum",
     "attn.options.pilot_sampling": "with_replacement", ...}``; a quirk is on where the value that
@@ -423,6 +443,9 @@ def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict) -> dict:
         for k, v in ((table.get("attn_options") or {}).get(key) or {}).items():
             if attn.options.get(k) == v:
                 on[f"attn.options.{k}"] = v
+    chunks = paper_chunks(cfg, attn)
+    if train is not None and chunks > 1 and train.chunks == chunks:
+        on["train.chunks"] = chunks
     return on
 
 
@@ -476,7 +499,11 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
 
 
 def _external(cfg: DictConfig) -> None:
-    """Import ``attn.target`` and put its registry name (and the label) in place of ``external``."""
+    """Import ``attn.target`` and put its registry name in place of ``external``; the label (the record's
+    ``attn``, the table row) becomes that name too unless ``attn.label=`` was given, so one class is one row
+    whatever route loaded it (attention.load_external names it). The run folder is named before the import
+    (a sweep names its jobs' folders without importing the class) by the same snake_case spelling
+    (lra.conf_nodes ``lra.attr``), so folder and record agree unless the class is registered under another name."""
     if OmegaConf.is_missing(cfg.attn, "target"):
         raise ConfigError("attn.target is missing: attn=external needs the backend's class, "
                           "attn.target=package.module:ClassName (README, 'Your own attention')")
@@ -486,6 +513,8 @@ def _external(cfg: DictConfig) -> None:
         raise ConfigError(str(e)) from None
     with open_dict(cfg):
         cfg.attn.name = name
+        if OmegaConf.is_interpolation(cfg.attn, "label"):  # the composed default: the class name
+            cfg.attn.label = name
 
 
 def _callbacks(cfg: DictConfig) -> dict:
@@ -526,8 +555,12 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     task = container(cfg.task)
     model = build(ModelSpec, "model", container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
                    num_classes=task["num_classes"], dual=bool(task.get("dual", False)), attn=attn)
-    train = build(TrainSpec, "train", container(cfg.train), monitor=str(cfg.trainer.monitor))
+    train_node = container(cfg.train)
+    if train_node.get("chunks") is None:  # unset: the public code's under semantics=paper, else one
+        train_node["chunks"] = paper_chunks(cfg, attn) if cfg.get("semantics") == "paper" else 1
+    train = build(TrainSpec, "train", train_node, monitor=str(cfg.trainer.monitor))
     config = container(cfg)
+    config["train"] = {**config["train"], "chunks": train.chunks}
     config["attn"] = {**config["attn"], "options": attn.options}
     if not config.get("callbacks"):  # no user callbacks: the record reads as it did before the group existed
         config.pop("callbacks", None)
@@ -546,4 +579,5 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         log_every_n_steps=cfg.trainer.log_every_n_steps, callbacks=_callbacks(cfg),
         fit_cache_dir=Path(str(fit.cache_dir)) if _flag("fit.cache", fit.get("cache", True)) and fit.get("cache_dir")
         else None,
-        config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task))
+        config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task, train),
+        name=cfg.get("name"))

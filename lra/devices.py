@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -61,11 +62,10 @@ def is_oom(err: BaseException) -> bool:
 MEMORY_LIMIT_ENV = "LRA_MEMORY_LIMIT_GIB"  # this run's share of a GPU it shares (lra.sweep jobs_per_gpu=k sets it)
 
 
-def limit_gpu_memory(device: torch.device, env=None) -> float | None:
-    """Cap this process's caching allocator at ``$LRA_MEMORY_LIMIT_GIB`` GiB on ``device`` (a CUDA device;
-    anything else, or no variable: nothing to do), so a run that shares a GPU and outgrows its estimate
-    fails alone with an out-of-memory error instead of taking memory promised to the others (lra.sweep
-    ``jobs_per_gpu=k`` sets the variable: docs/sweeps.md). Returns the fraction of the device set."""
+def memory_share(device: torch.device, env=None) -> float | None:
+    """The fraction of ``device``'s memory ``$LRA_MEMORY_LIMIT_GIB`` gives this run (None: not a CUDA device,
+    or no variable: the run does not share it by the sweep's plan); a value that is not a number > 0 is a
+    ConfigError."""
     raw = (os.environ if env is None else env).get(MEMORY_LIMIT_ENV)
     if not raw or torch.device(device).type != "cuda":
         return None
@@ -76,9 +76,158 @@ def limit_gpu_memory(device: torch.device, env=None) -> float | None:
     if not limit > 0:
         raise ConfigError(f"{MEMORY_LIMIT_ENV}={raw!r}: give this run's GPU memory in GiB, a number > 0 "
                           f"(lra.sweep jobs_per_gpu=k sets it), or unset it")
-    total = torch.cuda.get_device_properties(device).total_memory
-    fraction = min(1.0, limit * GIB / total)
+    return min(1.0, limit * GIB / torch.cuda.get_device_properties(device).total_memory)
+
+
+def limit_gpu_memory(device: torch.device, env=None) -> float | None:
+    """Cap this process's caching allocator at ``$LRA_MEMORY_LIMIT_GIB`` GiB on ``device`` (a CUDA device;
+    anything else, or no variable: nothing to do), so a run that shares a GPU and outgrows its estimate
+    fails alone with an out-of-memory error instead of taking memory promised to the others (lra.sweep
+    ``jobs_per_gpu=k`` sets the variable: docs/sweeps.md). Returns the fraction of the device set."""
+    fraction = memory_share(device, env)
+    if fraction is None:
+        return None
+    limit = float((os.environ if env is None else env)[MEMORY_LIMIT_ENV])
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     log.info("GPU shared with other runs: this run's caching allocator is capped at %.2f GiB (%.4f of %s)",
              limit, fraction, device)
     return fraction
+
+
+# ---------------------------------------------------------------------------------------------
+# How shared the machine was while a run trained: the record's ``machine``
+
+JOBS_PER_GPU_ENV = "LRA_SWEEP_JOBS_PER_GPU"  # lra.sweep jobs_per_gpu=k: k runs on each GPU
+PARALLEL_ENV = "LRA_SWEEP_PARALLEL"  # lra.sweep parallel=n: n runs at once on this machine
+LOADED_CPU = 0.5  # others' share of the machine's CPU above which a timing counts as taken under load
+LOADED_GPU_GIB = 2.0  # GPU memory held outside this run's allocator above which another process shares the GPU
+
+
+def machine_loaded(m: dict | None) -> bool | None:
+    """Whether a run's timing was taken under load, from its record's ``machine`` (None: no ``machine``). True
+    when any of these holds:
+
+    * ``cpu_others > LOADED_CPU`` (0.5): other processes used more than half the machine's CPU time while
+      the run trained (measured: /proc/stat less this process's own CPU time). Where that is null (no
+      /proc/stat), ``loadavg_start / cpus > LOADED_CPU`` instead;
+    * ``gpu_share < 1``: the run was one of several on its GPU (lra.sweep ``jobs_per_gpu``: also ``gpu_jobs``);
+    * ``gpu_others_gib_start`` or ``gpu_others_gib_end > LOADED_GPU_GIB`` (2 GiB): GPU memory held outside this
+      run's allocator, i.e. another process on the GPU (this run's own CUDA context, under 1 GiB, counts too).
+
+    Speed ratios should come only from runs for which this is False (and the same ``device``)."""
+    if not m:
+        return None
+    cpus = m.get("cpus") or 1
+    if m.get("cpu_others") is not None:
+        cpu = m["cpu_others"] > LOADED_CPU
+    else:
+        cpu = m.get("loadavg_start") is not None and m["loadavg_start"] / cpus > LOADED_CPU
+    gpu_others = max((m.get(k) or 0.0) for k in ("gpu_others_gib_start", "gpu_others_gib_end"))
+    return bool(cpu or (m.get("gpu_share") or 1.0) < 1.0 or gpu_others > LOADED_GPU_GIB)
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(monotonic time, CPU seconds every core was busy since boot (/proc/stat: all but idle and iowait; steal
+    counts: a hypervisor serving others), this process's CPU seconds with its waited-for children)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    return time.monotonic(), (sum(v) - v[3] - v[4]) / tick, own
+
+
+def _gpu_others_gib(device: torch.device) -> float | None:
+    """GiB of ``device``'s memory in use outside this process's caching allocator (others, and this process's
+    CUDA context)."""
+    if device.type != "cuda":
+        return None
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        return round(max(0, total - free - torch.cuda.memory_reserved(device)) / GIB, 3)
+    except Exception:  # noqa: BLE001 - a query that fails says nothing, it must not stop the run
+        return None
+
+
+def _env_int(env, name: str) -> int | None:
+    try:
+        return int(env[name]) if env.get(name) else None
+    except ValueError:
+        return None
+
+
+class LoadMeter:
+    """The record's ``machine``: how shared the machine was while the run trained. Made just before training
+    (``fields``: what is known then), ``end()`` after it. Fields:
+
+    * ``loadavg_start`` / ``loadavg_end``: the 1-minute load average then. The start may still count this
+      process's data preparation; the end counts this run's own busy threads (about ``threads`` +
+      ``loader_workers`` on a CPU, 1 + ``loader_workers`` on a GPU);
+    * ``cpus``: ``os.cpu_count()``, the cores the load average spreads over; ``threads``: torch's CPU threads;
+      ``loader_workers``: the data loader's processes;
+    * ``cpu_others``: the share (0..1) of the machine's CPU time that other processes used while the run
+      trained (null without /proc/stat; a multi-device run's other ranks count as others); ``window_s``: the
+      wall time it covers (from just before training to its end);
+    * ``gpu_share``: this run's fraction of its GPU's memory (1.0: not shared by a sweep's plan; null on a
+      CPU); ``gpu_jobs``: runs per GPU (lra.sweep jobs_per_gpu; 1 on an unshared GPU; null when unknown or
+      on a CPU); ``sweep_parallel``: runs a sweep ran at once (null: not from a sweep);
+    * ``gpu_others_gib_start`` / ``gpu_others_gib_end``: GPU memory in use outside this run's allocator;
+    * ``stretches``: the processes the training took: a resumed run folds its earlier stretches in (the
+      highest load and memory, the lowest share, ``cpu_others`` weighted by time), as its timing sums them;
+    * ``loaded``: :func:`machine_loaded` of these fields, the rule to use."""
+
+    def __init__(self, device: str | torch.device, loader_workers: int = 0, earlier: dict | None = None,
+                 env=None):
+        env = os.environ if env is None else env
+        self.device, self.earlier, self.t0 = torch.device(device), earlier, _cpu_seconds()
+        share = memory_share(self.device, env)
+        cuda = self.device.type == "cuda"
+        self.start = {
+            "loadavg_start": _loadavg(), "loadavg_end": None, "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "loader_workers": loader_workers, "cpu_others": None,
+            "window_s": None, "gpu_share": (1.0 if share is None else round(share, 4)) if cuda else None,
+            "gpu_jobs": (_env_int(env, JOBS_PER_GPU_ENV) or (1 if share is None else None)) if cuda else None,
+            "sweep_parallel": _env_int(env, PARALLEL_ENV),
+            "gpu_others_gib_start": _gpu_others_gib(self.device), "gpu_others_gib_end": None, "stretches": 1}
+
+    @property
+    def fields(self) -> dict:
+        return self._with_earlier(self.start)
+
+    def end(self) -> dict:
+        """The fields at the end of training (any end: finished, failed, interrupted)."""
+        m = {**self.start, "loadavg_end": _loadavg(), "gpu_others_gib_end": _gpu_others_gib(self.device)}
+        t1 = _cpu_seconds()
+        if self.t0 is not None and t1 is not None and t1[0] > self.t0[0]:
+            wall, others = t1[0] - self.t0[0], (t1[1] - self.t0[1]) - (t1[2] - self.t0[2])
+            share = min(1.0, max(0.0, others / (wall * (m["cpus"] or 1))))
+            m.update(window_s=round(wall, 3), cpu_others=round(share, 4))
+        return self._with_earlier(m)
+
+    def _with_earlier(self, m: dict) -> dict:
+        e = self.earlier
+        if e:
+            def pick(key, f=max):
+                vals = [x for x in (e.get(key), m.get(key)) if x is not None]
+                return f(vals) if vals else None
+
+            timed = [(x["window_s"], x["cpu_others"]) for x in (e, m) if x.get("window_s") and
+                     x.get("cpu_others") is not None]
+            total = sum(t for t, _ in timed)
+            m = {**m, "loadavg_start": pick("loadavg_start"), "gpu_share": pick("gpu_share", min),
+                 "gpu_jobs": pick("gpu_jobs"), "gpu_others_gib_start": pick("gpu_others_gib_start"),
+                 "gpu_others_gib_end": pick("gpu_others_gib_end"),
+                 "stretches": int(e.get("stretches") or 1) + 1,
+                 "window_s": round(total, 3) if timed else None,
+                 "cpu_others": round(sum(t * c for t, c in timed) / total, 4) if timed else None}
+        return {**m, "loaded": machine_loaded(m)}

@@ -19,8 +19,9 @@ FOLDER_KEYS = ("experiment", "semantics", "quirks", "task", "attn", "attn.target
 
 # Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
 # (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
-# is executed or logged but not what it computes (the resume key and record still hold them).
-UNTAGGED = ("preset", "semantics", "seed", "task.name", "attn.name", "attn.label", "attn.target",
+# is executed or logged but not what it computes (the resume key and record still hold them), and labels
+# (name: the record's display name).
+UNTAGGED = ("preset", "semantics", "seed", "name", "task.name", "attn.name", "attn.label", "attn.target",
             "attn.base_options", "protocol", "attn_options", "quirks", "runs_root", "data_root", "run_tag",
             "force", "num_threads", "fit", "hardware", "logger", "trainer.progress", "trainer.num_workers",
             "trainer.log_every_n_steps", "train.compile", "train.ckpt_every_steps")

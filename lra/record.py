@@ -22,6 +22,8 @@ def new_record(spec: RunSpec) -> dict:
     """The record of a run that has not trained yet (status ``running``)."""
     return {
         "task": spec.task, "attn": spec.attn.label, "attn_backend": spec.attn.name, "seed": spec.seed,
+        "name": spec.name,  # name=: the display name; a finished run keeps the one it ran with
+        "search": None,  # a search trial's: {study, trial, grid, params, objective} (lra.sweep.pruning)
         "preset": spec.preset, "semantics": spec.semantics, "quirks": dict(spec.quirks),
         "status": "running", "reason": None, "test_acc": None, "test_loss": None,
         "best_val_acc": None, "majority_acc": None, "steps": 0, "steps_at_stop": None, "steps_to_best": None,
@@ -31,6 +33,8 @@ def new_record(spec: RunSpec) -> dict:
         "attn_options": dict(spec.attn.options), "attn_impl": spec.attn.options.get("impl"),
         "attn_checkpointing": spec.attn.checkpointing, "precision": spec.hardware.precision,
         "config": spec.config, "git_commit": git_commit(), "torch_version": str(torch.__version__), "device": None,
+        # what was read (lra/data/provenance.py) and how shared the machine was (lra.devices.LoadMeter)
+        "data": None, "machine": None,
     }
 
 

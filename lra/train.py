@@ -41,8 +41,8 @@ import attention
 from lra import CONF_DIR
 from lra.cli import HARNESS_OVERRIDES, UsageError, hand_to_hydra, hydra_args, wants_hydra_itself
 from lra.config import ConfigError, RunSpec, compose_checked, resolve, without_hydra
-from lra.data import DataError, Split, fingerprint, load_task
-from lra.devices import limit_gpu_memory
+from lra.data import DataError, Split, data_record, fingerprint, load_task
+from lra.devices import LoadMeter, limit_gpu_memory
 from lra.fit import FitError, Plan, plan
 from lra.hydra_glue import run_dir_of, run_in_folder
 from lra.loggers import check_loggers
@@ -75,12 +75,14 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
     """The run's named steps, under the failure policy; fills ``rec`` in as it goes."""
     trainer = None
     with recorded(run_dir, rec):
+        before = _unfinished_record(run_dir, ckpt_dir / "last.ckpt")
+        rec["machine"] = before.get("machine")  # the stretches trained so far; this one is folded in
         splits = _load_data(spec, rec)
         p = plan(spec)  # raises FitError (micro-batch 1 does not fit) before any training
         rec.update(_plan_fields(p))
         log.info("%s", p.describe())
         key = spec.resume_key(p.micro_batch, p.accum_steps, fingerprint(splits))
-        start = resume_step(ckpt_dir / "last.ckpt", key)
+        start = _resume(ckpt_dir / "last.ckpt", key, rec, before)
         rec["resumed_from_step"] = start
         _write(run_dir, rec)  # status "running": the decision is visible before training starts
 
@@ -88,11 +90,15 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
         lit, cb, trainer, dm = w.lit, w.cb, w.trainer, w.dm
         rec["num_params"] = count_params(lit)
         rec.update(_device_fields(spec, trainer, p))
+        meter = LoadMeter(trainer.strategy.root_device, spec.hardware.num_workers, rec["machine"])
+        rec["machine"] = meter.fields
         try:
             trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
         except CompileError as e:  # train.compile=true: the failed record says what did not compile
             rec.update(compiled=False, compile_note=str(e))
             raise
+        finally:
+            rec["machine"] = meter.end()
         rec.update(compiled=lit.compiled, compile_note=lit.compile_note or rec["compile_note"])  # a fallback ran eager
 
         rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p),
@@ -202,8 +208,11 @@ def _finished_record(spec: RunSpec) -> dict | None:
                            f"to run again and replace it") from None
         return None
     if old and old.get("status") in FINISHED and not spec.force:
-        log.info("%s already holds a finished run (%s, test_acc %s); pass force=true to run it again",
-                 spec.run_dir, old.get("status"), _fmt(old.get("test_acc")))
+        # name= labels a run as it runs: a finished one keeps the name on record (its row stays put)
+        renamed = (f"; it keeps name={old.get('name')!r} (name={spec.name!r} is not applied)"
+                   if old.get("name") != spec.name else "")
+        log.info("%s already holds a finished run (%s, test_acc %s)%s; pass force=true to run it again",
+                 spec.run_dir, old.get("status"), _fmt(old.get("test_acc")), renamed)
         return old
     return None
 
@@ -240,6 +249,7 @@ def _load_data(spec: RunSpec, rec: dict) -> dict[str, Split]:
     splits = _splits(spec)
     rec["majority_acc"] = splits["test"].majority_rate()
     rec["split_sizes"] = {k: len(v) for k, v in splits.items()}
+    rec["data"] = data_record(splits)  # what was read: id, kind, description (lra/data/provenance.py)
     return splits
 
 
@@ -257,6 +267,27 @@ def resume_step(last: Path, key: str) -> int | None:
                        f"harness version); pass force=true to discard it and start again")
     log.info("resuming from %s (optimizer step %d)", last, int(saved.get("global_step", 0)))
     return int(saved.get("global_step", 0))
+
+
+def _unfinished_record(run_dir: Path, last: Path) -> dict:
+    """The record of the run ``last.ckpt`` would continue ({}: none, or unreadable)."""
+    try:
+        return (read_record(run_dir) or {}) if last.exists() else {}
+    except ValueError:
+        return {}
+
+
+def _resume(last: Path, key: str, rec: dict, before: dict) -> int | None:
+    """:func:`resume_step`; a checkpoint of a run on other data (another data id) says which data both are."""
+    try:
+        return resume_step(last, key)
+    except RunError:
+        old, new = before.get("data") or {}, rec.get("data") or {}
+        if old.get("id") and new.get("id") and old["id"] != new["id"]:
+            raise RunError(f"{last} was trained on other data: {old.get('description')} (id {old['id']}); "
+                           f"this command reads {new.get('description')} (id {new['id']}). Restore that "
+                           f"data to resume, or pass force=true to start again on this data") from None
+        raise
 
 
 def _callback_fields(cb: Callbacks) -> dict:

@@ -19,7 +19,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from lra.config import ConfigError  # noqa: E402
-from lra.data import DataError, download, load_task  # noqa: E402
+from lra.data import DataError, data_record, download, load_task  # noqa: E402
 from lra.data import __main__ as data_main  # noqa: E402
 
 IMDB = {"train": [("A fine film.<br />Loved it.", 1), ("Bad \"quoted\" plot.", 0), ("Great.", 1)],
@@ -108,6 +108,11 @@ def test_download_then_read_gives_the_hub_data(tmp_path, tiny, task):
     stamp = json.loads((folder / download.STAMP).read_text())
     assert stamp["rows"] == download.SOURCES[task].rows and stamp["task"] == task
     assert _left_over(root) == []
+    # the record's data (bug: AAN TSVs fetched from the HF mirror recorded as the release; a download and the
+    # same files read in place under two ids): an HF copy naming its repo, with the id of the files themselves
+    rec = data_record(got)
+    assert rec["kind"] == "hf" and rec["downloaded"]["repo"] == download.SOURCES[task].repo
+    assert rec["id"] == data_record(want)["id"]
     # found again without download, and a second download=true does not fetch again
     again = load_task({**TASKS[task], "download": False}, root)
     assert np.array_equal(again["train"].tokens, got["train"].tokens)

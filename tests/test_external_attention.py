@@ -87,7 +87,7 @@ def _env(tmp_path, site):
 
 def test_public_contract_checks_pass_a_good_backend_and_catch_a_bad_one(user_package):
     name = attention.load_external("my_pkg.attn:TempSoftmax")
-    assert name == "TempSoftmax" and name in attention.available()
+    assert name == "temp_softmax" and name in attention.available()  # the class's snake_case: one row per class
     testing.check_backend(name)
     blind = attention.load_external("my_pkg.attn:MaskBlind")
     with pytest.raises(AssertionError, match="padded content"):
@@ -113,13 +113,14 @@ def test_external_backend_trains_and_appears_in_the_tables(tmp_path, user_packag
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rec = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
-    assert rec["status"] == "completed" and rec["attn"] == "TempSoftmax" and rec["attn_options"] == {"temperature": 2.0}
+    assert rec["status"] == "completed" and rec["attn"] == rec["attn_backend"] == "temp_softmax"
+    assert rec["attn_options"] == {"temperature": 2.0}
     assert rec["peak_mem_estimate_bytes"] > 0  # the memory fit estimated it like any backend
     tables = subprocess.run([sys.executable, "-m", "lra.collect", "--runs", str(tmp_path / "runs"), "--out",
                              str(tmp_path / "tables"), "--no-plots"], env=env, capture_output=True, text=True,
                             timeout=300)
     assert tables.returncode == 0, tables.stderr[-3000:]
-    assert any("TempSoftmax" in p.read_text() for p in (tmp_path / "tables").rglob("*.md"))
+    assert any("temp_softmax" in p.read_text() for p in (tmp_path / "tables").rglob("*.md"))
 
 
 def test_entry_point_gives_a_typed_config_node(tmp_path, user_package):
@@ -168,13 +169,13 @@ def test_external_backend_returning_the_wrong_shape_names_the_backend(user_packa
     naming it, its import path and the contract: in the memory fit (fake tensors, before training),
     in the model, and in the public contract checks (as AssertionError)."""
     name = attention.load_external("my_pkg.attn:WrongShape")
-    said = (r"attention 'WrongShape' \(my_pkg\.attn:WrongShape\) returned shape \(2, 2, 12, 7\) for q \(2, 2, 12, 8\) "
+    said = (r"attention 'wrong_shape' \(my_pkg\.attn:WrongShape\) returned shape \(2, 2, 12, 7\) for q \(2, 2, 12, 8\) "
             r"and v \(2, 2, 12, 8\): the contract is out of shape \(batch, heads, n, head_dim\)")
     with pytest.raises(attention.BackendContractError, match=said):
         fit_estimate(name)
     with pytest.raises(attention.BackendContractError, match=said):
         tiny_classifier(name)(*tokens_and_mask())
-    with pytest.raises(AssertionError, match=r"attention 'WrongShape' \(my_pkg\.attn:WrongShape\) returned shape"):
+    with pytest.raises(AssertionError, match=r"attention 'wrong_shape' \(my_pkg\.attn:WrongShape\) returned shape"):
         testing.check_backend(name)
 
 
@@ -187,7 +188,7 @@ def test_external_backend_returning_nan_names_the_backend(user_package):
     assert fit_estimate(name) > 0
     model = tiny_classifier(name)
     with pytest.raises(attention.BackendContractError,
-                       match=r"attention 'NanOut' \(my_pkg\.attn:NanOut\) returned NaN or inf at real \(unmasked\) "
+                       match=r"attention 'nan_out' \(my_pkg\.attn:NanOut\) returned NaN or inf at real \(unmasked\) "
                              r"positions for finite q, k, v on its first call"):
         model(*tokens_and_mask())
     assert torch.isnan(model(*tokens_and_mask())).all()  # once: the second call is not checked again
@@ -237,3 +238,79 @@ def test_readme_external_attention_example_passes_check_backend(tmp_path, monkey
     monkeypatch.syspath_prepend(str(tmp_path))
     assert attention.load_external(target) == name
     testing.check_backend(name)
+
+
+# ------------------------------------------------------------------- issue 27: one class, one row
+LABELS = """
+import json, sys
+from lra.config import load
+from lra.record import new_record
+out = {}
+for route in sys.argv[1:]:
+    rec = new_record(load(["experiment=quick", *route.split()]))
+    out[route] = [rec["attn"], rec["attn_backend"]]
+print(json.dumps(out))
+"""
+
+
+def _labels(tmp_path, site, routes, entry_point=None, modules=None):
+    """The record's (attn, attn_backend) of each route, in a fresh process as a run has it."""
+    env = _env(tmp_path, site)
+    env.pop("LRA_ATTENTION_MODULES", None)
+    for d in site.glob("*.dist-info"):
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    if entry_point:
+        dist = site / "my_pkg-0.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(f"[lra_harness.attention]\n{entry_point}\n")
+    if modules:
+        env["LRA_ATTENTION_MODULES"] = modules
+    proc = subprocess.run([sys.executable, "-c", LABELS, *routes], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {k: tuple(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
+TARGET = "attn=external attn.target=my_pkg.attn:TempSoftmax"
+
+
+def test_one_external_class_is_one_record_attn_whatever_route_loads_it(tmp_path, user_package):
+    """Before: attn.target put the class name in the record (TempSoftmax) and the entry point its own name
+    (temp_softmax): one backend, two table rows. Now every route gives the registered name, else the class
+    name in snake_case, as both the label (attn) and the backend (attn_backend)."""
+    (user_package / "my_pkg" / "reg.py").write_text(
+        "import attention\nfrom my_pkg.attn import TempSoftmax\nattention.register('temp_softmax')(TempSoftmax)\n")
+    one = ("temp_softmax", "temp_softmax")
+    assert _labels(tmp_path, user_package, [TARGET]) == {TARGET: one}
+    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"],
+                   entry_point="temp_softmax = my_pkg.attn:TempSoftmax") == {TARGET: one, "attn=temp_softmax": one}
+    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"],
+                   modules="my_pkg.reg") == {TARGET: one, "attn=temp_softmax": one}
+    # an entry point under another name: attn.target finds that registration, not the snake_case
+    tempered = ("tempered", "tempered")
+    assert _labels(tmp_path, user_package, [TARGET, "attn=tempered"],
+                   entry_point="tempered = my_pkg.attn:TempSoftmax") == {TARGET: tempered, "attn=tempered": tempered}
+
+
+def test_external_label_rules_and_the_run_folder(user_package):
+    """attn.label= given by the user stays the label; a class whose snake_case is a built-in backend's name
+    (Linformer -> linformer) keeps its class name instead of failing or taking the built-in's row; the run
+    folder is named when the config is composed, before the import: the same snake_case name."""
+    from lra.config import compose_checked, load
+    from lra.hydra_glue import run_dir_of
+    from lra.naming import run_tag
+
+    # a top-level module: my_pkg may be an earlier test's, imported from another folder
+    (user_package / "my_clash.py").write_text("from my_pkg.attn import TempSoftmax\n\n\n"
+                                              "class Linformer(TempSoftmax):\n    pass\n")
+    spec = load(["experiment=quick", *TARGET.split(), "attn.label=mine"])
+    assert (spec.attn.label, spec.attn.name) == ("mine", "temp_softmax")
+    spec = load(["experiment=quick", "attn=external", "attn.target=my_clash:Linformer"])
+    assert (spec.attn.label, spec.attn.name) == ("Linformer", "Linformer")
+    assert attention.describe("linformer")["module"] == "attention.linformer"  # the built-in is untouched
+    args = ["experiment=quick", *TARGET.split()]
+    cfg = compose_checked([*args, f"run_tag={run_tag(args)}"], job="train")  # as lra.train names its folder
+    assert run_dir_of(cfg).parts[-2:] == ("temp_softmax", "seed0")  # the folder says what the record says

@@ -253,7 +253,7 @@ def test_grid_watch_reads_job_folders(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the pruning callback
-def _tiny_fit(tmp_path, storage, study_name, number, accs, max_steps=20):
+def _tiny_fit(tmp_path, storage, study_name, number, accs, max_steps=20, **cb_args):
     import lightning as L
 
     class Tiny(L.LightningModule):
@@ -275,7 +275,7 @@ def _tiny_fit(tmp_path, storage, study_name, number, accs, max_steps=20):
     data = torch.utils.data.TensorDataset(torch.randn(400, 4), torch.randint(0, 2, (400,)))
     train = torch.utils.data.DataLoader(data, batch_size=4)
     val = torch.utils.data.DataLoader(data, batch_size=400)
-    cb = OptunaPruning(storage, study_name, number)
+    cb = OptunaPruning(storage, study_name, number, **cb_args)
     trainer = L.Trainer(default_root_dir=tmp_path, max_steps=max_steps, max_epochs=-1, val_check_interval=5,
                         check_val_every_n_epoch=None, callbacks=[cb], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -324,6 +324,48 @@ def test_median_pruner_from_the_study_attrs_prunes_below_earlier_trials(tmp_path
     # that step: 0.65 >= 0.6 at step 5 goes on; 0.65 < 0.7 at step 10 is pruned
     trainer, cb = _tiny_fit(tmp_path / "b", s.storage, s.name, second.number, [0.65, 0.5, 0.9, 0.9])
     assert cb.pruned_at == 10 and trainer.global_step == 10
+
+
+def test_trial_record_says_study_trial_params_pruned_or_not(tmp_path):
+    """Issue 27: a trial's record said nothing of its search unless it was pruned (record_fields gave {} for a
+    trial that ran on), so the tables could not tell a trial from a plain run nor pick the study's best."""
+    s, study, trial = _callback_study(tmp_path, {"name": "threshold", "lower": 0.3})
+    params = {"train.lr": 1e-3, "++attn.options.num_features": 32}
+
+    def want(number):
+        return {"study": s.name, "trial": number, "grid": "search_quick", "params": params,
+                "objective": "best_val_acc"}
+
+    _, ran_on = _tiny_fit(tmp_path / "a", s.storage, s.name, trial.number, [0.5, 0.6, 0.7, 0.8],
+                          grid="search_quick", params=json.dumps(params))   # as the command line gives them
+    assert ran_on.record_fields() == {"search": want(trial.number)}
+    other = study.ask(s.space)
+    _, pruned = _tiny_fit(tmp_path / "b", s.storage, s.name, other.number, [0.5, 0.2, 0.9, 0.9],
+                          grid="search_quick", params=params)
+    assert pruned.record_fields() == {"search": want(other.number), "stop_reason": "pruned", "pruned_at_step": 10}
+
+
+def test_trial_command_gives_the_run_its_search_fields(tmp_path):
+    """The sampled values reach the trial's record through lra.train's own config: keys such as
+    ++attn.options.num_features survive the command line (no Hydra dict key can hold them), values keep
+    their types, and the callback is built from the trial's config as lra.train builds it."""
+    from lra.config import load
+    from lra.loop import user_callbacks
+    from lra.sweep.search import OBJECTIVE, trial_command
+
+    s = make_search(tmp_path, space={**SPACE, "train.eval_every": "choice(5, 10)"})
+    s.fixed, s.grid = ["experiment=quick", "attn=skeinformer"], "search_quick"
+    study = open_study(s)
+    trial = study.ask(s.space)
+    cmd = trial_command(s, trial.number, trial.params, tmp_path / "run")
+    spec = load([a for a in cmd[3:] if not a.startswith("hydra.")])
+    (cb,) = user_callbacks(spec)
+    search = cb.record_fields()["search"]
+    assert search == {"study": s.name, "trial": trial.number, "grid": "search_quick", "params": trial.params,
+                      "objective": OBJECTIVE}
+    assert list(search["params"]) == list(SPACE) + ["train.eval_every"]
+    assert spec.train.eval_every == search["params"]["train.eval_every"]  # the values that ran, typed
+    assert spec.attn.options["num_features"] == search["params"]["++attn.options.num_features"]
 
 
 # ----------------------------------------------------------------------------- a real search (slow)
@@ -419,6 +461,8 @@ def test_real_search_killed_then_resumed(tmp_path):
     rec = json.loads((tmp_path / "runs" / row["run_dir"] / "result.json").read_text())
     assert rec["status"] == "completed" and rec["resumed_from_step"] and rec["best_val_acc"] == trials[2].value
     assert rec["config"]["callbacks"]["optuna_pruning"]["trial_number"] == 2
+    assert rec["search"] == {"study": m["study"], "trial": 2, "grid": "search_quick", "params": trials[2].params,
+                             "objective": "best_val_acc"}
 
 
 @pytest.mark.slow
@@ -436,6 +480,7 @@ def test_real_search_prunes_through_lra_train(tmp_path):
     rec = json.loads(rec_path.read_text())
     assert rec["stop_reason"] == "pruned" and rec["pruned_at_step"] == 5 and rec["steps"] == 5
     assert rec["config"]["callbacks"]["optuna_pruning"]["trial_number"] == 0
+    assert rec["search"]["trial"] == 0 and rec["search"]["params"] == t.params  # pruned: still says its trial
 
 
 def test_command_line_edits_the_search():

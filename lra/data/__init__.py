@@ -12,7 +12,9 @@ and reading the release archive: ``release.py``. The data root is ``$LRA_DATA`` 
 from lra.data import image, listops, pathfinder, retrieval, text  # noqa: F401  (each registers its task)
 from lra.data.base import DataError, Split
 from lra.data.cache import fingerprint
+from lra.data.provenance import data_record
 from lra.data.registry import available_tasks, load_task, register_task
 from lra.files import data_root  # the data root lives with the other paths (lra/files.py); re-exported
 
-__all__ = ["DataError", "Split", "available_tasks", "data_root", "fingerprint", "load_task", "register_task"]
+__all__ = ["DataError", "Split", "available_tasks", "data_record", "data_root", "fingerprint", "load_task",
+           "register_task"]

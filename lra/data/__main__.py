@@ -17,7 +17,7 @@ import time
 
 from lra.cli import Parser
 from lra.config import ConfigError, load
-from lra.data import DataError, load_task
+from lra.data import DataError, data_record, load_task
 
 USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
 ABOUT = "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/)."
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in splits.items():
         log.info("%s %s: %d examples, tokens %s, majority class %.1f%%", spec.task, name, len(s),
                  tuple(s.tokens.shape), 100 * s.majority_rate())
+    data = data_record(splits)
+    log.info("data id %s (%s): %s", data["id"], data["kind"], data["description"])
     log.info("ready in %.1f s under %s", time.perf_counter() - t0, spec.data.root)
     return 0
 

@@ -6,7 +6,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +36,15 @@ class Split:
     zero_is_padding: the mask is ``tokens != 0`` wherever the zeros sit, not the length prefix: the
              public code's mask, which makes every black pixel of Image and Pathfinder padding
              (``task.mask=nonzero``, ``semantics=paper``; docs/fidelity.md).
+    origin:  where the examples come from and their content fingerprint, as the cache attaches it
+             (lra/data/provenance.py; None for arrays made outside the cache).
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
     labels: np.ndarray
     zero_is_padding: bool = False
+    origin: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         n = len(self.labels)

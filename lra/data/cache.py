@@ -18,6 +18,10 @@ three ``stat`` calls per split, not a read of gigabytes. The ctime is what makes
 ``SETTLE_S`` seconds is hashed every time and its stat is recorded only once it is older (a rewrite
 within the same clock tick could otherwise keep all three values). :func:`fingerprint` hashes the
 arrays a run sees (for resume keys).
+
+Provenance (the record's ``data``, lra/data/provenance.py): ``meta.json`` also holds each split's content
+fingerprint (``content``) and the checksums of the source files the entry was built from (``source``),
+computed when the entry is built; an entry from before them gets them computed once, on its next load.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ from typing import Callable
 import numpy as np
 
 from lra.data.base import Split
+from lra.data.provenance import (FIELDS, Origin, content_fingerprint, describe_files, hash_arrays,
+                                 relative_paths)
 from lra.files import write_text
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1  # entries from before checksums keep their key: they are rebuilt in place, once
-FIELDS = ("tokens", "lengths", "labels")
 SETTLE_S = 2.0  # a file last changed more recently than this may change again without a new stat
 _checked: dict[str, list] = {}  # file -> the stat its checksum was last verified at, in this process
 
@@ -57,15 +62,18 @@ def source_fingerprint(paths) -> list:
     return out
 
 
-def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[str, Split]]) -> dict[str, Split]:
+def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[str, Split]],
+                  origin: Origin | None = None) -> dict[str, Split]:
     """Load the entry for ``params`` or build it with ``build()`` and store it atomically. A damaged entry
     (truncated ``.npy``, bad ``meta.json``, an array that fails its checksum: a full disk, a copy cut short,
-    an edit) or one from before checksums is rebuilt in place with one warning."""
+    an edit) or one from before checksums is rebuilt in place with one warning. ``origin``: what the reader
+    read (lra/data/provenance.py); its checksums and each split's content fingerprint are stored in
+    ``meta.json`` once, and every split returned carries its ``origin``."""
     key = cache_key(params)
     final = Path(root) / "cache" / f"{task}-{key}"
     if final.exists():
         try:
-            return load_entry(final)
+            return _with_origin(final, load_entry(final), task, root, origin)
         except DamagedEntry as e:
             log.warning("cache entry %s %s; rebuilding it", final, e)
     t0 = time.perf_counter()
@@ -82,6 +90,8 @@ def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[
                            for k, v in splits.items()},
                 "checksums": {f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")}
                               for k in splits for f in FIELDS},
+                "content": {k: content_fingerprint(v) for k, v in splits.items()},
+                "source": describe_files(origin.paths, root) if origin is not None else None,
                 "built_in_s": round(time.perf_counter() - t0, 2)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         if final.exists():  # a damaged entry, or a concurrent builder finished first: the cache is ours
@@ -92,7 +102,33 @@ def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("cached %s in %s (%.1f s)", task, final, time.perf_counter() - t0)
-    return load_entry(final, verify=False)  # just written and hashed: nothing to check yet
+    return _with_origin(final, load_entry(final, verify=False), task, root, origin)  # just hashed: no check
+
+
+def _with_origin(folder: Path, splits: dict[str, Split], task: str, root: Path,
+                 origin: Origin | None) -> dict[str, Split]:
+    """``splits`` with their ``origin`` (lra/data/provenance.py). What ``meta.json`` lacks (an entry from
+    before provenance, or a reader that now lists other source paths) is computed once and stored."""
+    meta = json.loads((folder / "meta.json").read_text())  # again: verifying may have rewritten it
+    changed = False
+    if sorted(meta.get("content") or {}) != sorted(splits):
+        log.info("cache entry %s: fingerprinting its arrays once (the record's data id)", folder)
+        meta["content"] = {k: content_fingerprint(v) for k, v in splits.items()}
+        changed = True
+    source = meta.get("source")
+    if origin is not None and (not source or source.get("paths") != relative_paths(origin.paths, root)):
+        log.info("cache entry %s: hashing its sources once (the record's data checksums)", folder)
+        source = meta["source"] = describe_files(origin.paths, root)
+        changed = True
+    if changed:
+        try:  # a read-only cache computes them again in the next process
+            write_text(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True, default=str))
+        except OSError as e:
+            log.debug("could not store the data fingerprints in %s: %s", folder, e)
+    for name, s in splits.items():
+        s.origin = {"task": task, "entry": folder.name, "split": name, "content": meta["content"][name],
+                    "source": origin.fields(source) if origin is not None else None}
+    return splits
 
 
 class DamagedEntry(Exception):
@@ -173,10 +209,5 @@ def fingerprint(splits: dict[str, Split], chunk_bytes: int = 16 << 20) -> str:
     for name in sorted(splits):
         s = splits[name]
         h.update(f"{name}:{len(s)};".encode())
-        for f in FIELDS:
-            a = getattr(s, f)
-            h.update(f"{f}:{a.dtype.str}:{list(a.shape)};".encode())
-            step = max(1, chunk_bytes // max(1, a[:1].nbytes)) if a.ndim else 1
-            for i in range(0, max(1, len(a) if a.ndim else 1), step):
-                h.update(np.ascontiguousarray(a[i:i + step] if a.ndim else a))
+        hash_arrays(h, s, chunk_bytes)
     return h.hexdigest()[:16]

@@ -38,6 +38,7 @@ import numpy as np
 from lra.data.base import DataError, Split, hf_datasets
 from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
 from lra.tasks import ImageSpec
@@ -297,4 +298,7 @@ def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]
         full = lambda x, y: Split(x, np.full(len(x), x.shape[1], np.int32), y)  # noqa: E731
         return {"train": full(gtr[:cut], ytr[:cut]), "val": full(gtr[cut:], ytr[cut:]), "test": full(gte, yte)}
 
-    return cached_splits(root, "image", key, build)
+    kinds = {"pickles": "release", "tar": "archive", "parquet": "hf", "hf_disk": "hf"}
+    return cached_splits(root, "image", key, build, Origin(
+        kinds[kind], kind, f"CIFAR-10 ({method} grayscale), {kind} {relative_path(where, root)}", files,
+        downloaded=downloaded_stamp(where, root)))

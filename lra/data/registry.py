@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from lra.data.base import Split
+from lra.data.provenance import subset_origin
 from lra.tasks import TASK_SPECS, TaskSpec, task_spec
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def limit_examples(splits: dict[str, Split], limits: dict | None, seed: int = 0)
         if n is None or int(n) >= len(s):
             continue
         idx = np.sort(np.random.default_rng([seed, len(s)]).choice(len(s), size=int(n), replace=False))
-        out[name] = Split(np.asarray(s.tokens[idx]), np.asarray(s.lengths[idx]), np.asarray(s.labels[idx]))
+        out[name] = Split(np.asarray(s.tokens[idx]), np.asarray(s.lengths[idx]), np.asarray(s.labels[idx]),
+                          origin=subset_origin(s.origin, int(n), len(s), seed))
         log.info("%s: using %d of %d examples (task.max_examples)", name, int(n), len(s))
     return out

@@ -33,6 +33,7 @@ import numpy as np
 from lra.data.base import DataError, Split
 from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, release_archives, walk
 from lra.data.text import encode_bytes
@@ -179,4 +180,7 @@ def load(spec: RetrievalSpec, root: Path, progress: bool = True) -> dict[str, Sp
             parsed = read_archive(where, max_length, progress)
         return {s: to_split(*parsed[s], max_length, seq_len) for s in FILES}
 
-    return cached_splits(root, "retrieval", key, build)
+    downloaded = downloaded_stamp(where, root)  # task.download's copy of the HF mirror
+    data_kind = "archive" if kind == "archive" else "hf" if downloaded else "release"
+    return cached_splits(root, "retrieval", key, build, Origin(
+        data_kind, kind, f"AAN pairs, {kind} {relative_path(where, root)}", files, downloaded=downloaded))

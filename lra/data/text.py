@@ -37,6 +37,7 @@ import numpy as np
 from lra.data.base import DataError, Split, hf_datasets
 from lra.data import download
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
 from lra.tasks import TextSpec
@@ -302,6 +303,14 @@ def build_splits(rows: Rows, max_length: int, seq_len: int, dev_split: str, val_
     return out
 
 
+KINDS = {"folder": "release", "tar": "archive", "parquet": "hf", "hf_disk": "hf", "hf_arrow": "hf"}
+
+
+def origin(src: Source, root: Path) -> Origin:
+    return Origin(KINDS[src.kind], src.kind, f"IMDB reviews, {src.kind} {relative_path(src.path, root)}",
+                  src.files, downloaded=downloaded_stamp(src.path, root))
+
+
 @register_task("text", spec=TextSpec)
 def load(spec: TextSpec, root: Path, progress: bool = True) -> dict[str, Split]:
     dev_split = spec.dev_split
@@ -325,7 +334,7 @@ def load(spec: TextSpec, root: Path, progress: bool = True) -> dict[str, Split]:
         log.info("IMDB: %s", ", ".join(f"{s} {len(rows[s])} reviews" for s in SPLITS))
         return build_splits(rows, max_length, seq_len, dev_split, key["val_fraction"] or 0.0, key["split_seed"])
 
-    splits = cached_splits(root, "text", key, build)
+    splits = cached_splits(root, "text", key, build, origin(src, root))
     if dev_split == "test":
         splits["val"] = splits["test"]
     return {s: splits[s] for s in ("train", "val", "test")}

@@ -89,7 +89,7 @@ def _key_of(line: str) -> str:
 
 
 # ----------------------------------------------------------------------------- which sweep this is
-NOT_DEFINING = ("force",)   # re-runs the same jobs: the same sweep
+NOT_DEFINING = ("force", "name")   # re-runs the same jobs (a name is a label): the same sweep
 LAUNCH_ONLY = ("hydra/launcher", "hydra.launcher.", "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging")
 
 

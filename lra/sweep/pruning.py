@@ -2,13 +2,15 @@
 
 A search trial is an ordinary ``python -m lra.train`` run given one more callback,
 ``+callbacks.optuna_pruning={_target_: lra.sweep.pruning.OptunaPruning, storage, study_name,
-trial_number}`` (the ``callbacks`` config group: the run instantiates it as it would any user
-callback and knows nothing of searches). After each validation it reports ``val/acc`` at the current optimizer step
-to the trial, asks the study's pruner, and if the answer is "prune" it stops training (the run ends
-``stopped_early`` with its best checkpoint tested, like any early stop) and leaves ``pruned.json``
-in the run folder. The search driver reads that file when the run's process exits and records the
-trial as PRUNED; the process itself never finishes the trial, so a run killed while it reports
-cannot leave the study in a state the driver does not know about.
+trial_number, grid, params}`` (the ``callbacks`` config group: the run instantiates it as it would any user
+callback and knows nothing of searches). Its ``record_fields`` puts the trial in the run record, pruned or
+not: ``search: {study, trial, grid, params, objective}`` (:data:`OBJECTIVE`, what the study maximises).
+After each validation it reports ``val/acc`` at the current optimizer step to the trial, asks the study's
+pruner, and if the answer is "prune" it stops training (the run ends ``stopped_early`` with its best
+checkpoint tested, like any early stop) and leaves ``pruned.json`` in the run folder. The search driver
+reads that file when the run's process exits and records the trial as PRUNED; the process itself never
+finishes the trial, so a run killed while it reports cannot leave the study in a state the driver does
+not know about.
 
 The pruner is not stored by Optuna with the study; lra.sweep.search keeps its spec in the study's user
 attribute ``pruner`` (``{"name": "median", ...options}``) and :func:`make_pruner` rebuilds it here.
@@ -32,6 +34,7 @@ log = logging.getLogger("lra.pruning")
 
 
 PRUNED_FILE = "pruned.json"
+OBJECTIVE = "best_val_acc"  # the record field a search maximises (lra.sweep.search tells the study it)
 PRUNERS = {
     "none": optuna.pruners.NopPruner,
     "median": optuna.pruners.MedianPruner,
@@ -91,9 +94,12 @@ def pruned_info(run_dir: Path) -> dict | None:
 class OptunaPruning(Callback):
     """Report the monitored metric to an Optuna trial after every validation; stop when pruned."""
 
-    def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str = "val/acc"):
+    def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str = "val/acc",
+                 grid: str | None = None, params: dict | str | None = None):
         self.storage, self.study_name, self.trial_number = str(storage), str(study_name), int(trial_number)
-        self.monitor = monitor
+        self.monitor, self.grid = monitor, (None if grid is None else str(grid))
+        # the sampled values come as JSON: a key such as ++attn.options.k is no Hydra dict key
+        self.params = json.loads(params) if isinstance(params, str) else dict(params or {})
         self.pruned_at: int | None = None
         self._trial = None
 
@@ -124,7 +130,10 @@ class OptunaPruning(Callback):
             trainer.should_stop = True
 
     def record_fields(self) -> dict:
-        """What the run record says of this trial: pruned, and at which step (the collector treats it as an
-        early stop); nothing when the trial ran on."""
-        return {} if self.pruned_at is None else {"stop_reason": "pruned", "pruned_at_step": self.pruned_at}
+        """What the run record says of this trial: which one it is (``search``, pruned or not), and if pruned,
+        at which step (the collector treats it as an early stop)."""
+        search = {"study": self.study_name, "trial": self.trial_number, "grid": self.grid,
+                  "params": self.params, "objective": OBJECTIVE}
+        pruned = {} if self.pruned_at is None else {"stop_reason": "pruned", "pruned_at_step": self.pruned_at}
+        return {"search": search, **pruned}
 

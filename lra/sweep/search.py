@@ -15,7 +15,8 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
   folder a plain run with those overrides gets, ``parallel`` at a time, its output in
   ``<sweep folder>/logs/``; the objective is the record's ``best_val_acc`` (result.json), maximised;
 * the trial also gets the callback :class:`lra.sweep.pruning.OptunaPruning` (``+callbacks.optuna_pruning.*``), which
-  reports val/acc after every validation and stops a trial the pruner gives up on (PRUNED);
+  reports val/acc after every validation and stops a trial the pruner gives up on (PRUNED), and says in
+  the trial's record which trial it is: ``search: {study, trial, grid, params, objective}``;
 * a trial left RUNNING by a killed driver is marked FAIL (user attribute ``interrupted``; it does not
   count towards ``n_trials``) and its parameters are enqueued again: the new trial runs in the same
   run folder, where lra.train resumes from the last checkpoint, so no training is lost. (Re-queued,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import json
 import logging
 import os
 import signal
@@ -55,7 +57,7 @@ from lra.sweep.grid import LAUNCH_ONLY, Grid, canonical, override_parser, quote,
 from lra.sweep.jobs import now_iso, read_json, run_status
 from lra.sweep.manifest import rel_path, sweep_lock
 from lra.sweep.progress import Progress
-from lra.sweep.pruning import OptunaPruning, make_pruner, pruned_info, storage_for
+from lra.sweep.pruning import OBJECTIVE, OptunaPruning, make_pruner, pruned_info, storage_for
 from lra.sweep.share import ShareError, check_sharing, device_total_gib, gpu_of_slot, hw_of, job_share, visible_gpus
 
 log = logging.getLogger("lra.search")
@@ -146,6 +148,7 @@ class Search:
     started: list[int] = field(default_factory=list)   # trials this driver launched (the invocation's count)
     definition: dict = field(default_factory=dict)
     command: str = ""                 # the lra.sweep command line (the resume line)
+    grid: str = ""                    # the search file (conf/sweep/<grid>.yaml), for the trials' records
 
     @property
     def manifest(self) -> Path:
@@ -228,7 +231,7 @@ def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | No
         storage.set_trial_user_attr(tid, "pruned_at_step", pruned.get("step"))
         study.tell(number, state=TrialState.PRUNED)
         return TrialState.PRUNED
-    value = rec.get("best_val_acc")
+    value = rec.get(OBJECTIVE)
     if status in FINISHED and value is not None:
         study.tell(number, float(value))
         return TrialState.COMPLETE
@@ -240,15 +243,18 @@ def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | No
 
 def trial_command(s: Search, number: int, params: dict, run_dir: Path, extra: list[str] = ()) -> list[str]:
     return [sys.executable, "-m", "lra.train", *s.fixed, *param_overrides(params), *s.hydra_ovs, *extra,
-            *pruning_callback(s, number), f"hydra.run.dir={quote(run_dir)}"]
+            *pruning_callback(s, number, params), f"hydra.run.dir={quote(run_dir)}"]
 
 
-def pruning_callback(s: Search, number: int) -> list[str]:
+def pruning_callback(s: Search, number: int, params: dict | None = None) -> list[str]:
     """The trial's :class:`lra.sweep.pruning.OptunaPruning`, given to the run as any user callback is
-    (``callbacks.<name>._target_``): the run knows nothing of searches."""
+    (``callbacks.<name>._target_``): the run knows nothing of searches. ``params`` (the sampled values) go as
+    JSON: a key such as ``++attn.options.k`` is no Hydra dict key."""
     node = "+callbacks.optuna_pruning"
     return [f"{node}._target_={OptunaPruning.__module__}.{OptunaPruning.__name__}",
-            f"{node}.storage={quote(s.storage)}", f"{node}.study_name={quote(s.name)}", f"{node}.trial_number={number}"]
+            f"{node}.storage={quote(s.storage)}", f"{node}.study_name={quote(s.name)}", f"{node}.trial_number={number}",
+            *([f"{node}.grid={quote(s.grid)}"] if s.grid else []),
+            f"{node}.params={quote(json.dumps(dict(params or {}), default=str))}"]
 
 
 def _mark(run_dir: Path, **update) -> None:
@@ -487,7 +493,8 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     return Search(name=f"{grid.name}-{preset}-{task}-{attn}-{key}", storage=storage, folder=folder, root=root,
                   space=space, fixed=fixed, target=target, parallel=parallel, jobs_per_gpu=k, gpus=gpus, hw=hw,
                   job_dir=job_dir, hydra_ovs=hydra_ovs, sampler=sampler, pruner=pruner, tag=f"{task}-{attn}-{key}",
-                  legacy_name=f"{grid.name}-{preset}-{task}-{attn}", key=key, definition=defn, command=grid.command)
+                  legacy_name=f"{grid.name}-{preset}-{task}-{attn}", key=key, definition=defn, command=grid.command,
+                  grid=grid.name)
 
 
 def search_definition(grid: str, fixed: list[str], space: dict, sampler: dict, pruner: dict,
