@@ -34,6 +34,15 @@ Skyformer and Nyströmformer codes. Exit status 1 if a paper row is above its to
     python -m lra.fidelity --skeinformer ~/src/Skeinformer --skyformer ~/src/Skyformer \\
         --nystromformer ~/src/Nystromformer [--rows skeinformer_paper:listops:skeinformer ...] [--out t.md]
 
+Accumulation chunks (their code runs each batch as ``torch.chunk(batch, accumu_steps)``, so the batch-coupled
+draws, budgets and starts act per chunk): ``*-chunks`` rows run 8 samples split as they split them, theirs by
+their config's count, ours by the micro-batch ``lra.fit.plan`` chooses under semantics=paper (train.chunks);
+their notes give the Skeinformer budget d of every forward, ours forced and ours as one micro-batch
+(train.chunks=1). The chunk table reads every attention's count from their config (Skeinformer/Skyformer
+main.py: ``bz_rate``; Nyströmformer run_tasks.py: ``batch // gpu_memory`` on one GPU) and compares their
+chunk sizes with our micro-batch x accumulation (``hardware=cpu``: no memory budget cuts it) for every
+preset x task; a disagreement fails like a paper row above tolerance.
+
 Not compared: the Nyströmformer code's performer-256 imports pip ``performer_pytorch`` (no version
 pinned in its LRA/README.md); when that is not installed, the row runs on the copy of FastAttention
 the Skeinformer repo ships (``src/models/performer.py``), so it needs --skeinformer, else it is listed
@@ -64,6 +73,7 @@ from torch import nn
 import attention.skeinformer as skein
 from lra.cli import Parser
 from lra.config import load
+from lra.fit import plan
 from lra.files import write_text
 from lra.model import build_model
 
@@ -84,7 +94,11 @@ REPOS = {"skeinformer": Repo("https://github.com/pkuzengqi/Skeinformer", "src", 
          "skyformer": Repo("https://github.com/pkuzengqi/Skyformer", "src", "models/model_LRA.py", 1e-4),
          "nystromformer": Repo("https://github.com/mlpen/Nystromformer", "LRA/code", "model_wrapper.py", 1e-4)}
 SKEIN_NAMES = {"skeinformer", "skein_nopilot", "skein_uniform", "skein_simplenorm", "skein_nonorm"}
-LENGTHS = {"listops": (2000, 1100, 517), "listops-short": (2000, 1100, 150)}
+LENGTHS = {"listops": (2000, 1100, 517), "listops-short": (2000, 1100, 150),
+           # split as their code splits them; one short sample in the last chunk sets the Skeinformer budget
+           "listops-chunks": (2000, 1700, 1200, 600, 2000, 1500, 150, 900),
+           "text-chunks": (4000, 3600, 2900, 1800, 4000, 3100, 200, 2500)}
+CHUNKED_BATCH = 8  # samples of a *-chunks row (train.batch_size of ours)
 SEED = 7  # before every forward: Skyformer draws its landmarks from torch's global RNG on both sides
 
 
@@ -102,6 +116,10 @@ class Row:
     @property
     def repo(self) -> str:
         return self.preset.removesuffix("_paper")
+
+    @property
+    def chunked(self) -> bool:
+        return self.task.endswith("-chunks")
 
     @property
     def randomized(self) -> bool:
@@ -123,7 +141,25 @@ ROWS: list[Row] = (
             "listops:performer:performer listops:linformer:linformer listops:nystrom:nystrom "
             "pathfinder:softmax:softmax pathfinder:skyformer:skyformer")
     + _rows("nystromformer_paper", "listops:softmax:softmax listops:nystrom:nystrom-64 "
-            "listops:linformer:linformer-256 listops:performer:performer-256"))
+            "listops:linformer:linformer-256 listops:performer:performer-256")
+    + _rows("skeinformer_paper", "text-chunks:skeinformer:skeinformer "
+            "listops-chunks:skeinformer_no_rownorm:skein_nonorm")
+    + _rows("nystromformer_paper", "image-chunks:nystrom:nystrom-64"))
+TASKS = ("listops", "text", "retrieval", "pathfinder", "image")
+# their attn_type -> our attention config, for the chunk table; their other names are no run of ours
+# (Skein/Sky softmaxRBF32 runs plain softmax, docs/fidelity.md E6; Nys nystrom-32/128/256: other budgets)
+THEIR_ATTN = {
+    "skeinformer": {**{a: a for a in ("softmax", "nystrom", "linformer", "performer", "informer", "bigbird",
+                                      "reformer", "vmean", "skeinformer")},
+                    "skein_uniform": "skeinformer_uniform", "skein_nonorm": "skeinformer_no_rownorm",
+                    "skein_simplenorm": "skeinformer_simple_rownorm", "skein_nopilot": "skeinformer_no_pilot"},
+    "skyformer": {a: a for a in ("softmax", "kernelized", "skyformer", "nystrom", "linformer", "performer",
+                                 "informer", "bigbird", "reformer")},
+    "nystromformer": {"softmax": "softmax", "nystrom-64": "nystrom", "linformer-256": "linformer",
+                      "performer-256": "performer", "reformer-2": "reformer", "linear": "linear"},
+}
+CHUNK_ROWS = [Row(p, t, "chunks", "") for p in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper")
+              for t in TASKS]  # their config's counts against our plan, every attention of theirs we have
 
 
 # ----------------------------------------------------------------------------- importing their code
@@ -217,6 +253,36 @@ def their_logits(theirs: nn.Module, toks: torch.Tensor) -> torch.Tensor:
         theirs(toks, (toks != 0).float(), torch.zeros(toks.shape[0], dtype=torch.long))
     hook.remove()
     return out["logits"]
+
+
+def their_chunks(repo: str, task: str, roots: dict[str, Path]) -> tuple[int, dict[str, int]]:
+    """Their batch for the task and each attention's accumulation chunks, as their entry point counts them
+    (main.py: bz_rate, else 1; run_tasks.py: max(batch // GPUs // gpu_memory, 1), one GPU)."""
+    with public_code(roots[repo] / REPOS[repo].code):
+        if repo == "nystromformer":
+            cfg = importlib.import_module("lra_config").config
+            cfg = cfg["pathfinder32" if task == "pathfinder" else task]
+            batch = cfg["training"]["batch_size"]
+            return batch, {name: max(batch // 1 // mem, 1) for name, mem in cfg["gpu_memory"].items()}
+        cfg = importlib.import_module("config").Config["lra-" + task]
+        extra = cfg["extra_attn_config"]
+        return cfg["training"]["batch_size"], {a: x.get("bz_rate", 1) for a, x in extra.items()}
+
+
+def compare_chunks(row: Row, roots: dict[str, Path]) -> dict:
+    """Their chunk sizes (``torch.chunk`` of their batch) against our micro-batch x accumulation."""
+    batch, counts = their_chunks(row.repo, row.task, roots)
+    cells, bad, other = [], [], sorted(set(counts) - set(THEIR_ATTN[row.repo]))
+    for theirs, ours in THEIR_ATTN[row.repo].items():
+        k = counts.get(theirs, 1)
+        p = plan(load([f"experiment={row.preset}", f"task={row.task}", f"attn={ours}", "hardware=cpu"]))
+        sizes = [len(c) for c in torch.arange(batch).chunk(k)]
+        if p.effective_batch != batch or [p.micro_batch] * p.accum_steps != sizes:
+            bad.append(f"**{ours}: theirs {k} x {sizes[0]}, ours {p.accum_steps} x {p.micro_batch}**")
+        elif k > 1:
+            cells.append(f"{ours} {k} x {sizes[0]}")
+    return {"row": row, "batch": batch, "n": len(THEIR_ATTN[row.repo]), "bad": bad,
+            "notes": ", ".join(bad + cells) or "1 for every attention", "other": ", ".join(other)}
 
 
 # ----------------------------------------------------------------------------- weights
@@ -350,41 +416,68 @@ def make_batch(task: str, n: int) -> torch.Tensor:
     if task in LENGTHS:  # right padding, lengths differing across the batch
         toks = torch.zeros(len(LENGTHS[task]), n, dtype=torch.long)
         for i, length in enumerate(LENGTHS[task]):
-            toks[i, :length] = torch.randint(1, 15, (length,), generator=g)
+            toks[i, :length] = torch.randint(1, 257 if task.startswith("text") else 15, (length,), generator=g)
         return toks
-    toks = torch.randint(1, 256, (3, n), generator=g)  # pixels: many zeros anywhere, and a zero tail
-    for i, p_zero in enumerate((0.6, 0.85, 0.95)):
-        toks[i][torch.rand(n, generator=g) < p_zero] = 0
+    rows = CHUNKED_BATCH if task.endswith("-chunks") else 3
+    toks = torch.randint(1, 256, (rows, n), generator=g)  # pixels: many zeros anywhere, and a zero tail
+    for i in range(rows):
+        toks[i][torch.rand(n, generator=g) < (0.6, 0.85, 0.95)[i % 3]] = 0
     toks[1, -100:] = 0
     return toks
 
 
+@contextlib.contextmanager
+def budgets(out: list[int]) -> Iterator[None]:
+    """Our Skeinformer's batch budget d of every forward (``gumbel_topk``'s kth), in call order."""
+    inner = skein.gumbel_topk
+    skein.gumbel_topk = lambda log_w, d, kth=None: (out.append(int(kth)) if kth is not None else None,
+                                                    inner(log_w, d, kth))[1]
+    try:
+        yield
+    finally:
+        skein.gumbel_topk = inner
+
+
 def compare(row: Row, roots: dict[str, Path]) -> dict:
-    """The row's max |logit diff| per column, their max |logit|, and notes on what was forced."""
-    theirs = their_model(row, roots)
-    spec = {sem: load([f"experiment={row.preset}", f"task={row.task.split('-')[0]}", f"attn={row.attn}",
-                       f"semantics={sem}"]) for sem in ("paper", "clean")}
+    """The row's max |logit diff| per column, their max |logit|, and notes on what was forced; a chunked
+    row also runs ours as one micro-batch (train.chunks=1) for its notes."""
+    theirs, task = their_model(row, roots), row.task.split("-")[0]
+    base = [f"experiment={row.preset}", f"task={task}", f"attn={row.attn}"]
+    base += [f"train.batch_size={CHUNKED_BATCH}", "hardware=cpu"] if row.chunked else []
+    spec = {sem: load([*base, f"semantics={sem}"]) for sem in ("paper", "clean")}
+    spec["one"] = load([*base, "semantics=paper", "train.chunks=1"])
     toks = make_batch(row.task, spec["paper"].model.seq_len)
+    k = their_chunks(row.repo, task, roots)[1].get(row.theirs, 1) if row.chunked else 1
     replay, skein_row = DrawReplay(), row.theirs in SKEIN_NAMES
     with replay.recording() if skein_row else contextlib.nullcontext():
-        lt = their_logits(theirs, toks)
-    res = {"row": row, "scale": lt.abs().max().item(), "unforced": math.nan}
-    for column, sem, force in (("paper", "paper", True), ("clean", "clean", True), ("unforced", "paper", False)):
+        lt = torch.cat([their_logits(theirs, c) for c in toks.chunk(k)])  # as main.py / run_tasks.py split
+    res, ds = {"row": row, "scale": lt.abs().max().item(), "unforced": math.nan}, {}
+    columns = [("paper", "paper", True), ("clean", "clean", True), ("unforced", "paper", False)]
+    for column, sem, force in columns + ([("one", "one", not row.randomized)] if row.chunked else []):
         if column == "unforced" and not row.randomized:
             continue
         torch.manual_seed(123)
         ours = build_model(spec[sem].model).eval()
         copied = copy_weights(ours, theirs, draws=force)
-        # theirs always masks ids != 0; ours: task.mask (pathfinder: "nonzero" in paper, every pixel in clean)
-        every_pixel = row.task == "pathfinder" and spec[sem].data.spec.mask != "nonzero"
+        # theirs always masks ids != 0; ours: task.mask (pixels: "nonzero" in paper, every pixel in clean)
+        every_pixel = task in ("pathfinder", "image") and spec[sem].data.spec.mask != "nonzero"
         mask = torch.ones_like(toks, dtype=torch.bool) if every_pixel else toks != 0
+        micro = plan(spec[sem]).micro_batch if row.chunked else len(toks)  # ours: the loader's micro-batches
         torch.manual_seed(SEED if force else SEED + 1)
-        with torch.no_grad(), replay.replaying() if skein_row and column == "paper" else contextlib.nullcontext():
-            res[column] = (ours(toks, mask) - lt).abs().max().item()
+        forced = replay.replaying() if skein_row and column == "paper" else contextlib.nullcontext()
+        with torch.no_grad(), forced, budgets(ds.setdefault(column, [])):
+            out = torch.cat([ours(t, m) for t, m in zip(toks.split(micro), mask.split(micro))])
+        res[column] = (out - lt).abs().max().item()
         if column == "paper":
             res["notes"] = "; ".join(([f"copied {', '.join(copied)}"] if copied else []) + (
                 [f"replayed {len(replay.uniforms)} u + {len(replay.columns)} column draws"] if skein_row else []) + (
-                [f"same torch seed ({SEED}) before both forwards"] if row.theirs == "skyformer" else []))
+                [f"same torch seed ({SEED}) before both forwards"] if row.theirs == "skyformer" else []) + (
+                [f"{k} chunks of {len(toks) // k}, ours micro-batch {micro}"] if row.chunked else []))
+    if row.chunked:
+        their_d = [u.numel() for u in replay.uniforms]
+        res["notes"] += (f"; d per forward theirs {their_d}, ours {ds['paper']}" if their_d else "") + (
+            f"; one micro-batch (train.chunks=1{', own draws' if row.randomized else ''}):"
+            + (f" d {ds['one']}," if ds["one"] else "") + f" max |diff| {res.pop('one'):.2e}")
     return res
 
 
@@ -394,7 +487,8 @@ def _num(x: float) -> str:
 
 
 def markdown(results: list[dict], skipped: list[str]) -> tuple[str, int]:
-    """The table, and how many paper rows are above their tolerance (or failed)."""
+    """The tables, and how many paper rows are above their tolerance (or failed) or chunk rows disagree."""
+    chunks, results = [r for r in results if "bad" in r], [r for r in results if "bad" not in r]
     lines = ["max |logit diff| ours vs theirs, 3 samples, eval, CPU fp32 (python -m lra.fidelity --help)", "",
              "| preset | task | attn | their name | paper | clean | unforced | max \\|logit\\| | notes |",
              "|---|---|---|---|---:|---:|---:|---:|---|"]
@@ -407,10 +501,21 @@ def markdown(results: list[dict], skipped: list[str]) -> tuple[str, int]:
         lines.append(f"| {row.preset} | {row.task} | {row.attn} | {row.theirs} | {_num(r['paper'])} | "
                      f"{_num(r['clean'])} | {_num(r['unforced'])} | {r['scale']:.3g} | {notes} |")
     lines += [""] + [f"not compared: {s}" for s in skipped]
+    if chunks:
+        lines += [""] * bool(skipped) + [
+            "accumulation chunks, their config vs our plan (semantics=paper, hardware=cpu)", "",
+            "| preset | task | their batch | chunks > 1: attention, chunks x size | agree | not ours |",
+            "|---|---|---:|---|---:|---|"]
+        lines += [f"| {r['row'].preset} | {r['row'].task} | {r['batch']} | {r['notes']} | "
+                  f"{r['n'] - len(r['bad'])}/{r['n']} | {r['other']} |" for r in chunks] + [""]
     tolerances = ", ".join(f"{name} code {repo.tolerance:g}" for name, repo in REPOS.items())
     lines.append(f"{bad} of {len(results)} paper rows above tolerance ({tolerances})" if bad
                  else f"all {len(results)} paper rows within tolerance ({tolerances})")
-    return "\n".join(lines) + "\n", bad
+    off = sum(bool(r["bad"]) for r in chunks)
+    if chunks:
+        lines.append(f"{off} of {len(chunks)} chunk rows disagree" if off
+                     else f"all {len(chunks)} chunk rows agree")
+    return "\n".join(lines) + "\n", bad + off
 
 
 EXAMPLES = """examples:
@@ -436,13 +541,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
             p.error(f"--{name} {root}: no {REPOS[name].code}/{REPOS[name].wrapper} there; clone {REPOS[name].url}")
     if not roots:
         p.error("give at least one checkout: --skeinformer, --skyformer or --nystromformer PATH")
-    known = {r.key: r for r in ROWS}
+    known = {r.key: r for r in ROWS + CHUNK_ROWS}
     for key in args.rows or ():
         if key not in known:
             p.error(f"--rows {key}: no such row; rows: {', '.join(known)}")
         if known[key].repo not in roots:
             p.error(f"--rows {key} needs --{known[key].repo} PATH")
-    rows = [known[k] for k in args.rows] if args.rows else [r for r in ROWS if r.repo in roots]
+    rows = [known[k] for k in args.rows] if args.rows else [r for r in ROWS + CHUNK_ROWS if r.repo in roots]
     # the Nyström code's performer imports pip performer_pytorch; the Skeinformer repo ships a copy
     no_performer = [r for r in rows if r.repo == "nystromformer" and r.theirs.startswith("performer")
                     and importlib.util.find_spec("performer_pytorch") is None and "skeinformer" not in roots]
@@ -457,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, row in enumerate(rows):
         print(f"[{i + 1}/{len(rows)}] {row.key}", file=sys.stderr, flush=True)
         try:
-            results.append(compare(row, roots))
+            results.append((compare_chunks if row.attn == "chunks" else compare)(row, roots))
         except Exception as err:  # noqa: BLE001 - a row that cannot run is reported (and fails), not fatal
             why = " ".join(f"{type(err).__name__}: {err}".replace("|", "/").split())  # one table cell
             results.append({"row": row, "paper": math.nan, "clean": math.nan, "unforced": math.nan,

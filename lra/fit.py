@@ -5,6 +5,9 @@
 for any number of devices. How the micro-batch is chosen:
 
 1. ``hardware.micro_batch`` set: that value (must divide the per-device batch).
+   Otherwise ``train.chunks`` (under ``semantics=paper`` the public code's accumulation chunks,
+   conf/quirks/) caps the micro-batch at ``batch_size / chunks``, the chunk their code ran, whatever
+   would fit; "the whole per-device batch" below then means the largest divisor up to that chunk.
 2. A profile without a memory budget (``hardware=cpu``, or ``auto`` on a machine without CUDA): the
    whole per-device batch is one micro-batch.
 3. Otherwise the peak training memory of one micro-batch is ESTIMATED ON THE CPU, without a GPU and
@@ -203,27 +206,35 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _cache_file(spec: RunSpec, per_device: int, precision: str, budget: int) -> Path | None:
-    """Where the decision is cached: keyed by everything that changes the memory of a step."""
+def _cache_file(spec: RunSpec, per_device: int, precision: str, budget: int, top: int) -> Path | None:
+    """Where the decision is cached: keyed by everything that changes the memory of a step (and the
+    largest micro-batch allowed, where the public code's chunks cap it)."""
     if spec.fit_cache_dir is None:
         return None
     key = {"model": spec.model.kwargs(), "checkpointing": spec.attn.checkpointing, "per_device_batch": per_device,
            "precision": precision, "budget_bytes": budget, "torch": torch.__version__.split("+")[0],
-           "estimator": ESTIMATOR_VERSION}
+           "estimator": ESTIMATOR_VERSION, **({"micro_batch_max": top} if top < per_device else {})}
     return spec.fit_cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]}.json"
 
 
-def _cached(path: Path | None, per_device: int, eff: int, devices: int) -> Plan | None:
+def _cached(path: Path | None, per_device: int, eff: int, devices: int, top: int) -> Plan | None:
     if path is None or not path.exists():
         return None
     try:
         d = json.loads(path.read_text())
         d["estimates"] = dict(sorted((int(k), v) for k, v in d.get("estimates", {}).items()))
         p = Plan(**{**d, "cached": True, "seconds": 0.0, "devices": devices, "effective_batch": eff})
-        return p if p.micro_batch * p.accum_steps == per_device else None
+        return p if p.micro_batch * p.accum_steps == per_device and p.micro_batch <= top else None
     except (ValueError, TypeError, KeyError):
         log.warning("ignoring unreadable fit cache %s", path)
         return None
+
+
+def chunk_cap(spec: RunSpec) -> int:
+    """The largest micro-batch ``train.chunks`` allows: the largest divisor of the per-device batch up to
+    the public code's chunk ``batch_size / chunks`` (their code ran one GPU); the per-device batch if 1."""
+    per_dev, chunk = spec.train.batch_size // spec.hardware.devices, spec.train.batch_size // spec.train.chunks
+    return max(d for d in _divisors(per_dev) if d <= chunk)
 
 
 def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
@@ -232,12 +243,14 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
     per_dev = eff // dev  # RunSpec checked that the devices divide the batch
     if hw.micro_batch:
         return Plan(hw.micro_batch, per_dev // hw.micro_batch, eff, "hardware.micro_batch", devices=dev)
+    top = chunk_cap(spec)  # per_dev unless the public code's chunks are smaller
+    capped = f" within train.chunks={spec.train.chunks} (micro-batch <= {top})" if top < per_dev else ""
     budget = hw.budget_bytes
     if budget is None:
-        return Plan(per_dev, 1, eff, f"no memory budget (hardware={hw.name})", devices=dev)
+        return Plan(top, per_dev // top, eff, f"no memory budget (hardware={hw.name}){capped}", devices=dev)
     precision = hw.planned_precision
-    cache_file = _cache_file(spec, per_dev, precision, budget) if use_cache else None
-    cached = _cached(cache_file, per_dev, eff, dev)
+    cache_file = _cache_file(spec, per_dev, precision, budget, top) if use_cache else None
+    cached = _cached(cache_file, per_dev, eff, dev, top)
     if cached is not None:
         return cached
 
@@ -249,19 +262,20 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
             est[m] = train_step_peak(spec.model, m, precision=precision, lr=spec.train.lr, eps=spec.train.eps)
         return est[m] <= budget
 
-    cands = _divisors(per_dev)
+    cands = [d for d in _divisors(per_dev) if d <= top]
     where = f"{spec.where} at n={spec.model.seq_len} on {hw.name}"
     try:
-        whole = fits(per_dev)
+        whole = fits(top)
     except attention.BackendContractError:  # a broken backend: no estimate could make it train
         raise
     except Exception as e:  # noqa: BLE001 - an op the fake tensors cannot trace must not block training
-        log.warning("%s: the memory estimate failed (%s: %s); training without accumulation", where,
-                    type(e).__name__, str(e).splitlines()[0][:200])
-        return Plan(per_dev, 1, eff, f"no estimate ({type(e).__name__}): no accumulation", budget_bytes=budget,
-                    devices=dev, seconds=round(time.perf_counter() - t0, 3))
+        log.warning("%s: the memory estimate failed (%s: %s); training at micro-batch %d", where,
+                    type(e).__name__, str(e).splitlines()[0][:200], top)
+        return Plan(top, per_dev // top, eff, f"no estimate ({type(e).__name__}): " + (
+                    capped.removeprefix(" within ") if capped else "no accumulation"),
+                    budget_bytes=budget, devices=dev, seconds=round(time.perf_counter() - t0, 3))
     if whole:
-        micro = per_dev
+        micro = top
     elif not fits(1):
         raise FitError(
             f"{where}: micro-batch 1 does not fit. Estimated peak training memory "
@@ -269,19 +283,19 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
             f"{hw.cuda_context_gib:.2f} GiB CUDA context, over a {hw.allocator_margin:.0%} allocator margin). Use a device with more memory "
             f"(hardware=a100_40gb|h100_80gb), a shorter task.seq_len, or a cheaper attention.")
     else:
-        slope = (est[per_dev] - est[1]) / (per_dev - 1)
+        slope = (est[top] - est[1]) / (top - 1)
         guess = max([m for m in cands if est[1] + slope * (m - 1) <= budget], default=1)
         i = cands.index(guess)
         while not fits(cands[i]):  # verify; walk down where the line was optimistic (1 fits)
             i -= 1
         micro = cands[i]
     seconds = time.perf_counter() - t0
-    p = Plan(micro, per_dev // micro, eff, "memory fit", estimate_bytes=est[micro], budget_bytes=budget,
-             devices=dev, estimates=dict(sorted(est.items())), seconds=round(seconds, 3))
+    p = Plan(micro, per_dev // micro, eff, f"memory fit{capped}", estimate_bytes=est[micro],
+             budget_bytes=budget, devices=dev, estimates=dict(sorted(est.items())), seconds=round(seconds, 3))
     log.info("%s: %s (%d estimates, %.1f s)", where, p.describe(), len(est), seconds)
     if cache_file is not None:
         d = {k: v for k, v in asdict(p).items() if k not in ("cached", "seconds")}
-        d["source"] = "memory fit (cached)"
+        d["source"] = f"memory fit (cached){capped}"
         try:
             write_json(cache_file, d)
         except OSError as e:

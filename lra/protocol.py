@@ -62,17 +62,26 @@ class StepProgress(L.Callback):
             self.bar.close()
 
 
-class BestCheckpoint(ModelCheckpoint):
-    """The best-validation checkpoint (``best.ckpt``), considered only from ``select_after`` optimizer
-    steps on (Skyformer keeps the best dev checkpoint after 20% of training); remembers the step."""
+def selectable(step: int, select_after: float, max_steps: int) -> bool:
+    """Whether the evaluation after ``step`` optimizer steps may become the best checkpoint: strictly
+    after the fraction ``select_after`` of ``max_steps``, as Skyformer's main.py saves only when
+    ``(train_step_idx + 1) > total_step * 0.2``; its ``train_step_idx + 1`` at an evaluation is the
+    optimizer steps done, Lightning's ``global_step`` there (step 10,000 of 50,000 is not eligible)."""
+    return step > max_steps * select_after
 
-    def __init__(self, *args, select_after: int = 0, **kwargs):
+
+class BestCheckpoint(ModelCheckpoint):
+    """The best-validation checkpoint (``best.ckpt``), considered only after ``select_after`` of the
+    ``max_steps`` optimizer steps (:func:`selectable`; Skyformer keeps the best dev checkpoint after 20%
+    of training); remembers the step."""
+
+    def __init__(self, *args, select_after: float = 0.0, max_steps: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
-        self.select_after = int(select_after)
+        self.select_after, self.max_steps = float(select_after), int(max_steps)
         self.best_step = None
 
     def on_validation_end(self, trainer, pl_module):
-        if trainer.global_step < self.select_after:
+        if not selectable(trainer.global_step, self.select_after, self.max_steps):
             return
         before = self.best_model_score
         super().on_validation_end(trainer, pl_module)
@@ -247,10 +256,10 @@ class Callbacks:
 
 def callbacks(spec: RunSpec, val: Split, ckpt_dir: Path, extra: list | None = None) -> Callbacks:
     tr = spec.train
-    select_after = int(math.ceil(tr.select_after * tr.max_steps))
     best = BestCheckpoint(dirpath=ckpt_dir, filename="best", monitor=tr.monitor,
                           mode="max" if tr.monitor.endswith("acc") else "min", save_top_k=1, save_last=False,
-                          auto_insert_metric_name=False, enable_version_counter=False, select_after=select_after)
+                          auto_insert_metric_name=False, enable_version_counter=False,
+                          select_after=tr.select_after, max_steps=tr.max_steps)
     resume = ResumeCheckpoint(ckpt_dir / "last.ckpt", eval_every=tr.eval_every, every_n_steps=tr.ckpt_every_steps)
     guard = RunGuard(baseline_loss=label_entropy(val.labels), majority_acc=val.majority_rate(),
                      stuck_after=tr.stuck_after_steps, loss_tol=tr.stuck_loss_tol, acc_tol=tr.stuck_acc_tol)

@@ -23,6 +23,7 @@ from lra.data.base import Split
 from lra.data.listops import tokenize
 from lra.data.module import SplitDataset
 from lra.data.registry import LOADERS
+from lra.fit import plan
 from lra.model import build_model, pool
 from lra.record import new_record
 from test_train import TINY, run_train
@@ -54,14 +55,17 @@ def test_every_quirk_differs_from_clean_and_paper_turns_on_each(preset):
         assert clean.semantics == "clean" and clean.quirks == {}, (task, backend, clean.quirks)
         want = {f"model.{k}" for k in table.model} | {f"task.{k}" for k in table.task.get(task, {})}
         want |= {f"attn.options.{k}" for k in table.attn_options.get(backend, {})}
+        chunks = table.get("train", {}).get("chunks", {}).get(task, 1)
+        chunks = chunks.get(backend, 1) if hasattr(chunks, "get") else chunks  # one count or one per attn
+        want |= {"train.chunks"} if chunks > 1 else set()
         assert set(paper.quirks) == want, (task, backend)
         for key, value in paper.quirks.items():  # what the record lists is what runs
             where, _, name = key.rpartition(".")
-            ran = {"model": lambda: getattr(paper.model, name), "task": lambda: paper.data.options[name],
-                   "attn.options": lambda: paper.attn.options[name]}[where]()
-            assert ran == value and ran != {"model": lambda: getattr(clean.model, name),
-                                            "task": lambda: clean.data.options[name],
-                                            "attn.options": lambda: clean.attn.options[name]}[where]()
+            def of(spec):
+                return {"model": lambda: getattr(spec.model, name), "task": lambda: spec.data.options[name],
+                        "attn.options": lambda: spec.attn.options[name],
+                        "train": lambda: getattr(spec.train, name)}[where]()
+            assert of(paper) == value and of(paper) != of(clean)
 
 
 def test_a_single_quirk_is_an_option_and_the_command_line_wins():
@@ -74,6 +78,48 @@ def test_a_single_quirk_is_an_option_and_the_command_line_wins():
     assert spec.quirks["attn.options.ns_init"] == "colsum_batch" and spec.model.pooling == "padded_mean"
     spec = load(["experiment=quick", "semantics=paper", "quirks=lra_pytorch", "attn=nystrom"])  # the shared files only
     assert spec.quirks["attn.options.landmark_mean"] == "padded" and "attn.options.landmarks" not in spec.quirks
+
+
+ATTNS = ("softmax", "skeinformer", "skeinformer_no_rownorm", "informer", "kernelized")
+# Their configs' accumulation chunks above 1 (Skeinformer / Skyformer src/config.py bz_rate; Nyströmformer
+# LRA/code/lra_config.py batch // gpu_memory on one GPU, for every attention), read off the public code.
+THEIR_CHUNKS = {
+    "skeinformer_paper": {("listops", "skeinformer"): 2, ("listops", "skeinformer_no_rownorm"): 4,
+                          ("text", "skeinformer"): 2, ("text", "skeinformer_no_rownorm"): 8,
+                          ("retrieval", "skeinformer_no_rownorm"): 16, ("pathfinder", "skeinformer"): 2,
+                          ("pathfinder", "skeinformer_no_rownorm"): 2, ("pathfinder", "informer"): 2,
+                          ("image", "skeinformer_no_rownorm"): 2, ("image", "informer"): 2},
+    "skyformer_paper": {("text", "kernelized"): 2, ("retrieval", "kernelized"): 2,
+                        ("pathfinder", "informer"): 2, ("image", "informer"): 2},
+    "nystromformer_paper": {(t, a): 2 for t in ("image", "pathfinder") for a in ATTNS},
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_paper_runs_their_configs_chunks(preset):
+    """Bug caught: a chunk count under a misspelt task or attention name (silently 1) or on another preset;
+    under paper every task x attention runs their config's chunks: micro-batch = batch / chunks."""
+    for task in TASKS:
+        for attn in ATTNS:
+            spec = load([f"experiment={preset}", f"task={task}", f"attn={attn}", "hardware=cpu"])
+            p, want = plan(spec), THEIR_CHUNKS[preset].get((task, attn), 1)
+            got = (spec.train.chunks, p.micro_batch * want, p.accum_steps)
+            assert got == (want, spec.train.batch_size, want), (task, attn)
+
+
+def test_chunks_are_a_quirk_option_of_their_own():
+    """Bug caught: the chunks on under semantics=clean, or not settable alone; the record lists them as a quirk
+    and its config says the count that ran."""
+    base = ["task=listops", "attn=skeinformer"]
+    clean = load([*base, "semantics=clean"])
+    assert clean.train.chunks == 1 and "train.chunks" not in clean.quirks
+    assert load([*base, "semantics=clean", "train.chunks=2"]).quirks == {"train.chunks": 2}
+    off = load([*base, "train.chunks=1"])  # paper without its chunks: the other quirks stay on
+    assert off.train.chunks == 1 and "train.chunks" not in off.quirks and "attn.options.budget" in off.quirks
+    quick = load(["experiment=quick", "train.chunks=4"])  # every preset has the key: no + needed
+    assert quick.train.chunks == 4 and quick.quirks == {}
+    rec = new_record(load(base))
+    assert rec["quirks"]["train.chunks"] == 2 and rec["config"]["train"]["chunks"] == 2
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -182,5 +228,9 @@ def test_paper_run_records_semantics_and_its_folder(tmp_path):
     assert paper["status"] == "completed" and paper["semantics"] == "paper" and clean["semantics"] == "clean"
     assert paper["quirks"]["task.tokenizer"] == "alnum" and paper["quirks"]["attn.options.pilot_batch"] == "shared"
     assert paper["config"]["task"]["vocab_size"] == 32 and clean["quirks"] == {}
+    # their bz_rate 2 on ListOps: the record's micro-batch and accumulation are the chunks that ran
+    assert (paper["micro_batch"], paper["accum_steps"], paper["quirks"]["train.chunks"]) == (16, 2, 2)
+    assert (clean["micro_batch"], clean["accum_steps"]) == (32, 1)
+    assert "train.chunks=2" in paper["accum_source"]
     assert paper["num_params"] - clean["num_params"] == (32 - 16) * 64  # the public code's embedding table
     assert attention.option_defaults("skeinformer")["pilot_batch"] == "independent"

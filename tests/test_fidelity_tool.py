@@ -181,3 +181,29 @@ def test_replay_refuses_a_draw_too_many_or_too_few():
 def test_pad_distinct_fills_with_the_smallest_unused_positions():
     cols = torch.tensor([[[3, 1]], [[0, 5]]])
     assert pad_distinct(cols, 4, 6).tolist() == [[[3, 1, 0, 2]], [[0, 5, 1, 2]]]
+
+
+# ----------------------------------------------------------------------------- accumulation chunks
+def _fake_skeinformer(root, bz_rate: int):
+    (root / "src").mkdir(parents=True)
+    (root / "src/config.py").write_text(
+        "Config = {'lra-listops': {'training': {'batch_size': 256}, 'extra_attn_config': {\n"
+        f"    'softmax': {{'bz_rate': 1}}, 'skeinformer': {{'bz_rate': {bz_rate}}},\n"
+        "    'skein_nonorm': {'bz_rate': 4},\n"
+        "    'softmaxRBF32': {'bz_rate': 2}}}}\n")
+    return root
+
+
+def test_chunk_rows_compare_their_config_with_our_plan(tmp_path):
+    """Bug caught: a chunk table that agrees whatever their config says. Their count read as main.py reads
+    it (bz_rate, else 1), their chunk sizes against our micro-batch x accumulation; a disagreement fails."""
+    from lra.fidelity import CHUNK_ROWS, compare_chunks
+
+    row = next(r for r in CHUNK_ROWS if r.key == "skeinformer_paper:listops:chunks")
+    good = compare_chunks(row, {"skeinformer": _fake_skeinformer(tmp_path / "a", 2)})
+    assert good["bad"] == [] and good["batch"] == 256 and good["other"] == "softmaxRBF32"
+    assert "skeinformer 2 x 128" in good["notes"] and "skeinformer_no_rownorm 4 x 64" in good["notes"]
+    off = compare_chunks(row, {"skeinformer": _fake_skeinformer(tmp_path / "b", 4)})
+    assert off["bad"] == ["**skeinformer: theirs 4 x 64, ours 2 x 128**"]
+    text, bad = markdown([good, off], [])
+    assert bad == 1 and "1 of 2 chunk rows disagree" in text and "| 12/13 |" in text

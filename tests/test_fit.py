@@ -96,7 +96,7 @@ def test_listops_table4_shape_on_v100(tmp_path):
     base = [f"fit.cache_dir={tmp_path}/cache", "task=listops", "hardware=v100_16gb", "experiment=skeinformer_paper"]
     mat = plan(cfg_for(tmp_path, *base, "attn=softmax"))
     fused = plan(cfg_for(tmp_path, *base, "attn=softmax", "attn.options.impl=fused"))
-    skein = plan(cfg_for(tmp_path, *base, "attn=skeinformer"))
+    skein = plan(cfg_for(tmp_path, *base, "attn=skeinformer", "train.chunks=1"))  # memory alone: no chunk cap
     for p in (mat, fused, skein):
         assert p.effective_batch == 256 == p.micro_batch * p.accum_steps
         assert p.estimate_bytes <= p.budget_bytes and p.source == "memory fit"
@@ -106,6 +106,48 @@ def test_listops_table4_shape_on_v100(tmp_path):
     bigger = [m for m in mat.estimates if m > mat.micro_batch]
     assert bigger and all(mat.estimates[m] > mat.budget_bytes for m in bigger)
     assert mat.seconds < 60  # a few seconds on an idle machine (the 2-core CI box is shared)
+
+
+def test_paper_runs_the_public_codes_chunks_where_the_whole_batch_fits(tmp_path):
+    """Bug caught: under semantics=paper skeinformer_paper ListOps trained one micro-batch of 256 on a V100
+    where 256 fits, so Skeinformer's batch budget and shared pilot draws spanned twice the chunk of its
+    code (config.py bz_rate 2); it must run micro-batch 128 x 2, and semantics=clean keeps 256 x 1."""
+    base = [f"fit.cache_dir={tmp_path}/cache", "task=listops", "attn=skeinformer", "hardware=v100_16gb"]
+    clean = plan(cfg_for(tmp_path, *base, "semantics=clean"))
+    paper = plan(cfg_for(tmp_path, *base))
+    assert (clean.micro_batch, clean.accum_steps) == (256, 1) and clean.source == "memory fit"
+    assert (paper.micro_batch, paper.accum_steps, paper.effective_batch) == (128, 2, 256)
+    assert paper.source == "memory fit within train.chunks=2 (micro-batch <= 128)"
+    assert 256 not in paper.estimates  # nothing above the chunk is even tried
+    # the same model's decision for the whole batch (train.chunks=1, cached first) is not reused under the cap
+    whole = plan(cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c2", *base[1:], "train.chunks=1"))
+    capped = plan(cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c2", *base[1:]))
+    assert (whole.micro_batch, capped.micro_batch, capped.cached) == (256, 128, False)
+    assert plan(cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c2", *base[1:])).cached
+
+
+def test_the_public_codes_chunk_still_shrinks_when_it_does_not_fit(tmp_path):
+    """Bug caught: the chunk of the public code taken as the micro-batch whatever the memory (an OOM on a
+    small card); where 128 does not fit, the memory fit still walks down to a divisor that does."""
+    p = plan(cfg_for(tmp_path, "fit.cache=false", "task=listops", "attn=skeinformer", "hardware=v100_16gb",
+                     "hardware.total_gib=4"))
+    assert (p.micro_batch, p.accum_steps) == (64, 4) and p.estimates[128] > p.budget_bytes >= p.estimates[64]
+    assert 256 not in p.estimates and "train.chunks=2" in p.source
+
+
+def test_chunks_without_a_budget_over_devices_and_bad_counts(tmp_path):
+    """No memory budget (hardware=cpu): the chunk is the micro-batch (was: the whole batch); over 2 devices
+    each device's 128 is one chunk; a count that does not divide the batch is one line."""
+    cpu = ["task=listops", "attn=skeinformer", "hardware=cpu"]
+    p = plan(cfg_for(tmp_path, *cpu))
+    assert (p.micro_batch, p.accum_steps) == (128, 2) and "train.chunks=2" in p.source
+    assert (plan(cfg_for(tmp_path, *cpu, "semantics=clean")).micro_batch, p.effective_batch) == (256, 256)
+    two = plan(cfg_for(tmp_path, *cpu, "trainer.devices=2"))
+    assert (two.micro_batch, two.accum_steps, two.devices) == (128, 1, 2)
+    assert plan(cfg_for(tmp_path, *cpu, "hardware.micro_batch=32")).micro_batch == 32  # forced wins
+    with pytest.raises(ConfigError, match=r"train.chunks=3 .*a divisor of train.batch_size=256") as e:
+        cfg_for(tmp_path, *cpu, "train.chunks=3")
+    assert "\n" not in str(e.value)
 
 
 def test_decision_is_cached(tmp_path):

@@ -124,10 +124,29 @@ def test_skyformer_selection_only_after_warm_fraction(tmp_path):
     warm = train(tmp_path, "train.eval_every=3", "train.select_after=0.5")
     never = train(tmp_path, "train.eval_every=3", "train.select_after=1.1")
     assert free["steps"] == warm["steps"] == never["steps"] == 12
-    assert warm["steps_to_best"] >= 6 and warm["tested_ckpt"] == "best"
+    assert warm["steps_to_best"] > 6 and warm["tested_ckpt"] == "best"  # strictly after half: 9 or 12
     assert free["best_val_acc"] >= warm["best_val_acc"]
     assert never["steps_to_best"] is None and never["tested_ckpt"].startswith("last (no best")
     assert never["test_acc"] is not None
+
+
+def test_selection_is_strictly_after_the_fraction_as_skyformer():
+    """Bug caught: the evaluation at exactly 20% (step 10,000 of 50,000) became the best checkpoint, which
+    Skyformer's main.py never saves ((train_step_idx + 1) > 0.2 * total, strict)."""
+    from lra.protocol import selectable
+
+    assert not selectable(10, 0.2, 50) and selectable(11, 0.2, 50)
+    assert not selectable(10_000, 0.2, 50_000) and selectable(10_500, 0.2, 50_000)  # they evaluate every 500
+    assert not selectable(10, 0.2, 51) and selectable(11, 0.2, 51)  # 10.2: the first step past it
+    assert selectable(1, 0.0, 50) and not selectable(50, 1.0, 50) and not selectable(50, 1.1, 50)
+
+
+def test_skyformer_rule_sees_the_step_as_their_train_step_idx_plus_one(tmp_path):
+    """Bug caught: an off-by-one between their ``train_step_idx + 1`` and Lightning's global_step at the
+    evaluation. With lr 0 every evaluation scores the same, so the best is the first eligible one: with
+    select_after 0.25 of 12 steps, evaluated every step, step 3 is not eligible and step 4 is."""
+    rec = train(tmp_path, "train.lr=0.0", "train.eval_every=1", "train.select_after=0.25")
+    assert rec["steps"] == 12 and rec["steps_to_best"] == 4 and rec["tested_ckpt"] == "best"
 
 
 def test_test_at_stop(tmp_path):
