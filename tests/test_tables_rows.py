@@ -6,6 +6,7 @@ Every test writes its own records (tests/test_collect.py::make_record) and names
 import csv
 import math
 
+import pandas as pd
 import pytest
 
 from lra.collect import collect
@@ -153,8 +154,9 @@ def test_search_trials_are_summarised_not_rows_unless_asked(tmp_path):
     names = [r.name for r in res.tables[("quick", "skeinformer_table1")].rows]
     assert names == ["Standard"]
     searches = (tmp_path / "out" / "quick" / "searches.md").read_text()
-    assert "| lin-lr | search_quick | listops | linformer | 3 | 0 | best_val_acc | 1 | 0.36 | 0.21 | " \
-           "train.lr=0.00031 |" in searches
+    assert "| lin-lr | search_quick | listops | linformer | 3 | 0 | best_val_acc | 1 | 0.36 | 0.21 | lr=0.00031 |" \
+        in searches
+    assert pd.read_csv(tmp_path / "out" / "quick" / "searches.csv")["best_params"].tolist() == ["train.lr=0.00031"]
     assert "lin-lr" in (tmp_path / "out" / "index.html").read_text()
     res = collect(tmp_path, tmp_path / "all", plots=False, trials=True)
     names = [r.name for r in res.tables[("quick", "skeinformer_table1")].rows]
@@ -203,9 +205,9 @@ def test_timings_compare_only_on_one_device_and_load_is_said(tmp_path):
     for seed in range(3):
         make_record(tmp_path, "softmax", seed, time_per_1k_steps_s=100.0 + seed)
         make_record(tmp_path, "performer", seed, time_per_1k_steps_s=50.0 + seed, device="cpu",
-                    machine={"loadavg_start": 3.5, "cpus": 2, "gpu_share": None})
+                    machine={"loadavg_start": 3.5, "cpus": 2, "cpu_others": 0.8, "gpu_share": None, "loaded": True})
         make_record(tmp_path, "nystrom", seed, time_per_1k_steps_s=60.0 + seed,
-                    machine={"loadavg_start": 0.1, "cpus": 16, "gpu_share": 1.0})
+                    machine={"loadavg_start": 0.1, "cpus": 16, "cpu_others": 0.02, "gpu_share": 1.0, "loaded": False})
     runs, _ = load_runs(tmp_path)
     t2 = build(SPEC["skeinformer_table2"], runs, "quick")
     j = next(i for i, c in enumerate(t2.columns) if c.task == "listops" and c.metric == "min_per_1k")

@@ -128,7 +128,8 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         mine = found[found["preset"] == preset].drop(columns="preset")
         if len(mine):
             emit(f"{folder}/searches.csv", frame_csv(mine))
-            md = frame_markdown(mine, f"## Searches of preset `{preset}` (best trial each; --trials shows them all)")
+            md = frame_markdown(mine.drop(columns=["best_params", "best_path"]),  # in searches.csv and on the page
+                                f"## Searches of preset `{preset}` (best trial each; --trials shows them all)")
             md_all.append(md)
             if "md" in formats:
                 emit(f"{folder}/searches.md", md)

@@ -163,16 +163,18 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     ax.legend(handles=leg, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, labelspacing=2.4, borderpad=1.0,
               handlelength=3.0, handletextpad=1.2, title="peak memory = marker area", title_fontsize=8,
               frameon=False)
+    all_loaded = bool(d["loaded"].all())  # said once in the title instead of at every point
     texts = []
     for r in d.itertuples():
         t = short(names.get(r.row, r.row))
         extra = ([] if r.tasks == r.of else [f"{r.tasks} of {r.of} tasks"]) + \
-            ([] if r.seeds > 1 else ["1 seed"]) + (["timed under load"] if r.loaded else [])
+            ([] if r.seeds > 1 else ["1 seed"]) + (["timed under load"] if r.loaded and not all_loaded else [])
         texts.append(f"{t} ({', '.join(extra)})" if extra else t)
     place_labels(ax, x, y, texts, sizes=area, edge=[col[k] for k in d["row"]])
     full_names_legend(fig, list(d["row"]), names, col)
     seeds = sorted(set(d["seeds"]))
     fig.suptitle(f"{preset}: accuracy, {'relative ' if ref else ''}speed and memory, as LRA (Tay et al. 2021) Fig. 3\n"
                  f"tasks: {', '.join(task_name(t) for t in tasks_all)}; seeds per point: "
-                 f"{', '.join(map(str, seeds))}", fontsize=11)
+                 f"{', '.join(map(str, seeds))}" + ("; every point timed on a shared or busy machine" if all_loaded
+                                                    else ""), fontsize=11)
     return fig, notes

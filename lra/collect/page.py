@@ -74,6 +74,8 @@ td.empty { color: #adb5bd; }
 .mark { color: #9a6700; font-weight: 700; cursor: help; }
 .note, .legend { color: var(--muted); font-size: 0.9em; margin: 0.2em 0 0.6em; }
 ul.legend { padding-left: 1.2em; }
+details.legend summary { cursor: pointer; }
+ul.note { padding-left: 1.2em; }
 figure { margin: 1em 0 1.6em; }
 figure img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
 figcaption { color: var(--muted); font-size: 0.9em; margin-top: 0.3em; }
@@ -121,7 +123,10 @@ def _ci_html(text: str) -> str:
 
 def _legend(built: Built) -> str:
     lines = render.legend(built)
-    return f'<ul class="legend">{"".join(f"<li>{_inline(x)}</li>" for x in lines)}</ul>' if lines else ""
+    if not lines:
+        return ""
+    return ('<details class="legend"><summary>How to read the cells and marks</summary><ul class="legend">'
+            f'{"".join(f"<li>{_inline(x)}</li>" for x in lines)}</ul></details>')
 
 
 # ----------------------------------------------------------------------------- tables
@@ -196,9 +201,9 @@ def _table(built: Built, pid: int, run_ids: dict, row_ids: dict) -> str:
         "<thead>", *_header(built), "</thead>",
         "<tbody>", *body, "</tbody>",
         "</table></div>",
-        _legend(built),
         '<ul class="note">' + "".join(f"<li>{_inline(x)}</li>" for x in render.notes(built)) +
         "<li>Click a value for the runs behind it.</li></ul>",
+        _legend(built),
         "</section>"])
 
 
@@ -254,8 +259,9 @@ def _figures(paths: list[Path], page_dir: Path) -> str:
     return "\n".join(out)
 
 
-def _report(df: pd.DataFrame, runs_root: Path, page_dir: Path, record: bool) -> str:
-    """A small frame as a table; its ``path`` column links to the run's result.json (``record``) or folder."""
+def _report(df: pd.DataFrame, runs_root: Path, page_dir: Path, record: bool, link_text: str | None = None) -> str:
+    """A small frame as a table; its ``path`` column links to the run's result.json (``record``) or folder,
+    showing ``link_text`` instead of the path where given (a long folder name, its full path on hover)."""
     head = "".join(f'<th scope="col">{_e(c)}</th>' for c in df.columns)
     rows = []
     for r in df.itertuples(index=False):
@@ -264,10 +270,11 @@ def _report(df: pd.DataFrame, runs_root: Path, page_dir: Path, record: bool) -> 
             text = _seed(v) if c == "seed" else render.num(v, 4) if isinstance(v, float) else ("" if v is None else v)
             if c == "path":
                 target = runs_root / str(v) / ("result.json" if record else "")
+                shown = link_text or v
                 if target.exists():
-                    text = f'<a href="{_e(_href(target, page_dir))}">{_e(v)}</a>'
+                    text = f'<a href="{_e(_href(target, page_dir))}" title="{_e(v)}">{_e(shown)}</a>'
                 else:
-                    text = _e(v)
+                    text = _e(shown)
                 cells.append(f'<td class="path">{text}</td>')
             else:
                 cells.append(f"<td>{_e(text)}</td>")
@@ -325,8 +332,8 @@ def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: 
             parts += [f'<h3 id="{_anchor("s", pid)}">Searches</h3>',
                       ("<p class=\"note\">Each search's trials are left out of the tables above (<code>--trials</code> "
                        "shows them); its best trial by the search's objective, and that trial's record:</p>"),
-                      _report(found.drop(columns="preset").rename(columns={"best_path": "path"}), runs_root,
-                              page_dir, True)]
+                      _report(found.drop(columns=["preset", "best_params"]).rename(columns={"best_path": "path"}),
+                              runs_root, page_dir, True, link_text="result.json")]
         figs = _figures(figures.get(preset, []), page_dir)
         if figs:
             parts += [f'<h3 id="{_anchor("f", pid)}">Figures</h3>', figs]

@@ -272,8 +272,10 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy (%)")
     full_names_legend(fig, keys, names, col)
+    load = "" if not s["loaded"].astype(bool).any() else (
+        "\ntimes taken on a shared or busy machine" + ("" if s["loaded"].astype(bool).all() else " for some points"))
     fig.suptitle(f"{task_name(task)} ({preset}): test accuracy against cost; points: mean over seeds, "
-                 f"bars: ± std over seeds")
+                 f"bars: ± std over seeds" + load)
     for ax, x, *_ in panels:
         idx = np.flatnonzero(np.isfinite(x))
         place_labels(ax, x[idx], acc[idx], [texts[i] for i in idx], sizes=[49] * len(idx),

@@ -67,9 +67,7 @@ CONTEXT_NUMERIC = ("trial", "max_length", "max_steps")
 COLUMNS = ("path", "preset", "semantics", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
            "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit",
            *CONTEXT, *CONTEXT_NUMERIC, "loaded")
-# "loaded" (docs/results.md): the run's timing was taken on a shared or busy machine. The 1-minute load
-# average before training, per CPU, above this (others' work, not the run's own) ...
-LOADED_PER_CPU = 0.5
+
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 # seed1.5, seed1e3 ...: a seed folder whose seed is a number but no integer
 _BAD_SEED_DIR = re.compile(r"^seed([-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+))$")
@@ -290,19 +288,17 @@ def _text(x) -> str:
 
 
 def loaded(machine) -> tuple[object, str]:
-    """(True / False / None for unknown, why) from a record's ``machine`` field: a GPU shared with other runs,
-    or a load average before training above :data:`LOADED_PER_CPU` per CPU."""
-    if not isinstance(machine, dict):
+    """(True / False / None for unknown, why) from a record's ``machine`` field: its ``loaded``, which the run
+    decided when it wrote the record (the one rule: lra.devices.machine_loaded), and what made it so."""
+    if not isinstance(machine, dict) or not isinstance(machine.get("loaded"), bool):
         return None, ""
     why = []
+    if isinstance(machine.get("cpu_others"), (int, float)):
+        why.append(f"other processes used {100 * machine['cpu_others']:.0f}% of the CPU while it trained")
     share = machine.get("gpu_share")
-    if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share < 1:
+    if isinstance(share, (int, float)) and 0 < share < 1:
         why.append(f"GPU shared ({share:.2g} of it)")
-    load, cpus = machine.get("loadavg_start"), machine.get("cpus")
-    if isinstance(load, (int, float)) and isinstance(cpus, (int, float)) and cpus > 0 and load / cpus > LOADED_PER_CPU:
-        why.append(f"load average {load:.1f} on {int(cpus)} CPUs before training")
-    known = isinstance(load, (int, float)) or isinstance(share, (int, float))
-    return (bool(why) if known else None), "; ".join(why)
+    return machine["loaded"], "; ".join(why) if machine["loaded"] else ""
 
 
 def context(rec: dict, cfg: dict, variant: str) -> dict:

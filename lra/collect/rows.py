@@ -170,7 +170,7 @@ def searches(runs: pd.DataFrame) -> pd.DataFrame:
     objective (``best_val_acc`` unless the records name another), that trial's test accuracy and settings."""
     ok = runs[runs["usable"] & runs["kept"] & (runs["study"].fillna("") != "")]
     cols = ["preset", "study", "grid", "task", "attn", "trials", "pruned", "objective", "best_trial", "best_value",
-            "best_test_acc", "best_params", "best_path"]
+            "best_test_acc", "best_settings", "best_params", "best_path"]
     rows = []
     for (preset, study), g in ok.groupby(["preset", "study"], sort=True):
         objective = next((o for o in g["objective"].dropna() if o), "best_val_acc")
@@ -184,14 +184,16 @@ def searches(runs: pd.DataFrame) -> pd.DataFrame:
                      "best_trial": None if best is None else int(best["trial"]),
                      "best_value": math.nan if best is None else float(best[col]),
                      "best_test_acc": math.nan if best is None else float(best["test_acc"]),
+                     "best_settings": "" if best is None else short_tag(_params(best["search_params"], ",")),
                      "best_params": "" if best is None else _params(best["search_params"]),
                      "best_path": "" if best is None else best["path"]})
     return pd.DataFrame(rows, columns=cols)
 
 
-def _params(text) -> str:
+def _params(text, sep: str = ", ") -> str:
+    """A trial's sampled values (JSON in the record) as ``key=value`` text, keys sorted."""
     try:
         d = json.loads(text) if text else {}
     except (TypeError, ValueError):
         return str(text)
-    return ", ".join(f"{k}={v}" for k, v in sorted(d.items())) if isinstance(d, dict) else str(d)
+    return sep.join(f"{k.lstrip('+~')}={v}" for k, v in sorted(d.items())) if isinstance(d, dict) else str(d)
