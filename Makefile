@@ -33,8 +33,11 @@ setup: $(STAMP)
 lra: $(STAMP)
 	$(PY) -m lra.train task=$(task) attn=$(attn) $(ARGS)
 
+# The default suite in WORKERS processes (pytest-xdist; each test file stays in one of them, as its
+# module-scoped fixtures expect). Every test sets one torch thread, so two workers use a 2-core CI machine.
+WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(WORKERS) --dist loadfile $(ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
