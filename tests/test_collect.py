@@ -245,6 +245,13 @@ def test_empty_rows_dropped_unless_asked_and_presets_not_mixed(tmp_path):
     assert [r.name for r in res.tables[("quick", "skeinformer_table1")].rows] == ["Standard"]
     res = collect(tmp_path, tmp_path / "all", formats=("md",), plots=False, all_rows=True)
     assert len(res.tables[("quick", "skeinformer_table1")].rows) == 16
+
+
+def test_the_old_drop_empty_flag_says_it_is_the_default(tmp_path, capsys):
+    """Bug caught: a script with --drop-empty failing after empty rows became the default."""
+    make_record(tmp_path, "softmax", 0)
+    assert main(["--runs", str(tmp_path), "--no-plots", "--no-html", "--drop-empty"]) == 0
+    assert "--drop-empty is the default now" in capsys.readouterr().err
     assert not list((tmp_path / "out" / "quick").glob("*.csv"))[1:]  # only summary.csv with --format md
 
 

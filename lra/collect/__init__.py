@@ -215,6 +215,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Markdown and LaTeX cells: paper (the mean, as the paper prints it) or full (mean ± std (n) "
                         "[95%% interval] and marks); default paper in a paper's own preset, else full")
     p.add_argument("--all-rows", action="store_true", help="keep the paper's rows that have no run")
+    p.add_argument("--drop-empty", action="store_true", help=argparse.SUPPRESS)  # the default since --all-rows
     p.add_argument("--trials", action="store_true", help="show every search trial as a row (default: each "
                                                          "search's best trial in searches.md)")
     p.add_argument("--no-plots", action="store_true", help="tables and reports only")
@@ -235,6 +236,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.drop_empty:
+        print("lra.collect: --drop-empty is the default now (empty paper rows are left out); --all-rows keeps them",
+              file=sys.stderr)
     root = args.runs or default_runs_root()
     if not root.is_dir():
         print(f"lra.collect: no runs folder at {root}. Train first (make lra task=listops attn=softmax "
