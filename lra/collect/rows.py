@@ -119,8 +119,11 @@ def assign(runs: pd.DataFrame, trials: bool = False) -> tuple[pd.DataFrame, dict
         data = "" if (r.data_id or "") == main.get(r.task, "") else (r.data_id or "not recorded")
         trial = f"{r.study} #{int(r.trial)}" if trials and r.study and not _nan(r.trial) else ""
         name, tag = r.name or "", r.tag or ""
-        key = r.attn + "".join(f" {s}" for s in (f"[{tag}]" if tag else "", f'"{name}"' if name else "",
-                                                  f"<data {data}>" if data else "", f"#{trial}" if trial else "") if s)
+        # the plain row's key is the attention itself (the paper's rows look it up so): softmax,
+        # softmax [train.lr=0.002], softmax "my name", softmax <data ab12>, linformer [..] #study #3
+        parts = (f"[{tag}]" if tag else "", f'"{name}"' if name else "", f"<data {data}>" if data else "",
+                 f"#{trial}" if trial else "")
+        key = " ".join([r.attn, *(p for p in parts if p)])
         infos.setdefault(key, RowInfo(key, r.attn, tag, name, data, trial, setting_of(tag, data)))
         keys.append(key)
     ok["row"] = keys

@@ -252,7 +252,7 @@ def cell_stats(assigned: pd.DataFrame) -> dict:
     fields = sorted({m.field for m in METRICS.values()})
     out = {}
     for (task, key), g in assigned.groupby(["task", "row"], sort=True):
-        stats = {"_seeds": int(g["seed"].nunique()), "_loaded": bool((g["loaded"] == True).any()),  # noqa: E712
+        stats = {"_seeds": int(g["seed"].nunique()), "_loaded": bool(g["loaded"].eq(True).any()),
                  "_devices": tuple(sorted({str(d) for d in g["device"].dropna()}))}
         seeds = g["seed"].to_numpy()
         for f in fields:
@@ -376,10 +376,8 @@ def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = Fals
     names = dict(spec.rows)
     label, settings = R.labels(infos, names)
     base_of = R.baselines(infos)
-    rows = []
-    for attn, name in spec.rows:
-        key = next((k for k, i in infos.items() if i.attn == attn and i.plain and not i.name), attn)
-        rows.append(Row(key, name, True, info=infos.get(key)))
+    # the paper's rows: its attentions under the preset's own configuration, unnamed (rows.assign keys them so)
+    rows = [Row(attn, name, True, info=infos.get(attn)) for attn, name in spec.rows]
     taken = {r.key for r in rows}
     extra = sorted((k for k in infos if k not in taken), key=lambda k: (label[k].lower(), k))
     rows += [Row(k, label[k], False, info=infos[k], settings=settings.get(k, "")) for k in extra]
@@ -442,7 +440,7 @@ def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
                  "seeds": ",".join(str(int(s)) for s in sorted(g["seed"].unique())), "n_runs": len(g),
                  "hardware": ",".join(sorted({str(h) for h in g["hardware"].dropna()})),
                  "device": ",".join(sorted({str(h) for h in g["device"].dropna()})),
-                 "loaded": bool((g["loaded"] == True).any())}  # noqa: E712
+                 "loaded": bool(g["loaded"].eq(True).any())}
             for f in fields:
                 v = g[f].to_numpy(dtype=float)
                 v = v[np.isfinite(v)]
