@@ -284,7 +284,7 @@ def notes(built: Built) -> list[str]:
     """The lines under a table: what its cells are (protocol, task settings, data), what was not compared and
     why, the rows without a baseline, and the footnotes' full override texts."""
     lines = list(built.about)
-    lines.append(f"{built.n_runs} finished runs. Settings (batch, accumulation) as their value, a/b when seeds "
+    lines.append(f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. Settings (batch, accumulation) as their value, a/b when seeds "
                  f"differ; -- no run.")
     if built.compare:
         s = (f"Paper: {PAPERS[built.spec.paper]}, {built.spec.title}, beside the rows that ran its configuration; "
