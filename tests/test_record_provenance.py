@@ -123,7 +123,7 @@ def test_fingerprints_are_computed_once_and_kept_with_the_cache(tmp_path, monkey
     def hashed_again(*a, **k):
         raise AssertionError("hashed again at a run start")
 
-    monkeypatch.setattr(provenance, "sha256_file", hashed_again)
+    monkeypatch.setattr(provenance, "file_sha256", hashed_again)
     monkeypatch.setattr(provenance, "hash_arrays", hashed_again)
     monkeypatch.setattr(cache, "_checked", {})  # a new process
     assert data_record(load_task(NODE, tmp_path)) == first

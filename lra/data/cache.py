@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from lra.data.base import Split
-from lra.data.provenance import (FIELDS, Origin, content_fingerprint, describe_files, hash_arrays,
+from lra.data.provenance import (FIELDS, Origin, content_fingerprint, describe_files, file_sha256, hash_arrays,
                                  relative_paths)
 from lra.files import write_text
 
@@ -190,14 +190,6 @@ def file_stat(path: Path) -> list[int]:
     """What any write to a file changes: size, mtime and ctime (nanoseconds)."""
     st = os.stat(path)
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def file_sha256(path: Path, chunk: int = 16 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------ data fingerprint

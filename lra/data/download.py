@@ -35,7 +35,6 @@ resume), and the same checks and rename follow. The revision then is whatever th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -48,12 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lra.data.base import DataError, hf_datasets
+from lra.data.provenance import file_sha256
 
 log = logging.getLogger(__name__)
 
 HUB_ENV = "LRA_HUB"
 STAMP = "DOWNLOADED.json"
-CHUNK = 1 << 20
 HUB_ENDPOINT = "https://huggingface.co"  # HF_ENDPOINT overrides it, as for the Hub client
 PROBE_TIMEOUT_S = 10.0
 
@@ -274,21 +273,13 @@ def _check_file(path: Path, size: int, sha: str | None, what: str) -> None:
     if got != size:
         path.unlink()
         raise DataError(f"{what}: got {got} bytes, expected {size}; the partial file was removed, run again")
-    if sha and _sha256(path) != sha:
+    if sha and file_sha256(path) != sha:
         path.unlink()
         raise DataError(f"{what}: SHA-256 differs from the Hub's; the file was removed, run again")
 
 
 def _first_line(e: Exception) -> str:
     return (str(e).splitlines() or [""])[0][:200]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(CHUNK):
-            h.update(b)
-    return h.hexdigest()
 
 
 def _count_lines(path: Path) -> int:

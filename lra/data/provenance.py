@@ -69,10 +69,11 @@ def relative_paths(paths, root: Path) -> list[str]:
     return [relative_path(p, root) for p in paths]
 
 
-def sha256_file(path: Path) -> str:
+def file_sha256(path: Path, chunk: int = _CHUNK) -> str:
+    """The SHA-256 of a file, read in chunks (the cache's checksums, the sources', the downloads')."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while b := f.read(_CHUNK):
+        while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
 
@@ -85,7 +86,7 @@ def _folder_entry(folder: Path) -> dict:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(f for f in files if not f.startswith(".")):
             p = Path(dirpath) / name
-            h.update(f"{p.relative_to(folder).as_posix()}\0{sha256_file(p)}\n".encode())
+            h.update(f"{p.relative_to(folder).as_posix()}\0{file_sha256(p)}\n".encode())
             count, size = count + 1, size + p.stat().st_size
     return {"files": count, "bytes": size, "sha256": h.hexdigest()}
 
@@ -96,7 +97,7 @@ def describe_files(paths, root: Path) -> dict:
     the set (each path's last name and checksum, in order: the same files elsewhere give the same value)."""
     entries = []
     for p in map(Path, paths):
-        entry = _folder_entry(p) if p.is_dir() else {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        entry = _folder_entry(p) if p.is_dir() else {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         entries.append({"path": relative_path(p, root), **entry})
     whole = hashlib.sha256("".join(f"{Path(e['path']).name}\0{e['sha256']}\n" for e in entries).encode())
     return {"paths": [e["path"] for e in entries], "files": entries, "sha256": whole.hexdigest()}
