@@ -28,7 +28,6 @@ from lra.collect.drawing import (
     memory,
     place_labels,
     preset_rows,
-    readable_names,
     scatter_by_source,
     short,
     source_handles,
@@ -109,7 +108,8 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     notes = []
     if d.empty:
         return None, notes
-    names = {**readable_names(d["row"]), **(names or {})}
+    s = summary[summary["preset"] == preset]
+    names = {**dict(zip(s["row"], s["label"])), **(names or {})}  # the tables' labels (lra.collect.rows)
     for r in d[~np.isfinite(d["x"])].itertuples():
         why = (f"no {names.get(ref, ref)} run under the same settings to divide by" if ref and not r.base else
                f"no task where both it and its {names.get(ref, ref)} have a valid speed ({unit}) on the same device"

@@ -233,7 +233,7 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
     if s.empty:
         return None
     keys = list(s["row"])
-    names = {**readable_names(keys), **(names or {})}
+    names = {**dict(zip(s["row"], s["label"])), **(names or {})}  # the tables' labels (lra.collect.rows)
     col = colours(preset_rows(summary, preset))
     fig = Figure(figsize=(12, 5.2), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
@@ -289,8 +289,6 @@ def plot_preset(runs: pd.DataFrame, summary: pd.DataFrame, root: Path, preset: s
 
     ``names``: {row key: printed name} over the tables' labels (``summary["label"]``); ``trials``: search
     trials are rows (as ``summary`` was built)."""
-    s = summary[summary["preset"] == preset]
-    names = {**dict(zip(s["row"], s["label"])), **(names or {})} if "label" in s else names
     files, notes = [], []
     tasks = sorted(set(runs.loc[(runs["preset"] == preset) & runs["usable"] & runs["kept"], "task"]))
     for task in tasks:

@@ -28,8 +28,8 @@ from typing import Callable
 
 import pandas as pd
 
-from lra.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_COMPARABLE, NOT_TESTABLE
-from lra.collect.tables import BASELINE, FEW_SEEDS, METRICS, PAPERS, Built, Cell
+from lra.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_TESTABLE
+from lra.collect.tables import BASELINE, METRICS, PAPERS, Built, Cell
 
 MISSING = "--"
 PAPER_MARK = "≈"      # after a delta: the seeds cannot separate ours from the paper's value
