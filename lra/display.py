@@ -44,7 +44,7 @@ def paper_names() -> dict:
 
 
 def split_key(key: str) -> tuple[str, str]:
-    """(attention, variant) of a row key ``attn`` or ``attn [variant]`` (``tables.row_key``)."""
+    """(attention, variant) of a name ``attn`` or ``attn [variant]``."""
     if key.endswith("]") and " [" in key:
         attn, variant = key.split(" [", 1)
         return attn, variant[:-1]

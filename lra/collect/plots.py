@@ -1,8 +1,8 @@
 """Figures from the run records (written by ``lra.collect`` next to the tables, PNG and PDF).
 
-Rows carry the papers' names ("Standard", "Skeinformer w/o row normalization", override tags kept;
-``drawing.readable_names``), memory reads in GiB (2^30 bytes) or MiB, and no figure prints a
-record's field name.
+Rows carry the tables' labels (``lra.collect.rows.labels``: the papers' names, "Standard", "Skeinformer
+w/o row normalization", with the changed keys or the run's name), memory reads in GiB (2^30 bytes) or
+MiB, and no figure prints a record's field name.
 
 * ``curves_<task>``: validation accuracy (top) and loss (bottom) against optimizer steps (left) and
   against training time (right), one curve per attention: the mean over its seeds, band ± std

@@ -212,10 +212,6 @@ class Built:
     refused: str = ""             # why a comparison asked for is not printed
 
 
-def row_key(attn: str, variant: str) -> str:
-    return f"{attn} [{variant}]" if variant else attn
-
-
 @lru_cache(maxsize=1)
 def paper_results() -> pd.DataFrame:
     """The papers' published numbers (lra/paper_results.csv), value kept as printed in ``text``."""
