@@ -6,11 +6,14 @@
 # Runs the given attentions side by side on one GPU (K at a time, each allocator capped at what a
 # 16 GB V100 leaves free: $LRA_MEMORY_LIMIT_GIB, so the V100 fit of hardware=v100_16gb holds as it
 # would there), stops them with SIGTERM at BUDGET_S seconds after the script started (the runs write
-# an interrupted record and keep checkpoints/last.ckpt), and leaves under $OUT:
-#   runs.tar.gz   the whole runs root (records, metrics, logs, last.ckpt): unpack it into runs/ on the
-#                 next machine and run the same command; each unfinished run resumes where it stopped;
-#   summary.txt   each run's status, steps and accuracies; gpu.csv, the GPU's use every 5 s; env.txt.
-# A pack carried from an earlier window is unpacked first: CARRY=<path to runs.tar.gz>.
+# an interrupted record and keep checkpoints/last.ckpt), and leaves under $OUT at most 8 files of at
+# most 15 MiB (what a device window brings back):
+#   runs.tar.gz.partNN + runs.sha256   the whole runs root (records, metrics, logs, checkpoints), split:
+#                 the pack the next window unpacks (CARRY=<folder holding the parts>) before it runs the
+#                 same command, so each unfinished run resumes where it stopped;
+#   window.tar.gz this script's log, summary.txt (each run's status, last step, accuracies), gpu.csv
+#                 (the GPU's use every 5 s), env.txt and each run's console.
+# CARRY may also name one runs.tar.gz.
 # Offline node without hydra: WHEELS=<folder of hydra-core, omegaconf, antlr4 ...> joins PYTHONPATH
 # (docs/facts.md §10).
 set -u
@@ -25,7 +28,8 @@ ROOT=$(pwd)
 export PYTHONPATH="$ROOT${WHEELS:+:$WHEELS}${PYTHONPATH:+:$PYTHONPATH}"
 export LRA_RUNS=${LRA_RUNS:-$ROOT/runs}
 mkdir -p "$OUT" "$LRA_RUNS"
-log() { echo "[gpu_window $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/window.log"; }
+W=$(mktemp -d)                 # this window's logs; $OUT receives only the bundle
+log() { echo "[gpu_window $(( $(date +%s) - t0 ))s] $*" | tee -a "$W/window.log"; }
 
 task=listops; attns=""; extra=()
 for a in "$@"; do
@@ -39,28 +43,34 @@ done
 
 { date -u; hostname; pwd; "$PY" -V; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   "$PY" -c "import torch, lightning, hydra, omegaconf; print('torch', torch.__version__, 'lightning', lightning.__version__, 'hydra', hydra.__version__, torch.cuda.get_device_name(0))"; } \
-  > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+  > "$W/env.txt" 2>&1
+cat "$W/env.txt"
 "$PY" -c "import lra.train" || { log "lra.train does not import: see env.txt"; exit 3; }
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+git rev-parse HEAD > "$W/commit.txt" 2>/dev/null || true
 
-if [ -n "${CARRY:-}" ] && [ -f "$CARRY" ]; then
-  tar -xzf "$CARRY" -C "$LRA_RUNS" && log "unpacked $CARRY into $LRA_RUNS"
+if [ -n "${CARRY:-}" ]; then
+  if [ -d "$CARRY" ]; then
+    cat "$CARRY"/runs.tar.gz.part* > "$W/carry.tar.gz"
+    (cd "$W" && sed 's/ .*/  carry.tar.gz/' "$CARRY/runs.sha256" | sha256sum -c --quiet) \
+      || { log "the pack in $CARRY does not match its runs.sha256: not unpacked"; exit 4; }
+    CARRY=$W/carry.tar.gz
+  fi
+  tar -xzf "$CARRY" -C "$LRA_RUNS" && log "unpacked the carried pack into $LRA_RUNS"
 fi
 
-nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 > "$OUT/gpu.csv" 2>/dev/null &
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 > "$W/gpu.csv" 2>/dev/null &
 smi=$!
 
 log "data: $task"
-"$PY" -m lra.data task="$task" "${extra[@]}" > "$OUT/data.log" 2>&1 || { log "data failed: see data.log"; tail -5 "$OUT/data.log"; }
-tail -2 "$OUT/data.log"
+"$PY" -m lra.data task="$task" "${extra[@]}" > "$W/data.log" 2>&1 || { log "data failed: see data.log"; tail -5 "$W/data.log"; }
+tail -2 "$W/data.log"
 
 pids=(); names=()
 IFS=, read -ra rows <<< "$attns"
 launch() {
   local attn=$1
   LRA_MEMORY_LIMIT_GIB=$CAP_GIB "$PY" -m lra.train task="$task" attn="$attn" trainer.progress=false \
-    "${extra[@]}" > "$OUT/$attn.console" 2>&1 &
+    "${extra[@]}" > "$W/$attn.console" 2>&1 &
   pids+=($!); names+=("$attn")
   log "started $attn (pid $!)"
 }
@@ -93,7 +103,7 @@ for i in "${!pids[@]}"; do
 done
 kill "$smi" 2>/dev/null
 
-"$PY" - "$LRA_RUNS" > "$OUT/summary.txt" <<'EOF'
+"$PY" - "$LRA_RUNS" > "$W/summary.txt" <<'EOF'
 import csv, json, sys
 from pathlib import Path
 for f in sorted(Path(sys.argv[1]).rglob("result.json")):
@@ -106,6 +116,8 @@ for f in sorted(Path(sys.argv[1]).rglob("result.json")):
           f"val acc {vals[-1] if vals else None} (best {max(vals) if vals else None}), test {r.get('test_acc')}, "
           f"{r.get('time_per_1k_steps_s')} s/1k steps")
 EOF
-cat "$OUT/summary.txt"
-tar -czf "$OUT/runs.tar.gz" -C "$LRA_RUNS" . && log "packed $(du -h "$OUT/runs.tar.gz" | cut -f1) runs.tar.gz"
+cat "$W/summary.txt"
+tar -czf "$W/runs.tar.gz" -C "$LRA_RUNS" . && (cd "$W" && sha256sum runs.tar.gz > "$OUT/runs.sha256" \
+  && split -b 15M -d runs.tar.gz "$OUT/runs.tar.gz.part") && log "packed $(du -h "$W/runs.tar.gz" | cut -f1) runs.tar.gz"
 log "done"
+tar -czf "$OUT/window.tar.gz" -C "$W" --exclude runs.tar.gz --exclude carry.tar.gz .
