@@ -32,7 +32,22 @@ from attention.registry import (
 )
 
 __all__ = [
-    "AttentionBackend", "BackendContractError", "Capabilities", "InvalidOption", "NoOptions", "available", "build",
-    "capabilities", "check_choice", "check_range", "describe", "full_mask", "load_external", "make_options",
-    "option_defaults", "option_info", "options_class", "register",
+    "AttentionBackend",
+    "BackendContractError",
+    "Capabilities",
+    "InvalidOption",
+    "NoOptions",
+    "available",
+    "build",
+    "capabilities",
+    "check_choice",
+    "check_range",
+    "describe",
+    "full_mask",
+    "load_external",
+    "make_options",
+    "option_defaults",
+    "option_info",
+    "options_class",
+    "register",
 ]

@@ -41,8 +41,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attention.registry import (AttentionBackend, Capabilities, InvalidOption, check_choice, check_range,
-                                full_mask, register)
+from attention.registry import (
+    AttentionBackend,
+    Capabilities,
+    InvalidOption,
+    check_choice,
+    check_range,
+    full_mask,
+    register,
+)
 from attention.softmax import key_mask
 
 
@@ -62,8 +69,9 @@ class BigBirdOptions:
         check_choice("redraw", self.redraw, ("fixed", "per_call"))
 
 
-def pattern_indices(nb: int, num_heads: int, window_blocks: int, random_blocks: int, generator=None,
-                    device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def pattern_indices(
+    nb: int, num_heads: int, window_blocks: int, random_blocks: int, generator=None, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Key-block indices of the non-global query blocks 1 … nb−2.
 
     Returns idx (heads, nb−2, K) long and valid (heads, nb−2, K) bool, K = window + 2 + random;
@@ -103,9 +111,14 @@ class BigBirdAttention(AttentionBackend):
     """BigBird ITC: global, sliding-window and random key blocks."""
 
     Options = BigBirdOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n)",
-                                target="softmax",
-                                notes="exact softmax restricted to the block pattern; any n (padded inside)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n)",
+        target="softmax",
+        notes="exact softmax restricted to the block pattern; any n (padded inside)",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)

@@ -75,10 +75,10 @@ def sparsity_measure(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor) -> tor
     chunk = max(1, _CHUNK_ELEMS // max(1, b * h * u_keys * p))
     out = []
     for i0 in range(0, n, chunk):
-        ids = idx[:, i0:i0 + chunk]  # (b, c, U)
+        ids = idx[:, i0 : i0 + chunk]  # (b, c, U)
         c = ids.shape[1]
         ks = k.gather(2, ids.reshape(b, 1, c * u_keys, 1).expand(b, h, c * u_keys, p)).view(b, h, c, u_keys, p)
-        s = torch.einsum("bhcp,bhcup->bhcu", q[:, :, i0:i0 + c], ks) / math.sqrt(p)
+        s = torch.einsum("bhcp,bhcup->bhcu", q[:, :, i0 : i0 + c], ks) / math.sqrt(p)
         out.append(s.amax(-1) - s.mean(-1))
     return torch.cat(out, dim=-1)
 
@@ -116,9 +116,13 @@ class InformerAttention(_ProbSparse):
     """Informer ProbSparse attention, mask-blind as in the papers' Informer row."""
 
     mask_aware = False
-    capabilities = Capabilities(padding_mask=False, exact=False, randomized=True, complexity="O(n log n)",
-                                notes="ignores the padding mask on purpose (papers' maskless Informer row); "
-                                      "exact when u = n")
+    capabilities = Capabilities(
+        padding_mask=False,
+        exact=False,
+        randomized=True,
+        complexity="O(n log n)",
+        notes="ignores the padding mask on purpose (papers' maskless Informer row); " "exact when u = n",
+    )
 
 
 @register("informer_mask")
@@ -126,5 +130,10 @@ class InformerMaskAttention(_ProbSparse):
     """Informer ProbSparse attention with padding mask (Skeinformer §4.4)."""
 
     mask_aware = True
-    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n log n)",
-                                notes="sampling, sparsity measure and mean(V) over real tokens; exact when u = n")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n log n)",
+        notes="sampling, sparsity measure and mean(V) over real tokens; exact when u = n",
+    )

@@ -37,15 +37,26 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attention.registry import (AttentionBackend, Capabilities, InvalidOption, check_choice, check_range,
-                                full_mask, register)
+from attention.registry import (
+    AttentionBackend,
+    Capabilities,
+    InvalidOption,
+    check_choice,
+    check_range,
+    full_mask,
+    register,
+)
 
 
 @dataclass(frozen=True)
 class LinearOptions:
     eps: float = 1e-6  # added to the normaliser phi(q)·sum phi(k)
-    normaliser: bool = True  # divide by phi(q)·sum phi(k) + eps (Katharopoulos); False: raw sum (Nystromformer/YOSO LRA code)
-    feature_scale: str = "none"  # none, or seq_len_quarter: phi(q), phi(k) divided by n^(1/4), n the padded length (LRA code)
+    normaliser: bool = (
+        True  # divide by phi(q)·sum phi(k) + eps (Katharopoulos); False: raw sum (Nystromformer/YOSO LRA code)
+    )
+    feature_scale: str = (
+        "none"  # none, or seq_len_quarter: phi(q), phi(k) divided by n^(1/4), n the padded length (LRA code)
+    )
 
     def __post_init__(self):
         check_range("eps", self.eps, 0.0, 1.0)
@@ -63,8 +74,13 @@ class LinearAttention(AttentionBackend):
     """Linear Transformer: elu+1 feature map with its normaliser."""
 
     Options = LinearOptions
-    capabilities = Capabilities(padding_mask=True, exact=True, complexity="O(n)", target="elu+1 kernel",
-                                notes="O(n·d²); exact for its own kernel φ(q)·φ(k), φ = elu+1")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=True,
+        complexity="O(n)",
+        target="elu+1 kernel",
+        notes="O(n·d²); exact for its own kernel φ(q)·φ(k), φ = elu+1",
+    )
 
     def forward(self, q, k, v, mask=None):
         with torch.autocast(q.device.type, enabled=False):  # Σφ(k) overflows fp16 ranges on long inputs

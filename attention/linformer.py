@@ -101,8 +101,12 @@ class LinformerAttention(AttentionBackend):
     """Linformer: softmax(Q (EᵀK)ᵀ/√p) FᵀV with learned n→k projections E, F."""
 
     Options = LinformerOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, complexity="O(n k)",
-                                notes="learned E,F of shape (max_len, k); shorter inputs slice them")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        complexity="O(n k)",
+        notes="learned E,F of shape (max_len, k); shorter inputs slice them",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
@@ -150,8 +154,13 @@ class LinformerJLTAttention(AttentionBackend):
     """Linformer w/ unreduced JLT: D⁻¹ A S Sᵀ V with a Gaussian sketch S (O(n²))."""
 
     Options = LinformerJLTOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n^2)",
-                                notes="unbiased for softmax attention (E[S S^T] = I)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n^2)",
+        notes="unbiased for softmax attention (E[S S^T] = I)",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)

@@ -58,8 +58,13 @@ class LongformerAttention(AttentionBackend):
     """Longformer: sliding window (w/2 each side) plus global first tokens."""
 
     Options = LongformerOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, complexity="O(n)", target="softmax",
-                                notes="exact softmax restricted to the band+global pattern; any n, padding anywhere")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        complexity="O(n)",
+        target="softmax",
+        notes="exact softmax restricted to the band+global pattern; any n, padding anywhere",
+    )
 
     def pattern(self, n: int) -> torch.Tensor:
         return longformer_pattern(n, self.options.window, self.options.num_global)

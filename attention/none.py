@@ -14,8 +14,9 @@ from attention.registry import AttentionBackend, Capabilities, register
 class NoAttention(AttentionBackend):
     """Identity mixing: returns V."""
 
-    capabilities = Capabilities(padding_mask=True, causal=True, exact=True, complexity="O(n)", target="identity",
-                                uses_qk=False)
+    capabilities = Capabilities(
+        padding_mask=True, causal=True, exact=True, complexity="O(n)", target="identity", uses_qk=False
+    )
 
     def forward(self, q, k, v, mask=None):
         return v

@@ -68,8 +68,15 @@ import torch
 from torch import nn
 
 from attention._linalg import hyperpower_iterations
-from attention.registry import (AttentionBackend, Capabilities, InvalidOption, check_choice, check_range, full_mask,
-                                register)
+from attention.registry import (
+    AttentionBackend,
+    Capabilities,
+    InvalidOption,
+    check_choice,
+    check_range,
+    full_mask,
+    register,
+)
 from attention.softmax import key_mask
 
 
@@ -78,7 +85,9 @@ class NystromOptions:
     landmarks: int = 256  # m: segment-mean landmarks of Q and K
     pinv_iterations: int = 6  # iterations of the landmark kernel's iterative pseudo-inverse
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off, else odd
-    landmark_mean: str = "real"  # real: means over real tokens | padded: reshape of the zero-padded sequence (public code; n % m == 0)
+    landmark_mean: str = (
+        "real"  # real: means over real tokens | padded: reshape of the zero-padded sequence (public code; n % m == 0)
+    )
     pinv_init: str = "per_matrix"  # Z0 scale: per_matrix ‖A‖1‖A‖∞ | batch_colsum (public LRA code) | batch_norm1_inf (reorganized code): one max over the batch
     exact_if_full: bool = False  # m ≥ n: exact masked softmax instead of the Nyström formula (public code)
 
@@ -153,14 +162,20 @@ class NystromAttention(AttentionBackend):
     """Nyströmformer: segment-mean landmarks over real tokens, iterative pseudo-inverse."""
 
     Options = NystromOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, complexity="O(n)", target="softmax",
-                                notes="O(n·m·d + m³); landmarks are masked segment means, any padding, any n")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        complexity="O(n)",
+        target="softmax",
+        notes="O(n·m·d + m³); landmarks are masked segment means, any padding, any n",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
         k = options.conv_kernel
-        self.conv = (nn.Conv2d(num_heads, num_heads, (k, 1), padding=(k // 2, 0), groups=num_heads, bias=False)
-                     if k else None)
+        self.conv = (
+            nn.Conv2d(num_heads, num_heads, (k, 1), padding=(k // 2, 0), groups=num_heads, bias=False) if k else None
+        )
 
     def forward(self, q, k, v, mask=None):
         with torch.autocast(q.device.type, enabled=False):  # the iteration needs at least float32

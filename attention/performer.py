@@ -99,8 +99,9 @@ class PerformerOptions:
         check_choice("qr_sign_fix", self.qr_sign_fix, (True, False))
 
 
-def gaussian_orthogonal_features(m: int, d: int, *, orthogonal: bool = True, qr_sign_fix: bool = True,
-                                 device=None, dtype=torch.float32) -> torch.Tensor:
+def gaussian_orthogonal_features(
+    m: int, d: int, *, orthogonal: bool = True, qr_sign_fix: bool = True, device=None, dtype=torch.float32
+) -> torch.Tensor:
     """(m, d) random matrix; orthogonal within blocks of d rows, row lengths chi(d).
 
     ``qr_sign_fix``: Q·sign(diag R), a Haar block, so each row is marginally N(0, I_d); without it the
@@ -130,9 +131,9 @@ def favor_attention(q, k, v, keep, omega, options: PerformerOptions | None = Non
     if o.pad_keys_in_normaliser:  # zero vectors go through the map: φ(0) > 0
         ks, vs = ks * real, vs * real
     if o.temperature == "d":  # x/d^¼ twice, in the order of the public wrapper + kernel
-        qs, ks = qs / d ** 0.25 * d ** -0.25, ks / d ** 0.25 * d ** -0.25
+        qs, ks = qs / d**0.25 * d**-0.25, ks / d**0.25 * d**-0.25
     else:
-        qs, ks = qs * d ** -0.25, ks * d ** -0.25
+        qs, ks = qs * d**-0.25, ks * d**-0.25
     omega = omega.to(dtype)
     p_q, p_k = qs @ omega.T, ks @ omega.T  # (b,h,n,m) projections ω·x'
     a_q = p_q - 0.5 * qs.square().sum(-1, keepdim=True)  # log φ(q)·√m
@@ -165,8 +166,14 @@ class PerformerAttention(AttentionBackend):
     """Performer FAVOR+: positive orthogonal random features for softmax attention."""
 
     Options = PerformerOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n)",
-                                target="softmax", notes="O(n·m·d); redraw='fixed' or 'per_call'")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n)",
+        target="softmax",
+        notes="O(n·m·d); redraw='fixed' or 'per_call'",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
@@ -178,8 +185,9 @@ class PerformerAttention(AttentionBackend):
     def draw_features(self, device=None) -> torch.Tensor:
         """A new (features, head_dim) ω from torch's RNG."""
         o = self.options
-        return gaussian_orthogonal_features(o.features, self.head_dim, orthogonal=o.orthogonal,
-                                            qr_sign_fix=o.qr_sign_fix, device=device)
+        return gaussian_orthogonal_features(
+            o.features, self.head_dim, orthogonal=o.orthogonal, qr_sign_fix=o.qr_sign_fix, device=device
+        )
 
     def forward(self, q, k, v, mask=None):
         keep = key_mask(full_mask(q, mask))

@@ -92,8 +92,16 @@ def _rademacher(*shape, dtype, device, generator=None) -> torch.Tensor:
     return torch.randint(0, 2, shape, device=device, generator=generator).to(dtype) * 2 - 1
 
 
-def draw_degree2_sketch(heads: int, dim: int, r: int, kind: str = "srht", *, dtype=torch.float32,
-                        device=None, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_degree2_sketch(
+    heads: int,
+    dim: int,
+    r: int,
+    kind: str = "srht",
+    *,
+    dtype=torch.float32,
+    device=None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """The two linear branches of a degree-2 sketch, stacked: (2, heads, dim, r).
 
     φ₂(x) = (x A₀) ⊙ (x A₁) / √r  with E[φ₂(x)·φ₂(y)] = (x·y)².
@@ -108,7 +116,7 @@ def draw_degree2_sketch(heads: int, dim: int, r: int, kind: str = "srht", *, dty
         d_tensor = _rademacher(heads, d2, dtype=dtype, device=device, generator=generator)
         cols = torch.randint(0, d2, (heads, r), device=device, generator=generator)
         base = d_base[:, :, None] * h / math.sqrt(d2)  # x ↦ x·(D H/√d'): the SRHT rotation S_i
-        inner = (d_tensor[:, :, None] * h)  # u ↦ u·(D H): coordinates of H D u
+        inner = d_tensor[:, :, None] * h  # u ↦ u·(D H): coordinates of H D u
         inner = inner.gather(2, cols[:, None, :].expand(-1, d2, -1))  # P: sample r coordinates
         branches.append((base @ inner)[:, :dim, :])  # zero-padded input rows drop out
     return torch.stack(branches)
@@ -126,8 +134,9 @@ def self_tensor(phi: torch.Tensor) -> torch.Tensor:
     return (phi[..., :, None] * phi[..., None, :]).flatten(-2)
 
 
-def causal_block_lower_triangular(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                                  block_size: int) -> torch.Tensor:
+def causal_block_lower_triangular(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """lt(φ_Q φ_Kᵀ) V without forming the n × n matrix (PolySketchFormer Sec. 3, Fig. 4).
 
     phi_q, phi_k (..., n, f), v (..., n, e) -> (..., n, e), row i = Σ_{j ≤ i} (φ_q,i·φ_k,j) v_j.
@@ -204,8 +213,14 @@ class PolynomialAttention(_PolyBase):
     """Exact degree-p polynomial attention (q·k)^p / (β + Σ (q·k)^p), the PolySketch target."""
 
     Options = PolynomialOptions
-    capabilities = Capabilities(padding_mask=True, causal=True, exact=True, complexity="O(n^2)",
-                                target="polynomial", notes="beta=1 stabiliser in the row normaliser")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=True,
+        exact=True,
+        complexity="O(n^2)",
+        target="polynomial",
+        notes="beta=1 stabiliser in the row normaliser",
+    )
 
     def _forward(self, q, k, v, mask):
         o = self.options
@@ -242,9 +257,15 @@ class PolySketchAttention(_PolyBase):
     """PolySketch: degree-2 sketch, self-tensored to a non-negative degree-4 kernel; linear in n."""
 
     Options = PolySketchOptions
-    capabilities = Capabilities(padding_mask=True, causal=True, exact=False, randomized=True,
-                                complexity="O(n r^2 d)", target="polynomial",
-                                notes="degree 4; causal via block lower-triangular algorithm (any n)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n r^2 d)",
+        target="polynomial",
+        notes="degree 4; causal via block lower-triangular algorithm (any n)",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)

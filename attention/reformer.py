@@ -80,9 +80,15 @@ class ReformerAttention(AttentionBackend):
     """Reformer: shared-QK LSH attention with multi-round hashing."""
 
     Options = ReformerOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, shared_qk=True,
-                                complexity="O(n log n)", target="softmax (shared QK, no self-attention)",
-                                notes="ignores k: keys are normalised q; any n (padded inside)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        shared_qk=True,
+        complexity="O(n log n)",
+        target="softmax (shared QK, no self-attention)",
+        notes="ignores k: keys are normalised q; any n (padded inside)",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
@@ -131,8 +137,12 @@ class ReformerAttention(AttentionBackend):
 
         def sort(t):  # (b,h,n_pad,e) -> (b,h,r,nch,c,e) in sorted order
             e = t.shape[-1]
-            return t.unsqueeze(2).expand(b, h, r, n_pad, e).gather(3, perm[..., None].expand(b, h, r, n_pad, e)) \
+            return (
+                t.unsqueeze(2)
+                .expand(b, h, r, n_pad, e)
+                .gather(3, perm[..., None].expand(b, h, r, n_pad, e))
                 .view(b, h, r, nch, c, e)
+            )
 
         def look_back(t):  # own chunk and the previous one (cyclic), along the key axis
             return torch.cat([t, t.roll(1, dims=3)], dim=4) if nch > 1 else t

@@ -106,8 +106,9 @@ _REGISTRY: dict[str, _Entry] = {}
 _LOADED = False
 
 
-def register(name: str, *, defaults: dict | None = None, doc: str = "",
-             capabilities: Capabilities | None = None) -> Callable[[type], type]:
+def register(
+    name: str, *, defaults: dict | None = None, doc: str = "", capabilities: Capabilities | None = None
+) -> Callable[[type], type]:
     """Class decorator that makes an :class:`AttentionBackend` subclass buildable by name.
 
     Stack several for variants: the same class under another name with other option defaults.
@@ -148,8 +149,9 @@ def register(name: str, *, defaults: dict | None = None, doc: str = "",
         unknown = set(defaults or {}) - fields
         if unknown:
             raise ValueError(f"defaults {sorted(unknown)} of {name!r} are not options of {cls.__name__}")
-        _REGISTRY[name] = _Entry(name, cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().split("\n")[0],
-                                 capabilities)
+        _REGISTRY[name] = _Entry(
+            name, cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().split("\n")[0], capabilities
+        )
         return cls
 
     return deco
@@ -209,16 +211,19 @@ def load_external(target: str) -> str:
     try:
         obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise InvalidOption(f"attn.target={target!r} cannot be imported ({type(e).__name__}: {e}); is its package "
-                            f"installed or on PYTHONPATH?") from None
+        raise InvalidOption(
+            f"attn.target={target!r} cannot be imported ({type(e).__name__}: {e}); is its package "
+            f"installed or on PYTHONPATH?"
+        ) from None
     if not (isinstance(obj, type) and issubclass(obj, AttentionBackend)):
         raise InvalidOption(f"attn.target={target!r} is not a subclass of attention.AttentionBackend")
     snake = snake_case(obj.__name__)
     try:  # _adopt keeps a registered class's own name
         return _adopt(obj, snake if snake not in _REGISTRY else obj.__name__)
     except ValueError as e:  # another class registered under the same name
-        raise InvalidOption(f"attn.target={target!r}: {e}; register the class under another name "
-                            f"(@attention.register('<name>'))") from None
+        raise InvalidOption(
+            f"attn.target={target!r}: {e}; register the class under another name " f"(@attention.register('<name>'))"
+        ) from None
 
 
 def available() -> list[str]:
@@ -237,8 +242,10 @@ def _entry(name: str) -> _Entry:
 def option_defaults(name: str) -> dict:
     """The options of ``name`` with their default values (variant defaults applied)."""
     e = _entry(name)
-    out = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-           for f in dataclasses.fields(e.cls.Options)}
+    out = {
+        f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        for f in dataclasses.fields(e.cls.Options)
+    }
     out.update(e.defaults)
     return out
 
@@ -298,9 +305,11 @@ class Description(dict):
     """:func:`describe`'s answer: a dict for programs, a table when printed."""
 
     def __str__(self) -> str:
-        lines = [f"{self['name']} ({self['module']}.{self['class']}): {self['doc']}",
-                 f"  complexity {self['complexity']}, target {self['target']}, exact {self['exact']}, "
-                 f"randomized {self['randomized']}, padding mask {self['padding_mask']}"]
+        lines = [
+            f"{self['name']} ({self['module']}.{self['class']}): {self['doc']}",
+            f"  complexity {self['complexity']}, target {self['target']}, exact {self['exact']}, "
+            f"randomized {self['randomized']}, padding mask {self['padding_mask']}",
+        ]
         for opt, info in self["option_info"].items():
             lines.append(f"  {opt}: {info['type']} = {info['default']!r}  {info['range']}  {info['doc']}".rstrip())
         return "\n".join(lines) if self["option_info"] else "\n".join(lines + ["  (no options)"])
@@ -314,15 +323,17 @@ def describe(name: str) -> Description:
     """
     e = _entry(name)
     defaults = option_defaults(name)
-    return Description({
-        "name": name,
-        "class": e.cls.__name__,
-        "module": e.cls.__module__,
-        "doc": e.doc,
-        "options": defaults,
-        "option_info": option_info(name),
-        **dataclasses.asdict(capabilities(name)),
-    })
+    return Description(
+        {
+            "name": name,
+            "class": e.cls.__name__,
+            "module": e.cls.__module__,
+            "doc": e.doc,
+            "options": defaults,
+            "option_info": option_info(name),
+            **dataclasses.asdict(capabilities(name)),
+        }
+    )
 
 
 def option_info(name: str) -> dict:
@@ -337,9 +348,15 @@ def option_info(name: str) -> dict:
     finally:
         _RANGES.reset(token)
     docs = _field_comments(cls)
-    return {f.name: {"type": _type_name(hints[f.name]), "default": defaults[f.name],
-                     "range": ranges.get(f.name, ""), "doc": docs.get(f.name, "")}
-            for f in dataclasses.fields(cls)}
+    return {
+        f.name: {
+            "type": _type_name(hints[f.name]),
+            "default": defaults[f.name],
+            "range": ranges.get(f.name, ""),
+            "doc": docs.get(f.name, ""),
+        }
+        for f in dataclasses.fields(cls)
+    }
 
 
 def _type_name(tp) -> str:
@@ -381,8 +398,11 @@ def check_range(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=Fa
     if value != value:  # NaN: every comparison below would be False, so it would pass them all
         raise InvalidOption(f"option {name!r}={value!r} is not a number; allowed: {span}")
     unbounded_inf = isinstance(value, float) and math.isinf(value) and (hi is None if value > 0 else lo is None)
-    bad = unbounded_inf or (lo is not None and (value <= lo if lo_open else value < lo)) or (
-        hi is not None and (value >= hi if hi_open else value > hi))
+    bad = (
+        unbounded_inf
+        or (lo is not None and (value <= lo if lo_open else value < lo))
+        or (hi is not None and (value >= hi if hi_open else value > hi))
+    )
     if bad:
         raise InvalidOption(f"option {name!r}={value!r} out of range {span}")
 
@@ -427,8 +447,10 @@ class OutputContract:
             raise BackendContractError(f"{self.who()} returned a {type(out).__name__}, not a tensor: {CONTRACT}")
         want = (*q.shape[:3], v.shape[-1])
         if tuple(out.shape) != want:
-            raise BackendContractError(f"{self.who()} returned shape {tuple(out.shape)} for q {tuple(q.shape)} and v "
-                                       f"{tuple(v.shape)}: {CONTRACT}, here {want}")
+            raise BackendContractError(
+                f"{self.who()} returned shape {tuple(out.shape)} for q {tuple(q.shape)} and v "
+                f"{tuple(v.shape)}: {CONTRACT}, here {want}"
+            )
         if _has_values(out) and self.finite_pending:  # _has_values first: under compile the flag is never read
             self.finite_pending = False
             self._check_finite(q, k, v, mask, out)
@@ -444,25 +466,31 @@ class OutputContract:
         def finite_where_real(t):
             return t.detach().isfinite().logical_or_(padded).all()
 
-        inputs_ok, out_ok = torch.stack([torch.stack([finite_where_real(t) for t in (q, k, v)]).all(),
-                                         finite_where_real(out)]).tolist()  # one sync for both answers
+        inputs_ok, out_ok = torch.stack(
+            [torch.stack([finite_where_real(t) for t in (q, k, v)]).all(), finite_where_real(out)]
+        ).tolist()  # one sync for both answers
         if inputs_ok and not out_ok:
             raise BackendContractError(
                 f"{self.who()} returned NaN or inf at real (unmasked) positions for finite q, k, v on its first call: "
                 f"the contract is a finite output where the mask is True (attention.testing.check_backend("
-                f"{self.name!r}) runs the whole contract)")
+                f"{self.name!r}) runs the whole contract)"
+            )
 
 
 def _qkv_mask(args: tuple, kwargs: dict) -> list:
     """``module(q, k, v, mask)`` with any of them passed by keyword -> [q, k, v, mask]."""
-    return list(args[:4]) + [kwargs.get(a) for a in ("q", "k", "v", "mask")[len(args):]]
+    return list(args[:4]) + [kwargs.get(a) for a in ("q", "k", "v", "mask")[len(args) :]]
 
 
 def _has_values(t: torch.Tensor) -> bool:
     """False while torch.compile traces or a CUDA graph is captured, and for meta or fake tensors (the
     memory fit): no values to read, or no reading allowed."""
-    return (not torch.compiler.is_compiling() and not t.is_meta and not is_fake(t)
-            and not (t.is_cuda and torch.cuda.is_current_stream_capturing()))
+    return (
+        not torch.compiler.is_compiling()
+        and not t.is_meta
+        and not is_fake(t)
+        and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    )
 
 
 # ---------------------------------------------------------------- shared tensor helpers

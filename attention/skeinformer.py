@@ -92,8 +92,15 @@ from dataclasses import dataclass
 
 import torch
 
-from attention.registry import (AttentionBackend, Capabilities, InvalidOption, check_choice, check_range, full_mask,
-                                register)
+from attention.registry import (
+    AttentionBackend,
+    Capabilities,
+    InvalidOption,
+    check_choice,
+    check_range,
+    full_mask,
+    register,
+)
 from attention.softmax import key_mask
 
 NEG_INF = float("-inf")
@@ -126,8 +133,10 @@ class SkeinformerOptions:
         check_choice("sketch_weights", self.sketch_weights, ("horvitz_thompson", "none"))
         check_choice("pilot_duplicate_grad", self.pilot_duplicate_grad, ("once", "per_copy"))
         if self.pilot_batch == "shared" and self.pilot_sampling != "with_replacement":
-            raise InvalidOption("option 'pilot_batch'='shared' needs pilot_sampling='with_replacement' "
-                                "(independent uniform positions, as in the public code)")
+            raise InvalidOption(
+                "option 'pilot_batch'='shared' needs pilot_sampling='with_replacement' "
+                "(independent uniform positions, as in the public code)"
+            )
 
 
 # ---------------------------------------------------------------- sampling (module level so tests can inject)
@@ -184,8 +193,9 @@ def nth_allowed(allowed: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return order.gather(-1, kth.expand(*allowed.shape[:-1], u.shape[-1]))
 
 
-def column_log_weights(b_pilot: torch.Tensor, pilot_valid: torch.Tensor, v: torch.Tensor,
-                       real: torch.Tensor) -> torch.Tensor:
+def column_log_weights(
+    b_pilot: torch.Tensor, pilot_valid: torch.Tensor, v: torch.Tensor, real: torch.Tensor
+) -> torch.Tensor:
     """log of eq. (5)'s p̂_i ∝ ‖(B_J)^(i)‖ ‖V_(i)‖ (unnormalised), -inf on padded keys.
 
     b_pilot (b, h, d, n) pilot rows of B; pilot_valid (b, h, d) which pilots count; v (b, h, n, p);
@@ -205,22 +215,42 @@ def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 @register("skeinformer", doc="Skeinformer (Algorithm 1): column importance sampling + adaptive row norm + pilot reuse")
-@register("skeinformer_uniform", defaults={"column_sampling": "uniform", "pilot_reuse": False},
-          doc="Skeinformer ablation: uniform column sampling (no pilot)")
-@register("skeinformer_no_rownorm", defaults={"row_norm": "exact"},
-          doc="Skeinformer ablation: no row normalisation (sketch D⁻¹ASSᵀV with the exact D, O(n²))",
-          capabilities=Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n^2)",
-                                    notes="the exact row sums D cost O(n^2), as the paper's row"))
-@register("skeinformer_simple_rownorm", defaults={"row_norm": "simple"},
-          doc="Skeinformer ablation: simple row normalisation (softmax over the sampled columns)")
-@register("skeinformer_no_pilot", defaults={"pilot_reuse": False},
-          doc="Skeinformer ablation: no pilot sampling reutilisation")
+@register(
+    "skeinformer_uniform",
+    defaults={"column_sampling": "uniform", "pilot_reuse": False},
+    doc="Skeinformer ablation: uniform column sampling (no pilot)",
+)
+@register(
+    "skeinformer_no_rownorm",
+    defaults={"row_norm": "exact"},
+    doc="Skeinformer ablation: no row normalisation (sketch D⁻¹ASSᵀV with the exact D, O(n²))",
+    capabilities=Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n^2)",
+        notes="the exact row sums D cost O(n^2), as the paper's row",
+    ),
+)
+@register(
+    "skeinformer_simple_rownorm",
+    defaults={"row_norm": "simple"},
+    doc="Skeinformer ablation: simple row normalisation (softmax over the sampled columns)",
+)
+@register(
+    "skeinformer_no_pilot", defaults={"pilot_reuse": False}, doc="Skeinformer ablation: no pilot sampling reutilisation"
+)
 class SkeinformerAttention(AttentionBackend):
     """Skeinformer sketching attention (Algorithm 1) and its ablations."""
 
     Options = SkeinformerOptions
-    capabilities = Capabilities(padding_mask=True, exact=False, randomized=True, complexity="O(n d)",
-                                notes="exact when num_features >= real tokens; row_norm='exact' is O(n^2)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        randomized=True,
+        complexity="O(n d)",
+        notes="exact when num_features >= real tokens; row_norm='exact' is O(n^2)",
+    )
 
     def _pilot_rows(self, real: torch.Tensor, m: torch.Tensor, h: int, d: int) -> torch.Tensor:
         """Pilot row indices (b, h, d) per the options; real (b, n), m (b,) real counts."""
@@ -246,7 +276,7 @@ class SkeinformerAttention(AttentionBackend):
         realh = real[:, None, :].expand(b, h, n)
         keyreal = real[:, None, None, :]  # broadcasts over (b, h, rows, n)
         v = v.masked_fill(~real[:, None, :, None], 0.0)
-        scale = p ** -0.5
+        scale = p**-0.5
         if o.budget == "per_sample":  # d slots, a sample with m < d fills the rest with (invalid) padding
             d, d_eff, slot = min(o.num_features, n), None, None
         else:  # one d for the batch, as a tensor: fixed slots, the first d_eff valid (no host sync)
@@ -263,8 +293,11 @@ class SkeinformerAttention(AttentionBackend):
                 if o.draw_from == "real":
                     pilot_valid = pilot_real
                 else:  # a padded pilot row counts, with its query zeroed (uniform over the real keys)
-                    pilot_valid = (torch.arange(n, device=q.device)[None, :] < m[:, None])[:, None, :].expand(
-                        b, h, n).gather(2, pilot)
+                    pilot_valid = (
+                        (torch.arange(n, device=q.device)[None, :] < m[:, None])[:, None, :]
+                        .expand(b, h, n)
+                        .gather(2, pilot)
+                    )
                 if slot is not None:
                     pilot_valid, pilot_real = pilot_valid & slot, pilot_real & slot
             with torch.set_grad_enabled(torch.is_grad_enabled() and o.pilot_reuse):  # else only probabilities
@@ -293,8 +326,9 @@ class SkeinformerAttention(AttentionBackend):
             log_g = s.masked_fill(~col_valid[:, :, None, :], 0.0).sum(-1, keepdim=True) / d_real
             g = torch.exp(log_g - c)  # geometric mean of the selected a_ij, over e^{c_i}
             n_rest = m.to(q.dtype)[:, None, None, None] - d_real  # unselected real columns, m - d
-            selected = torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(
-                2, cols, col_valid.to(q.dtype)) > 0
+            selected = (
+                torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(2, cols, col_valid.to(q.dtype)) > 0
+            )
             v_rest = v.masked_fill(~(realh & ~selected)[..., None], 0.0).sum(-2, keepdim=True)  # (b,h,1,p)
             out = (e @ v_s + g * v_rest) / (e.sum(-1, keepdim=True) + n_rest * g)
         elif o.row_norm == "simple":

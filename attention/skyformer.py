@@ -115,7 +115,9 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class KernelizedOptions:
     dropout: float = 0.1  # dropout on the Gaussian kernel matrix C (training only)
-    zero_padded_queries: bool = False  # zero q at padded positions first (public code): padded rows output exp(-|k|^2/2)-weighted V
+    zero_padded_queries: bool = (
+        False  # zero q at padded positions first (public code): padded rows output exp(-|k|^2/2)-weighted V
+    )
 
     def __post_init__(self):
         check_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
@@ -127,8 +129,14 @@ class KernelizedAttention(AttentionBackend):
     """Exact Gaussian-kernel attention C V (Skyformer eq. 3), no row normalisation."""
 
     Options = KernelizedOptions
-    capabilities = Capabilities(padding_mask=True, causal=False, exact=True, complexity="O(n^2)",
-                                target="gaussian", notes="C_ij = exp(-|q_i-k_j|^2/(2 sqrt(p))); dropout on C")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=False,
+        exact=True,
+        complexity="O(n^2)",
+        target="gaussian",
+        notes="C_ij = exp(-|q_i-k_j|^2/(2 sqrt(p))); dropout on C",
+    )
 
     def forward(self, q, k, v, mask=None):
         scale = q.shape[-1] ** -0.25
@@ -154,7 +162,9 @@ class SkyformerOptions:
     landmark_split: str = "pooled"  # pooled: uniform over the rows of [Q; K]; halves: d//2 from Q rows, the rest from K rows (public code)
     landmark_draw: str = "per_sample"  # per_sample: per sample and head among real rows; shared: one draw for batch and heads, prefix positions (public code)
     scale_dim: int | None = None  # p in the kernel scale p^(-1/4); None: head_dim (public code: 32)
-    zero_padded_queries: bool = False  # zero q at padded positions first (public code): changes padded rows' outputs only
+    zero_padded_queries: bool = (
+        False  # zero q at padded positions first (public code): changes padded rows' outputs only
+    )
 
     def __post_init__(self):
         check_range("num_landmarks", self.num_landmarks, 1, None, integer=True)
@@ -171,9 +181,16 @@ class SkyformerOptions:
         check_choice("zero_padded_queries", self.zero_padded_queries, (False, True))
 
 
-def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: bool = False,
-                     uniforms: torch.Tensor | None = None, split: str = "pooled",
-                     shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_landmarks(
+    real: torch.Tensor,
+    heads: int,
+    d: int,
+    *,
+    replacement: bool = False,
+    uniforms: torch.Tensor | None = None,
+    split: str = "pooled",
+    shared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniform landmark rows among the rows of each sample that ``real`` allows.
 
     real: bool (batch, N), True where a row may be chosen. Returns ``idx`` int64 (batch, heads, d')
@@ -199,8 +216,10 @@ def sample_landmarks(real: torch.Tensor, heads: int, d: int, *, replacement: boo
         half, d_q = big_n // 2, d // 2
         cut = d_q if replacement else half
         idx, valid = [], []
-        for off, rows, dd, u in ((0, real[:, :half], d_q, None if uniforms is None else uniforms[..., :cut]),
-                                 (half, real[:, half:], d - d_q, None if uniforms is None else uniforms[..., cut:])):
+        for off, rows, dd, u in (
+            (0, real[:, :half], d_q, None if uniforms is None else uniforms[..., :cut]),
+            (half, real[:, half:], d - d_q, None if uniforms is None else uniforms[..., cut:]),
+        ):
             if dd:
                 i, ok = _sample_rows(rows, heads, dd, replacement, u)
                 idx.append(i + off)
@@ -251,10 +270,16 @@ class Skyformer(AttentionBackend):
     """Nyström approximation of kernelized attention on the PSD completion of [Q; K]."""
 
     Options = SkyformerOptions
-    capabilities = Capabilities(padding_mask=True, causal=False, exact=False, randomized=True,
-                                complexity="O(n d)", target="gaussian",
-                                notes="landmarks among real rows of [Q;K]; per-matrix Newton-Schulz init "
-                                      "(public-code options couple the batch)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=False,
+        exact=False,
+        randomized=True,
+        complexity="O(n d)",
+        target="gaussian",
+        notes="landmarks among real rows of [Q;K]; per-matrix Newton-Schulz init "
+        "(public-code options couple the batch)",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
@@ -311,9 +336,15 @@ class Skyformer(AttentionBackend):
         rows = real
         if o.landmark_draw == "shared":  # the public code's rows: the first (real count) positions
             rows = torch.arange(n, device=q.device) < real.sum(-1, keepdim=True)
-        idx, valid = sample_landmarks(torch.cat([rows, rows], dim=1), h, o.num_landmarks,
-                                      replacement=o.replacement, uniforms=self.fixed_uniforms(n),
-                                      split=o.landmark_split, shared=o.landmark_draw == "shared")
+        idx, valid = sample_landmarks(
+            torch.cat([rows, rows], dim=1),
+            h,
+            o.num_landmarks,
+            replacement=o.replacement,
+            uniforms=self.fixed_uniforms(n),
+            split=o.landmark_split,
+            shared=o.landmark_draw == "shared",
+        )
         land = x.gather(2, idx[..., None].expand(-1, -1, -1, p))  # (b, h, d, p)
         vf = valid.to(work)
         q_f = gaussian_kernel(q, land) * vf[:, :, None, :]  # (b, h, n, d)

@@ -44,8 +44,13 @@ class SoftmaxAttention(AttentionBackend):
     """Exact softmax attention (fused SDPA or materialised n×n)."""
 
     Options = SoftmaxOptions
-    capabilities = Capabilities(padding_mask=True, causal=True, exact=True, complexity="O(n^2)",
-                                notes="impl=fused uses SDPA; impl=materialized reproduces the papers' memory")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=True,
+        exact=True,
+        complexity="O(n^2)",
+        notes="impl=fused uses SDPA; impl=materialized reproduces the papers' memory",
+    )
 
     def forward(self, q, k, v, mask=None):
         o = self.options

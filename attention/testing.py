@@ -32,12 +32,12 @@ def qkv(n: int = N, seed: int = 1, dtype=torch.float32) -> list[torch.Tensor]:
 def masks(n: int = N) -> dict[str, torch.Tensor]:
     """Padding at the end, and padding in the middle (and at the end) of the sequence."""
     end = torch.ones(B, n, dtype=torch.bool)
-    end[0, n - 37:] = False
-    end[1, n - 5:] = False
+    end[0, n - 37 :] = False
+    end[1, n - 5 :] = False
     middle = torch.ones(B, n, dtype=torch.bool)
     middle[0, 20:57] = False
     middle[1, 60:64] = False
-    middle[1, n - 3:] = False
+    middle[1, n - 3 :] = False
     return {"end": end, "middle": middle}
 
 
@@ -71,8 +71,9 @@ def check_documented(name: str) -> None:
     assert d["doc"], f"{name}: the class needs a docstring (its first line is the one-line doc)"
     if d["module"].partition(".")[0] == __name__.partition(".")[0]:
         mod = __import__(d["module"], fromlist=["_"])
-        assert mod.__doc__ and len(mod.__doc__) > 80, \
-            f"{name}: its module needs a docstring (paper, algorithm, complexity)"
+        assert (
+            mod.__doc__ and len(mod.__doc__) > 80
+        ), f"{name}: its module needs a docstring (paper, algorithm, complexity)"
 
 
 def check_shape_finite_and_grads(name: str) -> None:
@@ -116,31 +117,39 @@ def check_no_mask_equals_all_true(name: str) -> None:
     torch.manual_seed(2)
     a = m(q, k, v, None)
     torch.manual_seed(2)
-    torch.testing.assert_close(a, m(q, k, v, torch.ones(B, N, dtype=torch.bool)),
-                               msg=lambda s: f"{name}: mask=None differs from an all-True mask: {s}")
+    torch.testing.assert_close(
+        a,
+        m(q, k, v, torch.ones(B, N, dtype=torch.bool)),
+        msg=lambda s: f"{name}: mask=None differs from an all-True mask: {s}",
+    )
 
 
 def _as_assertion(check):
     """The output check every built module carries (attention.registry.OutputContract) raises
     BackendContractError; a contract check reports it, like any other failure, as AssertionError."""
+
     @functools.wraps(check)
     def run(name: str) -> None:
         try:
             check(name)
         except BackendContractError as e:
             raise AssertionError(str(e)) from None
+
     return run
 
 
-CHECKS = {name: _as_assertion(check) for name, check in {
-    "unknown_option_rejected": check_unknown_option_rejected,
-    "documented": check_documented,
-    "shape_finite_and_grads": check_shape_finite_and_grads,
-    "padding_at_end": lambda name: check_padding_invariance(name, "end"),
-    "padding_in_middle": lambda name: check_padding_invariance(name, "middle"),
-    "seeded_determinism": check_seeded_determinism,
-    "no_mask_equals_all_true": check_no_mask_equals_all_true,
-}.items()}
+CHECKS = {
+    name: _as_assertion(check)
+    for name, check in {
+        "unknown_option_rejected": check_unknown_option_rejected,
+        "documented": check_documented,
+        "shape_finite_and_grads": check_shape_finite_and_grads,
+        "padding_at_end": lambda name: check_padding_invariance(name, "end"),
+        "padding_in_middle": lambda name: check_padding_invariance(name, "middle"),
+        "seeded_determinism": check_seeded_determinism,
+        "no_mask_equals_all_true": check_no_mask_equals_all_true,
+    }.items()
+}
 
 
 def check_backend(name: str) -> None:

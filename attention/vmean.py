@@ -20,8 +20,14 @@ from attention.softmax import key_mask
 class VMeanAttention(AttentionBackend):
     """V-mean baseline: every row outputs the mean of the real value rows (1/m 11ᵀV)."""
 
-    capabilities = Capabilities(padding_mask=True, exact=False, complexity="O(n)", target="softmax",
-                                uses_qk=False, notes="rank-one 1/m 11^T V; ignores q and k (no gradient to them)")
+    capabilities = Capabilities(
+        padding_mask=True,
+        exact=False,
+        complexity="O(n)",
+        target="softmax",
+        uses_qk=False,
+        notes="rank-one 1/m 11^T V; ignores q and k (no gradient to them)",
+    )
 
     def forward(self, q, k, v, mask=None):
         real = key_mask(full_mask(q, mask))[:, None, :, None]  # (b, 1, n, 1)

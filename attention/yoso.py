@@ -120,8 +120,17 @@ def auto_hash_bits(max_len: int) -> int:
     return min(max(math.ceil(math.log2(max(max_len, 2))), 1), _MAX_HASH_BITS)
 
 
-def draw_hyperplanes(heads: int, num_hashes: int, dim: int, bits: int, *, batch: int | None = None, device=None,
-                     dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_hyperplanes(
+    heads: int,
+    num_hashes: int,
+    dim: int,
+    bits: int,
+    *,
+    batch: int | None = None,
+    device=None,
+    dtype=torch.float32,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Gaussian hyperplanes (heads, num_hashes, dim, bits), or (batch, heads, …) when ``batch`` is given."""
     lead = (heads,) if batch is None else (batch, heads)
     return torch.randn(*lead, num_hashes, dim, bits, device=device, dtype=dtype, generator=generator)
@@ -138,8 +147,16 @@ def hadamard_parts(num_hashes: int, bits: int, width: int) -> int:
     return max(1, math.ceil(num_hashes / (width // bits)))
 
 
-def draw_hadamard_signs(heads: int, num_parts: int, width: int, *, batch: int | None = None, device=None,
-                        dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_hadamard_signs(
+    heads: int,
+    num_parts: int,
+    width: int,
+    *,
+    batch: int | None = None,
+    device=None,
+    dtype=torch.float32,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Random ±1 diagonals (heads, 3, num_parts, width), or (batch, heads, …) with ``batch``."""
     lead = (heads,) if batch is None else (batch, heads)
     bits = torch.randint(0, 2, (*lead, 3, num_parts, width), device=device, generator=generator)
@@ -169,7 +186,7 @@ def hadamard_planes(signs: torch.Tensor, head_dim: int, bits: int, num_hashes: i
     s1, s2, s3 = signs.unbind(-3)  # each (…, P, W)
     r = h @ (s3[..., :, None] * h)
     r = s1[..., :, None] * (h @ (s2[..., :, None] * r))  # (…, P, W, W)
-    r = r[..., :head_dim, :per_part * bits].unflatten(-1, (per_part, bits))  # (…, P, d, per_part, τ)
+    r = r[..., :head_dim, : per_part * bits].unflatten(-1, (per_part, bits))  # (…, P, d, per_part, τ)
     return r.movedim(-2, -3).flatten(-4, -3)[..., :num_hashes, :, :]
 
 
@@ -179,8 +196,10 @@ def simhash_codes(x: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
     bits = planes.shape[-1]
     weights = (2 ** torch.arange(bits, device=x.device)).to(torch.int64)
     spec = "bhnd,hdt->bhnt" if planes.dim() == 4 else "bhnd,bhdt->bhnt"
-    codes = [((torch.einsum(spec, x, planes[..., t, :, :].to(x.dtype)) > 0).to(torch.int64) * weights).sum(-1)
-             for t in range(planes.shape[-3])]
+    codes = [
+        ((torch.einsum(spec, x, planes[..., t, :, :].to(x.dtype)) > 0).to(torch.int64) * weights).sum(-1)
+        for t in range(planes.shape[-3])
+    ]
     return torch.stack(codes, dim=2)
 
 
@@ -248,8 +267,9 @@ class _LSHCumulation(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None
 
 
-def lsh_attention(qn: torch.Tensor, kn: torch.Tensor, v: torch.Tensor, codes_q: torch.Tensor,
-                  codes_k: torch.Tensor, tau: int) -> torch.Tensor:
+def lsh_attention(
+    qn: torch.Tensor, kn: torch.Tensor, v: torch.Tensor, codes_q: torch.Tensor, codes_k: torch.Tensor, tau: int
+) -> torch.Tensor:
     """YOSO-m numerator mean_hash Σ_j B_ij v_j for given codes (b, h, m, n); v must be zero at
     padded keys. Differentiable with the lower-bound surrogate (τ/2)·B for ∂/∂(q̂·k̂)."""
     return _LSHCumulation.apply(qn, kn, v, codes_q, codes_k, tau)
@@ -279,8 +299,12 @@ class YosoEOptions:
     output_norm: str = "l2"  # l2: normalise output rows (the YOSO code) or none
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off
     cos_scale: float = 1.0  # q̂·k̂ is multiplied by this before arccos (YOSO code v2 yoso_e: 0.98; v1: 1)
-    zero_padded_queries: bool = False  # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
-    norm_eps: float = 1e-6  # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
+    zero_padded_queries: bool = (
+        False  # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
+    )
+    norm_eps: float = (
+        1e-6  # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
+    )
 
     def __post_init__(self):
         _check_common(self)
@@ -297,8 +321,12 @@ class YosoOptions:
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off
     hash_family: str = "gaussian"  # gaussian: iid N(0,1) hyperplanes (exact SimHash); hadamard: the YOSO code's fast_hash (H·D·H·D·H·D)
     draw_per_sample: bool = False  # True: hyperplanes drawn for every sample and head (YOSO code; needs per_call); False: per head, shared by the batch
-    zero_padded_queries: bool = False  # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
-    norm_eps: float = 1e-6  # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
+    zero_padded_queries: bool = (
+        False  # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
+    )
+    norm_eps: float = (
+        1e-6  # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
+    )
 
     def __post_init__(self):
         _check_common(self)
@@ -307,8 +335,9 @@ class YosoOptions:
         check_choice("hash_family", self.hash_family, ("gaussian", "hadamard"))
         _check_bool("draw_per_sample", self.draw_per_sample)
         if self.draw_per_sample and self.redraw == "fixed":
-            raise InvalidOption("option 'draw_per_sample'=True needs redraw='per_call' (the batch size is known "
-                                "only at call time)")
+            raise InvalidOption(
+                "option 'draw_per_sample'=True needs redraw='per_call' (the batch size is known " "only at call time)"
+            )
 
 
 class _YosoBase(AttentionBackend):
@@ -316,8 +345,9 @@ class _YosoBase(AttentionBackend):
         super().__init__(num_heads, head_dim, max_len, options)
         self.tau = options.hash_bits if options.hash_bits is not None else auto_hash_bits(max_len)
         k = options.conv_kernel
-        self.conv = (nn.Conv2d(num_heads, num_heads, (k, 1), padding=(k // 2, 0), groups=num_heads, bias=False)
-                     if k else None)
+        self.conv = (
+            nn.Conv2d(num_heads, num_heads, (k, 1), padding=(k // 2, 0), groups=num_heads, bias=False) if k else None
+        )
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", tau={self.tau}"
@@ -347,8 +377,14 @@ class YosoE(_YosoBase):
     """YOSO-E: exact expected LSH collision weights (1 − arccos(q̂·k̂)/π)^τ, O(n²)."""
 
     Options = YosoEOptions
-    capabilities = Capabilities(padding_mask=True, causal=False, exact=True, complexity="O(n^2)",
-                                target="yoso", notes="backward: lower-bound surrogate (tau/2)w by default")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=False,
+        exact=True,
+        complexity="O(n^2)",
+        target="yoso",
+        notes="backward: lower-bound surrogate (tau/2)w by default",
+    )
 
     def _numerator(self, qn, kn, vm, real):
         tau, s = self.tau, self.options.cos_scale
@@ -369,15 +405,24 @@ class YosoE(_YosoBase):
 
 
 @register("yoso", doc="YOSO-m: LSH Bernoulli-sampling attention with m hashes of tau bits (bucket sums).")
-@register("yoso_conv", defaults={"num_hashes": 16, "conv_kernel": 35},
-          doc="YOSO-C: YOSO-m plus a depthwise convolution on V (m = 16, kernel 35).")
+@register(
+    "yoso_conv",
+    defaults={"num_hashes": 16, "conv_kernel": 35},
+    doc="YOSO-C: YOSO-m plus a depthwise convolution on V (m = 16, kernel 35).",
+)
 class Yoso(_YosoBase):
     """YOSO-m: LSH Bernoulli sampling with the bucket-sum trick; linear in n."""
 
     Options = YosoOptions
-    capabilities = Capabilities(padding_mask=True, causal=False, exact=False, randomized=True,
-                                complexity="O(n m tau d)", target="yoso",
-                                notes="pure-torch scatter/gather; lower-bound surrogate backward")
+    capabilities = Capabilities(
+        padding_mask=True,
+        causal=False,
+        exact=False,
+        randomized=True,
+        complexity="O(n m tau d)",
+        target="yoso",
+        notes="pure-torch scatter/gather; lower-bound surrogate backward",
+    )
 
     def __init__(self, num_heads, head_dim, max_len, options):
         super().__init__(num_heads, head_dim, max_len, options)
@@ -390,8 +435,9 @@ class Yoso(_YosoBase):
         if o.hash_family == "gaussian":
             return draw_hyperplanes(heads, o.num_hashes, dim, self.tau, batch=batch, device=device)
         width = hadamard_dim(dim)
-        signs = draw_hadamard_signs(heads, hadamard_parts(o.num_hashes, self.tau, width), width,
-                                    batch=batch, device=device)
+        signs = draw_hadamard_signs(
+            heads, hadamard_parts(o.num_hashes, self.tau, width), width, batch=batch, device=device
+        )
         return hadamard_planes(signs, dim, self.tau, o.num_hashes)
 
     def _numerator(self, qn, kn, vm, real):

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import typing
 
-SEED_MAX = 2 ** 32 - 1  # what numpy and Lightning's seed_everything accept
+SEED_MAX = 2**32 - 1  # what numpy and Lightning's seed_everything accept
 
 
 class ConfigError(ValueError):
@@ -32,15 +32,26 @@ def integer(key: str, value, lo: int | None = None, optional: bool = False, hi: 
     check(ok, key, value, f"an integer{span}{' or null' if optional else ''}")
 
 
-def number(key: str, value, lo: float, *, open_lo: bool = False, hi: float | None = None, open_hi: bool = False,
-           optional: bool = False) -> None:
+def number(
+    key: str,
+    value,
+    lo: float,
+    *,
+    open_lo: bool = False,
+    hi: float | None = None,
+    open_hi: bool = False,
+    optional: bool = False,
+) -> None:
     if optional and value is None:
         return
     # NaN passes no comparison and so every range: refuse it (and infinity) before comparing
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > lo if open_lo else value >= lo) and (hi is None or (value < hi if open_hi else value <= hi))
-    span = (f"{'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}" if hi is not None
-            else f"{'>' if open_lo else '>='} {lo}")
+    span = (
+        f"{'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}"
+        if hi is not None
+        else f"{'>' if open_lo else '>='} {lo}"
+    )
     check(ok, key, value, f"a finite number {'in ' if hi is not None else ''}{span}{' or null' if optional else ''}")
 
 
@@ -70,8 +81,12 @@ def build(cls, prefix: str, values, ignore: tuple[str, ...] = (), **fixed):
     known = [k for k in _keys(cls) if k not in fixed]
     check(isinstance(values, dict), prefix, values, f"a mapping of {', '.join(known)}")
     unknown = sorted(k for k in values if k not in known and k not in ignore)
-    check(not unknown, f"{prefix}.{unknown[0] if unknown else ''}", values.get(unknown[0]) if unknown else None,
-          f"not a key of {prefix}; valid keys: {', '.join(sorted(known))}")
+    check(
+        not unknown,
+        f"{prefix}.{unknown[0] if unknown else ''}",
+        values.get(unknown[0]) if unknown else None,
+        f"not a key of {prefix}; valid keys: {', '.join(sorted(known))}",
+    )
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for k, v in values.items():

@@ -13,9 +13,32 @@ import argparse
 import sys
 
 # The flags Hydra's own command line accepts (python -m lra.train --help, -m, --cfg job, ...).
-HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package",
-                         "-m", "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name",
-                         "-cd", "--config-dir", "-i", "--info", "--experimental-rerun"})
+HYDRA_FLAGS = frozenset(
+    {
+        "-h",
+        "--help",
+        "--hydra-help",
+        "--version",
+        "-c",
+        "--cfg",
+        "--resolve",
+        "-p",
+        "--package",
+        "-m",
+        "--multirun",
+        "-sc",
+        "--shell-completion",
+        "-cp",
+        "--config-path",
+        "-cn",
+        "--config-name",
+        "-cd",
+        "--config-dir",
+        "-i",
+        "--info",
+        "--experimental-rerun",
+    }
+)
 HARNESS_OVERRIDES = ("run_tag=",)  # set by the harness itself (lra.train, lra.sweep), never by the user
 
 

@@ -44,12 +44,15 @@ class CompatError(RuntimeError):
 def _no_estimate(what: str) -> str:
     """The one line of a :class:`CompatError` of the memory fit: which torch API, and what to do instead."""
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         have = version("torch")
     except PackageNotFoundError:
         have = "not installed"
-    return (f"{what} is missing or changed in torch {have}, outside the range pyproject.toml declares "
-            f"(docs/dependencies.md); the memory fit cannot estimate: set hardware.micro_batch")
+    return (
+        f"{what} is missing or changed in torch {have}, outside the range pyproject.toml declares "
+        f"(docs/dependencies.md); the memory fit cannot estimate: set hardware.micro_batch"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- Lightning

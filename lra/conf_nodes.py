@@ -75,14 +75,18 @@ def attention_node(name: str) -> type:
     opts_cls = attention.options_class(name)
     hints = typing.get_type_hints(opts_cls)
     options = dataclasses.make_dataclass(
-        f"{name}_options", [(f.name, _config_type(hints[f.name]), field(default=MISSING))
-                            for f in dataclasses.fields(opts_cls)])
-    return dataclasses.make_dataclass(f"attn_{name}", [
-        ("name", str, field(default=name)),
-        ("label", str, field(default=name)),  # the run folder and table name (a variant sets its own)
-        ("base_options", Dict[str, Any], field(default_factory=dict)),
-        ("options", options, field(default_factory=options)),
-    ])
+        f"{name}_options",
+        [(f.name, _config_type(hints[f.name]), field(default=MISSING)) for f in dataclasses.fields(opts_cls)],
+    )
+    return dataclasses.make_dataclass(
+        f"attn_{name}",
+        [
+            ("name", str, field(default=name)),
+            ("label", str, field(default=name)),  # the run folder and table name (a variant sets its own)
+            ("base_options", Dict[str, Any], field(default_factory=dict)),
+            ("options", options, field(default_factory=options)),
+        ],
+    )
 
 
 @dataclass

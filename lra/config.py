@@ -39,8 +39,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 import attention
 from lra import CONF_DIR
-from lra.checks import SEED_MAX, ConfigError  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
-from lra.checks import build, check as _check, choice as _choice, flag as _flag, integer as _int, number as _num
+from lra.checks import SEED_MAX, ConfigError, build  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
+from lra.checks import check as _check
+from lra.checks import choice as _choice
+from lra.checks import flag as _flag
+from lra.checks import integer as _int
+from lra.checks import number as _num
 from lra.conf_nodes import attn_configs, register_resolvers  # noqa: F401  (registered on import; re-exported)
 from lra.files import data_root
 from lra.tasks import TaskSpec, task_spec
@@ -225,8 +229,12 @@ class TrainSpec:
     def __post_init__(self):
         _int("train.batch_size", self.batch_size, 1)
         _int("train.chunks", self.chunks, 1)
-        _check(self.batch_size % self.chunks == 0, "train.chunks", self.chunks,
-               f"a divisor of train.batch_size={self.batch_size}")
+        _check(
+            self.batch_size % self.chunks == 0,
+            "train.chunks",
+            self.chunks,
+            f"a divisor of train.batch_size={self.batch_size}",
+        )
         _num("train.lr", self.lr, 0.0)
         _int("train.warmup", self.warmup, 0)
         _int("train.max_steps", self.max_steps, 1)
@@ -236,9 +244,11 @@ class TrainSpec:
         _choice("train.test_ckpt", self.test_ckpt, ("best", "last"))
         _choice("train.schedule", self.schedule, ("linear", "onecycle"))
         if self.schedule == "onecycle" and not 2 <= self.warmup < self.max_steps:  # OneCycleLR divides by warmup - 1
-            raise ConfigError(f"train.warmup={self.warmup} must lie in [2, train.max_steps={self.max_steps}) for the "
-                              f"onecycle schedule (pct_start = warmup / max_steps); change train.warmup or "
-                              f"train.max_steps")
+            raise ConfigError(
+                f"train.warmup={self.warmup} must lie in [2, train.max_steps={self.max_steps}) for the "
+                f"onecycle schedule (pct_start = warmup / max_steps); change train.warmup or "
+                f"train.max_steps"
+            )
         _num("train.grad_clip_value", self.grad_clip_value, 0.0, open_lo=True, optional=True)
         _int("train.eval_batch_size", self.eval_batch_size, 1, optional=True)
         _num("train.weight_decay", self.weight_decay, 0.0)
@@ -271,8 +281,12 @@ class DataSpec:
         if self.node is None:
             object.__setattr__(self, "node", dataclasses.asdict(self.spec))
         path = self.spec.path
-        _check(path is None or Path(str(path)).expanduser().exists(), "task.path", path,
-               "an existing file or folder (or null to search the data root)")
+        _check(
+            path is None or Path(str(path)).expanduser().exists(),
+            "task.path",
+            path,
+            "an existing file or folder (or null to search the data root)",
+        )
 
     @property
     def options(self) -> dict:
@@ -315,7 +329,7 @@ class HardwareSpec:
         """Largest estimated peak that fits: (total - CUDA context) / (1 + allocator margin)."""
         if self.total_bytes is None:
             return None
-        return int((self.total_bytes - self.cuda_context_gib * 2 ** 30) / (1.0 + self.allocator_margin))
+        return int((self.total_bytes - self.cuda_context_gib * 2**30) / (1.0 + self.allocator_margin))
 
     @property
     def planned_precision(self) -> str:
@@ -346,21 +360,37 @@ class RunSpec:
 
     def __post_init__(self):
         _choice("semantics", self.semantics, SEMANTICS)
-        _check(self.name is None or (isinstance(self.name, str) and NAME.fullmatch(self.name) is not None),
-               "name", self.name, "1-40 letters, digits, spaces and -_.+, not starting or ending with a space, "
-               "or null (quote a number: name=\"'2'\")")
+        _check(
+            self.name is None or (isinstance(self.name, str) and NAME.fullmatch(self.name) is not None),
+            "name",
+            self.name,
+            "1-40 letters, digits, spaces and -_.+, not starting or ending with a space, "
+            "or null (quote a number: name=\"'2'\")",
+        )
         _int("seed", self.seed, 0, hi=SEED_MAX)
         _int("num_threads", self.num_threads, 1, optional=True)
         _int("trainer.log_every_n_steps", self.log_every_n_steps, 1)
-        _check(set(self.logger) <= {"csv", "wandb", "tensorboard"}, "logger", list(self.logger),
-               "csv, wandb, tensorboard, or a list of them: logger=[wandb,tensorboard]")
+        _check(
+            set(self.logger) <= {"csv", "wandb", "tensorboard"},
+            "logger",
+            list(self.logger),
+            "csv, wandb, tensorboard, or a list of them: logger=[wandb,tensorboard]",
+        )
         per_device, rest = divmod(self.train.batch_size, self.hardware.devices)
-        _check(rest == 0, "train.batch_size", self.train.batch_size,
-               f"a multiple of the {self.hardware.devices} devices (trainer.devices)")
+        _check(
+            rest == 0,
+            "train.batch_size",
+            self.train.batch_size,
+            f"a multiple of the {self.hardware.devices} devices (trainer.devices)",
+        )
         m = self.hardware.micro_batch
-        _check(m is None or per_device % m == 0, "hardware.micro_batch", m,
-               f"a divisor of the per-device batch {per_device} (train.batch_size={self.train.batch_size} over "
-               f"{self.hardware.devices} devices)")
+        _check(
+            m is None or per_device % m == 0,
+            "hardware.micro_batch",
+            m,
+            f"a divisor of the per-device batch {per_device} (train.batch_size={self.train.batch_size} over "
+            f"{self.hardware.devices} devices)",
+        )
 
     @property
     def task(self) -> str:
@@ -383,10 +413,19 @@ class RunSpec:
         train.pop("chunks")  # what it changes is the micro-batch, in the key
         # how the data was obtained (generated, downloaded) is not what it is: the fingerprint says that
         task = {k: v for k, v in self.data.options.items() if k not in ("generate", "download")}
-        key = {"version": RESUME_KEY_VERSION, "train": train, "model": self.model.kwargs(),
-               "checkpointing": self.attn.checkpointing, "task": task, "data": data_fingerprint,
-               "seed": self.seed, "micro_batch": micro_batch, "accum_steps": accum_steps,
-               "devices": self.hardware.devices, "precision": self.hardware.precision}
+        key = {
+            "version": RESUME_KEY_VERSION,
+            "train": train,
+            "model": self.model.kwargs(),
+            "checkpointing": self.attn.checkpointing,
+            "task": task,
+            "data": data_fingerprint,
+            "seed": self.seed,
+            "micro_batch": micro_batch,
+            "accum_steps": accum_steps,
+            "devices": self.hardware.devices,
+            "precision": self.hardware.precision,
+        }
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -404,8 +443,9 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     name, label = str(cfg.attn.name), str(cfg.attn.label)
     preset: dict = {}
     task_table = OmegaConf.select(cfg, f"protocol.{cfg.task.name}.attn_options", default=None) or {}
-    quirk_table = (OmegaConf.select(cfg, "quirks.attn_options", default=None) or {}) \
-        if cfg.get("semantics") == "paper" else {}
+    quirk_table = (
+        (OmegaConf.select(cfg, "quirks.attn_options", default=None) or {}) if cfg.get("semantics") == "paper" else {}
+    )
     for table in (cfg.get("attn_options") or {}, task_table, quirk_table):
         for key in dict.fromkeys([name, label]):
             if table.get(key) is not None:
@@ -481,7 +521,7 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
     total = hw.get("total_gib")
     if total is not None:
         _num("hardware.total_gib", total, 0.0, open_lo=True)
-        total = int(float(total) * 2 ** 30)
+        total = int(float(total) * 2**30)
     elif hw.get("name") == "auto" and torch.cuda.is_available():
         total = int(torch.cuda.get_device_properties(0).total_memory)
     accelerator = str(tr.accelerator)
@@ -489,13 +529,24 @@ def _hardware(cfg: DictConfig) -> HardwareSpec:
     setting = cfg.train.get("compile", "auto")
     compile_, note = _compile(setting, on_cuda, str(cfg.attn.name))
     return HardwareSpec(
-        name=str(hw.name), total_bytes=total, cuda_context_gib=float(hw.get("cuda_context_gib") or 0.0),
-        allocator_margin=float(hw.get("allocator_margin") or 0.0), micro_batch=hw.get("micro_batch"),
-        accelerator=accelerator, devices=_devices(container(tr.devices)), devices_arg=container(tr.devices),
-        strategy=str(tr.strategy), precision=resolve_precision(str(tr.precision), on_cuda),
-        precision_setting=str(tr.precision), num_workers=_workers(tr.num_workers, on_cuda), pin_memory=on_cuda,
-        compile=compile_, compile_note=note, compile_forced=setting is True,
-        deterministic=_flag("trainer.deterministic", tr.deterministic))
+        name=str(hw.name),
+        total_bytes=total,
+        cuda_context_gib=float(hw.get("cuda_context_gib") or 0.0),
+        allocator_margin=float(hw.get("allocator_margin") or 0.0),
+        micro_batch=hw.get("micro_batch"),
+        accelerator=accelerator,
+        devices=_devices(container(tr.devices)),
+        devices_arg=container(tr.devices),
+        strategy=str(tr.strategy),
+        precision=resolve_precision(str(tr.precision), on_cuda),
+        precision_setting=str(tr.precision),
+        num_workers=_workers(tr.num_workers, on_cuda),
+        pin_memory=on_cuda,
+        compile=compile_,
+        compile_note=note,
+        compile_forced=setting is True,
+        deterministic=_flag("trainer.deterministic", tr.deterministic),
+    )
 
 
 def _external(cfg: DictConfig) -> None:
@@ -505,8 +556,10 @@ def _external(cfg: DictConfig) -> None:
     (a sweep names its jobs' folders without importing the class) by the same snake_case spelling
     (lra.conf_nodes ``lra.attr``), so folder and record agree unless the class is registered under another name."""
     if OmegaConf.is_missing(cfg.attn, "target"):
-        raise ConfigError("attn.target is missing: attn=external needs the backend's class, "
-                          "attn.target=package.module:ClassName (README, 'Your own attention')")
+        raise ConfigError(
+            "attn.target is missing: attn=external needs the backend's class, "
+            "attn.target=package.module:ClassName (README, 'Your own attention')"
+        )
     try:
         name = attention.load_external(str(cfg.attn.target))
     except attention.InvalidOption as e:
@@ -523,9 +576,13 @@ def _callbacks(cfg: DictConfig) -> dict:
     nodes = container(cfg.get("callbacks") or {})
     _check(isinstance(nodes, dict), "callbacks", nodes, "a mapping name -> {_target_: <module>.<Class>, ...arguments}")
     for name, node in nodes.items():
-        _check(isinstance(node, dict) and isinstance(node.get("_target_"), str) and "." in node["_target_"],
-               f"callbacks.{name}", node, "a node with _target_: <module>.<Class> of a Lightning callback and the "
-               "class's arguments (conf/callbacks/lr_monitor.yaml is an example)")
+        _check(
+            isinstance(node, dict) and isinstance(node.get("_target_"), str) and "." in node["_target_"],
+            f"callbacks.{name}",
+            node,
+            "a node with _target_: <module>.<Class> of a Lightning callback and the "
+            "class's arguments (conf/callbacks/lr_monitor.yaml is an example)",
+        )
     return nodes
 
 
@@ -549,12 +606,24 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     if cfg.attn.name == "external":
         _external(cfg)
     options, preset_options = attention_options(cfg)
-    attn = AttnSpec(name=str(cfg.attn.name), label=str(cfg.attn.label), options=options,
-                    preset_options=preset_options,
-                    checkpointing=bool({str(cfg.attn.name), str(cfg.attn.label)} & set(cfg.get("attn_checkpointing") or [])))
+    attn = AttnSpec(
+        name=str(cfg.attn.name),
+        label=str(cfg.attn.label),
+        options=options,
+        preset_options=preset_options,
+        checkpointing=bool({str(cfg.attn.name), str(cfg.attn.label)} & set(cfg.get("attn_checkpointing") or [])),
+    )
     task = container(cfg.task)
-    model = build(ModelSpec, "model", container(cfg.model), vocab_size=task["vocab_size"], seq_len=task["seq_len"],
-                   num_classes=task["num_classes"], dual=bool(task.get("dual", False)), attn=attn)
+    model = build(
+        ModelSpec,
+        "model",
+        container(cfg.model),
+        vocab_size=task["vocab_size"],
+        seq_len=task["seq_len"],
+        num_classes=task["num_classes"],
+        dual=bool(task.get("dual", False)),
+        attn=attn,
+    )
     train_node = container(cfg.train)
     if train_node.get("chunks") is None:  # unset: the public code's under semantics=paper, else one
         train_node["chunks"] = paper_chunks(cfg, attn) if cfg.get("semantics") == "paper" else 1
@@ -567,17 +636,29 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     fit = cfg.get("fit") or {}
     semantics = cfg.get("semantics", "clean")  # its value is checked by RunSpec
     if semantics == "paper" and not any((cfg.get("quirks") or {}).values()):
-        raise ConfigError(f"semantics=paper: preset {cfg.preset!r} reproduces no public code (quirks=none); add "
-                          f"quirks=skeinformer|skyformer|nystromformer (whose code), or use semantics=clean")
+        raise ConfigError(
+            f"semantics=paper: preset {cfg.preset!r} reproduces no public code (quirks=none); add "
+            f"quirks=skeinformer|skyformer|nystromformer (whose code), or use semantics=clean"
+        )
     return RunSpec(
-        preset=str(cfg.preset), seed=cfg.seed, model=model, train=train,
+        preset=str(cfg.preset),
+        seed=cfg.seed,
+        model=model,
+        train=train,
         data=DataSpec.of(task, data_root(cfg.data_root)),
-        hardware=_hardware(cfg), logger=container(cfg.get("logger") or {}),  # logger=[]: metrics.csv alone
+        hardware=_hardware(cfg),
+        logger=container(cfg.get("logger") or {}),  # logger=[]: metrics.csv alone
         run_dir=Path(run_dir) if run_dir else None,
-        force=_flag("force", cfg.force), num_threads=cfg.num_threads,
+        force=_flag("force", cfg.force),
+        num_threads=cfg.num_threads,
         progress=_flag("trainer.progress", cfg.trainer.progress),
-        log_every_n_steps=cfg.trainer.log_every_n_steps, callbacks=_callbacks(cfg),
-        fit_cache_dir=Path(str(fit.cache_dir)) if _flag("fit.cache", fit.get("cache", True)) and fit.get("cache_dir")
+        log_every_n_steps=cfg.trainer.log_every_n_steps,
+        callbacks=_callbacks(cfg),
+        fit_cache_dir=Path(str(fit.cache_dir))
+        if _flag("fit.cache", fit.get("cache", True)) and fit.get("cache_dir")
         else None,
-        config=config, semantics=str(semantics), quirks=quirks_on(cfg, model, task, train),
-        name=cfg.get("name"))
+        config=config,
+        semantics=str(semantics),
+        quirks=quirks_on(cfg, model, task, train),
+        name=cfg.get("name"),
+    )

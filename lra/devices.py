@@ -74,8 +74,10 @@ def memory_share(device: torch.device, env=None) -> float | None:
     except ValueError:
         limit = float("nan")
     if not limit > 0:
-        raise ConfigError(f"{MEMORY_LIMIT_ENV}={raw!r}: give this run's GPU memory in GiB, a number > 0 "
-                          f"(lra.sweep jobs_per_gpu=k sets it), or unset it")
+        raise ConfigError(
+            f"{MEMORY_LIMIT_ENV}={raw!r}: give this run's GPU memory in GiB, a number > 0 "
+            f"(lra.sweep jobs_per_gpu=k sets it), or unset it"
+        )
     return min(1.0, limit * GIB / torch.cuda.get_device_properties(device).total_memory)
 
 
@@ -89,8 +91,12 @@ def limit_gpu_memory(device: torch.device, env=None) -> float | None:
         return None
     limit = float((os.environ if env is None else env)[MEMORY_LIMIT_ENV])
     torch.cuda.set_per_process_memory_fraction(fraction, device)
-    log.info("GPU shared with other runs: this run's caching allocator is capped at %.2f GiB (%.4f of %s)",
-             limit, fraction, device)
+    log.info(
+        "GPU shared with other runs: this run's caching allocator is capped at %.2f GiB (%.4f of %s)",
+        limit,
+        fraction,
+        device,
+    )
     return fraction
 
 
@@ -186,19 +192,26 @@ class LoadMeter:
       highest load and memory, the lowest share, ``cpu_others`` weighted by time), as its timing sums them;
     * ``loaded``: :func:`machine_loaded` of these fields, the rule to use."""
 
-    def __init__(self, device: str | torch.device, loader_workers: int = 0, earlier: dict | None = None,
-                 env=None):
+    def __init__(self, device: str | torch.device, loader_workers: int = 0, earlier: dict | None = None, env=None):
         env = os.environ if env is None else env
         self.device, self.earlier, self.t0 = torch.device(device), earlier, _cpu_seconds()
         share = memory_share(self.device, env)
         cuda = self.device.type == "cuda"
         self.start = {
-            "loadavg_start": _loadavg(), "loadavg_end": None, "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(), "loader_workers": loader_workers, "cpu_others": None,
-            "window_s": None, "gpu_share": (1.0 if share is None else round(share, 4)) if cuda else None,
+            "loadavg_start": _loadavg(),
+            "loadavg_end": None,
+            "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "loader_workers": loader_workers,
+            "cpu_others": None,
+            "window_s": None,
+            "gpu_share": (1.0 if share is None else round(share, 4)) if cuda else None,
             "gpu_jobs": (_env_int(env, JOBS_PER_GPU_ENV) or (1 if share is None else None)) if cuda else None,
             "sweep_parallel": _env_int(env, PARALLEL_ENV),
-            "gpu_others_gib_start": _gpu_others_gib(self.device), "gpu_others_gib_end": None, "stretches": 1}
+            "gpu_others_gib_start": _gpu_others_gib(self.device),
+            "gpu_others_gib_end": None,
+            "stretches": 1,
+        }
 
     @property
     def fields(self) -> dict:
@@ -217,17 +230,26 @@ class LoadMeter:
     def _with_earlier(self, m: dict) -> dict:
         e = self.earlier
         if e:
+
             def pick(key, f=max):
                 vals = [x for x in (e.get(key), m.get(key)) if x is not None]
                 return f(vals) if vals else None
 
-            timed = [(x["window_s"], x["cpu_others"]) for x in (e, m) if x.get("window_s") and
-                     x.get("cpu_others") is not None]
+            timed = [
+                (x["window_s"], x["cpu_others"])
+                for x in (e, m)
+                if x.get("window_s") and x.get("cpu_others") is not None
+            ]
             total = sum(t for t, _ in timed)
-            m = {**m, "loadavg_start": pick("loadavg_start"), "gpu_share": pick("gpu_share", min),
-                 "gpu_jobs": pick("gpu_jobs"), "gpu_others_gib_start": pick("gpu_others_gib_start"),
-                 "gpu_others_gib_end": pick("gpu_others_gib_end"),
-                 "stretches": int(e.get("stretches") or 1) + 1,
-                 "window_s": round(total, 3) if timed else None,
-                 "cpu_others": round(sum(t * c for t, c in timed) / total, 4) if timed else None}
+            m = {
+                **m,
+                "loadavg_start": pick("loadavg_start"),
+                "gpu_share": pick("gpu_share", min),
+                "gpu_jobs": pick("gpu_jobs"),
+                "gpu_others_gib_start": pick("gpu_others_gib_start"),
+                "gpu_others_gib_end": pick("gpu_others_gib_end"),
+                "stretches": int(e.get("stretches") or 1) + 1,
+                "window_s": round(total, 3) if timed else None,
+                "cpu_others": round(sum(t * c for t, c in timed) / total, 4) if timed else None,
+            }
         return {**m, "loaded": machine_loaded(m)}

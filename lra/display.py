@@ -10,26 +10,57 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-GIB = 2 ** 30
+GIB = 2**30
 
 # the papers' rows, (attention key, the paper's row name), in the paper's order
-SKEIN_ROWS = (("softmax", "Standard"), ("softmax_nodrop", "Standard w/o dropout"), ("vmean", "V-mean"),
-              ("bigbird", "BigBird"), ("performer", "Performer"), ("nystrom", "Nyströmformer"),
-              ("reformer", "Reformer"), ("linformer", "Linformer"),
-              ("linformer_jlt", "Linformer w/ unreduced JLT"), ("informer", "Informer"),
-              ("informer_mask", "Informer w/ padding mask"), ("skeinformer", "Skeinformer"),
-              ("skeinformer_uniform", "Skeinformer w/ uniform sampling"),
-              ("skeinformer_no_rownorm", "Skeinformer w/o row normalization"),
-              ("skeinformer_simple_rownorm", "Skeinformer w/ simple row normalization"),
-              ("skeinformer_no_pilot", "Skeinformer w/o pilot sampling reutilization"))
-SKY_ROWS = (("softmax", "Self-Attention"), ("kernelized", "Kernelized Attention"), ("nystrom", "Nyströmformer"),
-            ("linformer", "Linformer"), ("informer", "Informer"), ("performer", "Performer"),
-            ("reformer", "Reformer"), ("bigbird", "BigBird"), ("skyformer", "Skyformer"))
-YOSO_ROWS = (("none", "none"), ("softmax", "softmax"), ("yoso_e", "YOSO-E"), ("nystrom", "Nyströmformer"),
-             ("longformer", "Longformer"), ("linformer", "Linformer"), ("reformer", "Reformer"),
-             ("performer", "Performer"), ("yoso", "YOSO-32"), ("yoso_conv", "YOSO-C-16"))
-SKEIN_TASKS = (("text", "Text"), ("listops", "ListOps"), ("retrieval", "Retrieval"), ("pathfinder", "Pathfinder"),
-               ("image", "Image"))
+SKEIN_ROWS = (
+    ("softmax", "Standard"),
+    ("softmax_nodrop", "Standard w/o dropout"),
+    ("vmean", "V-mean"),
+    ("bigbird", "BigBird"),
+    ("performer", "Performer"),
+    ("nystrom", "Nyströmformer"),
+    ("reformer", "Reformer"),
+    ("linformer", "Linformer"),
+    ("linformer_jlt", "Linformer w/ unreduced JLT"),
+    ("informer", "Informer"),
+    ("informer_mask", "Informer w/ padding mask"),
+    ("skeinformer", "Skeinformer"),
+    ("skeinformer_uniform", "Skeinformer w/ uniform sampling"),
+    ("skeinformer_no_rownorm", "Skeinformer w/o row normalization"),
+    ("skeinformer_simple_rownorm", "Skeinformer w/ simple row normalization"),
+    ("skeinformer_no_pilot", "Skeinformer w/o pilot sampling reutilization"),
+)
+SKY_ROWS = (
+    ("softmax", "Self-Attention"),
+    ("kernelized", "Kernelized Attention"),
+    ("nystrom", "Nyströmformer"),
+    ("linformer", "Linformer"),
+    ("informer", "Informer"),
+    ("performer", "Performer"),
+    ("reformer", "Reformer"),
+    ("bigbird", "BigBird"),
+    ("skyformer", "Skyformer"),
+)
+YOSO_ROWS = (
+    ("none", "none"),
+    ("softmax", "softmax"),
+    ("yoso_e", "YOSO-E"),
+    ("nystrom", "Nyströmformer"),
+    ("longformer", "Longformer"),
+    ("linformer", "Linformer"),
+    ("reformer", "Reformer"),
+    ("performer", "Performer"),
+    ("yoso", "YOSO-32"),
+    ("yoso_conv", "YOSO-C-16"),
+)
+SKEIN_TASKS = (
+    ("text", "Text"),
+    ("listops", "ListOps"),
+    ("retrieval", "Retrieval"),
+    ("pathfinder", "Pathfinder"),
+    ("image", "Image"),
+)
 # a bare "none" on a chart reads like a missing value; the YOSO paper's row is "no attention at all"
 _EXTRA_NAMES = {"none": "none (no attention)"}
 
@@ -71,4 +102,4 @@ def task_name(task: str) -> str:
 
 def mem_unit(largest: float) -> tuple[float, str]:
     """(divisor, name): GiB (2^30 bytes), or MiB (2^20 bytes) when every value is under 1 GiB (tiny runs)."""
-    return (2.0 ** 20, "MiB") if math.isfinite(largest) and largest < GIB else (float(GIB), "GiB")
+    return (2.0**20, "MiB") if math.isfinite(largest) and largest < GIB else (float(GIB), "GiB")

@@ -73,8 +73,8 @@ from torch import nn
 import attention.skeinformer as skein
 from lra.cli import Parser
 from lra.config import load
-from lra.fit import plan
 from lra.files import write_text
+from lra.fit import plan
 from lra.model import build_model
 
 
@@ -90,14 +90,19 @@ class Repo:
         return self.wrapper.removesuffix(".py").replace("/", ".")
 
 
-REPOS = {"skeinformer": Repo("https://github.com/pkuzengqi/Skeinformer", "src", "models/model_LRA.py", 1e-5),
-         "skyformer": Repo("https://github.com/pkuzengqi/Skyformer", "src", "models/model_LRA.py", 1e-4),
-         "nystromformer": Repo("https://github.com/mlpen/Nystromformer", "LRA/code", "model_wrapper.py", 1e-4)}
+REPOS = {
+    "skeinformer": Repo("https://github.com/pkuzengqi/Skeinformer", "src", "models/model_LRA.py", 1e-5),
+    "skyformer": Repo("https://github.com/pkuzengqi/Skyformer", "src", "models/model_LRA.py", 1e-4),
+    "nystromformer": Repo("https://github.com/mlpen/Nystromformer", "LRA/code", "model_wrapper.py", 1e-4),
+}
 SKEIN_NAMES = {"skeinformer", "skein_nopilot", "skein_uniform", "skein_simplenorm", "skein_nonorm"}
-LENGTHS = {"listops": (2000, 1100, 517), "listops-short": (2000, 1100, 150),
-           # split as their code splits them; one short sample in the last chunk sets the Skeinformer budget
-           "listops-chunks": (2000, 1700, 1200, 600, 2000, 1500, 150, 900),
-           "text-chunks": (4000, 3600, 2900, 1800, 4000, 3100, 200, 2500)}
+LENGTHS = {
+    "listops": (2000, 1100, 517),
+    "listops-short": (2000, 1100, 150),
+    # split as their code splits them; one short sample in the last chunk sets the Skeinformer budget
+    "listops-chunks": (2000, 1700, 1200, 600, 2000, 1500, 150, 900),
+    "text-chunks": (4000, 3600, 2900, 1800, 4000, 3100, 200, 2500),
+}
 CHUNKED_BATCH = 8  # samples of a *-chunks row (train.batch_size of ours)
 SEED = 7  # before every forward: Skyformer draws its landmarks from torch's global RNG on both sides
 
@@ -131,41 +136,88 @@ def _rows(preset: str, spec: str) -> list[Row]:
 
 
 ROWS: list[Row] = (
-    _rows("skeinformer_paper", "listops:softmax:softmax listops:skeinformer:skeinformer "
-          "listops:skeinformer_no_pilot:skein_nopilot listops:skeinformer_uniform:skein_uniform "
-          "listops:skeinformer_simple_rownorm:skein_simplenorm listops:skeinformer_no_rownorm:skein_nonorm "
-          "listops:vmean:vmean listops-short:skeinformer:skeinformer listops-short:skeinformer_no_rownorm:skein_nonorm "
-          "pathfinder:skeinformer:skeinformer listops:performer:performer listops:linformer:linformer "
-          "listops:nystrom:nystrom")
-    + _rows("skyformer_paper", "listops:softmax:softmax listops:skyformer:skyformer listops:kernelized:kernelized "
-            "listops:performer:performer listops:linformer:linformer listops:nystrom:nystrom "
-            "pathfinder:softmax:softmax pathfinder:skyformer:skyformer")
-    + _rows("nystromformer_paper", "listops:softmax:softmax listops:nystrom:nystrom-64 "
-            "listops:linformer:linformer-256 listops:performer:performer-256")
-    + _rows("skeinformer_paper", "text-chunks:skeinformer:skeinformer "
-            "listops-chunks:skeinformer_no_rownorm:skein_nonorm")
-    + _rows("nystromformer_paper", "image-chunks:nystrom:nystrom-64"))
+    _rows(
+        "skeinformer_paper",
+        "listops:softmax:softmax listops:skeinformer:skeinformer "
+        "listops:skeinformer_no_pilot:skein_nopilot listops:skeinformer_uniform:skein_uniform "
+        "listops:skeinformer_simple_rownorm:skein_simplenorm listops:skeinformer_no_rownorm:skein_nonorm "
+        "listops:vmean:vmean listops-short:skeinformer:skeinformer listops-short:skeinformer_no_rownorm:skein_nonorm "
+        "pathfinder:skeinformer:skeinformer listops:performer:performer listops:linformer:linformer "
+        "listops:nystrom:nystrom",
+    )
+    + _rows(
+        "skyformer_paper",
+        "listops:softmax:softmax listops:skyformer:skyformer listops:kernelized:kernelized "
+        "listops:performer:performer listops:linformer:linformer listops:nystrom:nystrom "
+        "pathfinder:softmax:softmax pathfinder:skyformer:skyformer",
+    )
+    + _rows(
+        "nystromformer_paper",
+        "listops:softmax:softmax listops:nystrom:nystrom-64 "
+        "listops:linformer:linformer-256 listops:performer:performer-256",
+    )
+    + _rows(
+        "skeinformer_paper", "text-chunks:skeinformer:skeinformer " "listops-chunks:skeinformer_no_rownorm:skein_nonorm"
+    )
+    + _rows("nystromformer_paper", "image-chunks:nystrom:nystrom-64")
+)
 TASKS = ("listops", "text", "retrieval", "pathfinder", "image")
 # their attn_type -> our attention config, for the chunk table; their other names are no run of ours
 # (Skein/Sky softmaxRBF32 runs plain softmax, docs/fidelity.md E6; Nys nystrom-32/128/256: other budgets)
 THEIR_ATTN = {
-    "skeinformer": {**{a: a for a in ("softmax", "nystrom", "linformer", "performer", "informer", "bigbird",
-                                      "reformer", "vmean", "skeinformer")},
-                    "skein_uniform": "skeinformer_uniform", "skein_nonorm": "skeinformer_no_rownorm",
-                    "skein_simplenorm": "skeinformer_simple_rownorm", "skein_nopilot": "skeinformer_no_pilot"},
-    "skyformer": {a: a for a in ("softmax", "kernelized", "skyformer", "nystrom", "linformer", "performer",
-                                 "informer", "bigbird", "reformer")},
-    "nystromformer": {"softmax": "softmax", "nystrom-64": "nystrom", "linformer-256": "linformer",
-                      "performer-256": "performer", "reformer-2": "reformer", "linear": "linear"},
+    "skeinformer": {
+        **{
+            a: a
+            for a in (
+                "softmax",
+                "nystrom",
+                "linformer",
+                "performer",
+                "informer",
+                "bigbird",
+                "reformer",
+                "vmean",
+                "skeinformer",
+            )
+        },
+        "skein_uniform": "skeinformer_uniform",
+        "skein_nonorm": "skeinformer_no_rownorm",
+        "skein_simplenorm": "skeinformer_simple_rownorm",
+        "skein_nopilot": "skeinformer_no_pilot",
+    },
+    "skyformer": {
+        a: a
+        for a in (
+            "softmax",
+            "kernelized",
+            "skyformer",
+            "nystrom",
+            "linformer",
+            "performer",
+            "informer",
+            "bigbird",
+            "reformer",
+        )
+    },
+    "nystromformer": {
+        "softmax": "softmax",
+        "nystrom-64": "nystrom",
+        "linformer-256": "linformer",
+        "performer-256": "performer",
+        "reformer-2": "reformer",
+        "linear": "linear",
+    },
 }
-CHUNK_ROWS = [Row(p, t, "chunks", "") for p in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper")
-              for t in TASKS]  # their config's counts against our plan, every attention of theirs we have
+CHUNK_ROWS = [
+    Row(p, t, "chunks", "") for p in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper") for t in TASKS
+]  # their config's counts against our plan, every attention of theirs we have
 
 
 # ----------------------------------------------------------------------------- importing their code
 def _unavailable(name: str) -> Callable:
     def fail(*args, **kwargs):
         raise RuntimeError(f"{name} is a stand-in of lra.fidelity: the compared code should not call it")
+
     return fail
 
 
@@ -178,12 +230,16 @@ def _repeat(t: torch.Tensor, pattern: str, **sizes: int) -> torch.Tensor:
 
 def _stand_ins() -> dict[str, types.ModuleType]:
     """Modules for the packages their files import at top level, for those not installed (a real one wins)."""
-    attrs = {"einops": {"repeat": _repeat, "rearrange": _unavailable("einops.rearrange")},
-             "local_attention": {"LocalAttention": _unavailable("LocalAttention")},
-             "axial_positional_embedding": {"AxialPositionalEmbedding": _unavailable("AxialPositionalEmbedding")},
-             "performer_pytorch.reversible": {"ReversibleSequence": _unavailable("ReversibleSequence"),
-                                              "SequentialSequence": _unavailable("SequentialSequence")},
-             "performer_pytorch": {"FastAttention": _unavailable("performer_pytorch.FastAttention")}}
+    attrs = {
+        "einops": {"repeat": _repeat, "rearrange": _unavailable("einops.rearrange")},
+        "local_attention": {"LocalAttention": _unavailable("LocalAttention")},
+        "axial_positional_embedding": {"AxialPositionalEmbedding": _unavailable("AxialPositionalEmbedding")},
+        "performer_pytorch.reversible": {
+            "ReversibleSequence": _unavailable("ReversibleSequence"),
+            "SequentialSequence": _unavailable("SequentialSequence"),
+        },
+        "performer_pytorch": {"FastAttention": _unavailable("performer_pytorch.FastAttention")},
+    }
     mods = {name: types.ModuleType(name) for name in attrs}
     for name, values in attrs.items():
         vars(mods[name]).update(values)
@@ -224,8 +280,11 @@ def their_model(row: Row, roots: dict[str, Path]) -> nn.Module:
     """Their ModelForSC for the row, configured as their entry points do, on CPU in float32."""
     repo, task = REPOS[row.repo], row.task.split("-")[0]
     # only the Nyström code imports pip performer_pytorch's FastAttention; the Skeinformer repo ships a copy
-    performer_copy = roots["skeinformer"] / "src/models/performer.py" \
-        if row.repo == "nystromformer" and "skeinformer" in roots else None
+    performer_copy = (
+        roots["skeinformer"] / "src/models/performer.py"
+        if row.repo == "nystromformer" and "skeinformer" in roots
+        else None
+    )
     with public_code(roots[row.repo] / repo.code, performer_copy):
         if row.repo == "nystromformer":
             cfg = copy.deepcopy(importlib.import_module("lra_config").config[task])
@@ -233,8 +292,9 @@ def their_model(row: Row, roots: dict[str, Path]) -> nn.Module:
             cfg = copy.deepcopy(importlib.import_module("config").Config["lra-" + task])
         model = cfg["model"]
         model.update(cfg["extra_attn_config"].get(row.theirs, {}))
-        model.update(attn_type=row.theirs, mixed_precision=False,
-                     max_seq_len=2 ** math.ceil(math.log2(model["max_seq_len"])))  # their entry points round up
+        model.update(
+            attn_type=row.theirs, mixed_precision=False, max_seq_len=2 ** math.ceil(math.log2(model["max_seq_len"]))
+        )  # their entry points round up
         if row.repo == "nystromformer":  # attention_nystrom.py reads seq_len, which run_tasks.py never sets
             model.setdefault("seq_len", model["max_seq_len"])
         else:
@@ -281,8 +341,14 @@ def compare_chunks(row: Row, roots: dict[str, Path]) -> dict:
             bad.append(f"**{ours}: theirs {k} x {sizes[0]}, ours {p.accum_steps} x {p.micro_batch}**")
         elif k > 1:
             cells.append(f"{ours} {k} x {sizes[0]}")
-    return {"row": row, "batch": batch, "n": len(THEIR_ATTN[row.repo]), "bad": bad,
-            "notes": ", ".join(bad + cells) or "1 for every attention", "other": ", ".join(other)}
+    return {
+        "row": row,
+        "batch": batch,
+        "n": len(THEIR_ATTN[row.repo]),
+        "bad": bad,
+        "notes": ", ".join(bad + cells) or "1 for every attention",
+        "other": ", ".join(other),
+    }
 
 
 # ----------------------------------------------------------------------------- weights
@@ -430,8 +496,10 @@ def make_batch(task: str, n: int) -> torch.Tensor:
 def budgets(out: list[int]) -> Iterator[None]:
     """Our Skeinformer's batch budget d of every forward (``gumbel_topk``'s kth), in call order."""
     inner = skein.gumbel_topk
-    skein.gumbel_topk = lambda log_w, d, kth=None: (out.append(int(kth)) if kth is not None else None,
-                                                    inner(log_w, d, kth))[1]
+    skein.gumbel_topk = lambda log_w, d, kth=None: (
+        out.append(int(kth)) if kth is not None else None,
+        inner(log_w, d, kth),
+    )[1]
     try:
         yield
     finally:
@@ -469,15 +537,19 @@ def compare(row: Row, roots: dict[str, Path]) -> dict:
             out = torch.cat([ours(t, m) for t, m in zip(toks.split(micro), mask.split(micro))])
         res[column] = (out - lt).abs().max().item()
         if column == "paper":
-            res["notes"] = "; ".join(([f"copied {', '.join(copied)}"] if copied else []) + (
-                [f"replayed {len(replay.uniforms)} u + {len(replay.columns)} column draws"] if skein_row else []) + (
-                [f"same torch seed ({SEED}) before both forwards"] if row.theirs == "skyformer" else []) + (
-                [f"{k} chunks of {len(toks) // k}, ours micro-batch {micro}"] if row.chunked else []))
+            res["notes"] = "; ".join(
+                ([f"copied {', '.join(copied)}"] if copied else [])
+                + ([f"replayed {len(replay.uniforms)} u + {len(replay.columns)} column draws"] if skein_row else [])
+                + ([f"same torch seed ({SEED}) before both forwards"] if row.theirs == "skyformer" else [])
+                + ([f"{k} chunks of {len(toks) // k}, ours micro-batch {micro}"] if row.chunked else [])
+            )
     if row.chunked:
         their_d = [u.numel() for u in replay.uniforms]
         res["notes"] += (f"; d per forward theirs {their_d}, ours {ds['paper']}" if their_d else "") + (
             f"; one micro-batch (train.chunks=1{', own draws' if row.randomized else ''}):"
-            + (f" d {ds['one']}," if ds["one"] else "") + f" max |diff| {res.pop('one'):.2e}")
+            + (f" d {ds['one']}," if ds["one"] else "")
+            + f" max |diff| {res.pop('one'):.2e}"
+        )
     return res
 
 
@@ -489,32 +561,44 @@ def _num(x: float) -> str:
 def markdown(results: list[dict], skipped: list[str]) -> tuple[str, int]:
     """The tables, and how many paper rows are above their tolerance (or failed) or chunk rows disagree."""
     chunks, results = [r for r in results if "bad" in r], [r for r in results if "bad" not in r]
-    lines = ["max |logit diff| ours vs theirs, 3 samples, eval, CPU fp32 (python -m lra.fidelity --help)", "",
-             "| preset | task | attn | their name | paper | clean | unforced | max \\|logit\\| | notes |",
-             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "max |logit diff| ours vs theirs, 3 samples, eval, CPU fp32 (python -m lra.fidelity --help)",
+        "",
+        "| preset | task | attn | their name | paper | clean | unforced | max \\|logit\\| | notes |",
+        "|---|---|---|---|---:|---:|---:|---:|---|",
+    ]
     bad = 0
     for r in results:
         row, tol = r["row"], REPOS[r["row"].repo].tolerance
         ok = r["paper"] <= tol  # False for nan: a row that failed
         bad += not ok
         notes = "; ".join(([] if ok else [f"**above {tol:g}**"]) + ([r["notes"]] if r["notes"] else []))
-        lines.append(f"| {row.preset} | {row.task} | {row.attn} | {row.theirs} | {_num(r['paper'])} | "
-                     f"{_num(r['clean'])} | {_num(r['unforced'])} | {r['scale']:.3g} | {notes} |")
+        lines.append(
+            f"| {row.preset} | {row.task} | {row.attn} | {row.theirs} | {_num(r['paper'])} | "
+            f"{_num(r['clean'])} | {_num(r['unforced'])} | {r['scale']:.3g} | {notes} |"
+        )
     lines += [""] + [f"not compared: {s}" for s in skipped]
     if chunks:
         lines += [""] * bool(skipped) + [
-            "accumulation chunks, their config vs our plan (semantics=paper, hardware=cpu)", "",
+            "accumulation chunks, their config vs our plan (semantics=paper, hardware=cpu)",
+            "",
             "| preset | task | their batch | chunks > 1: attention, chunks x size | agree | not ours |",
-            "|---|---|---:|---|---:|---|"]
-        lines += [f"| {r['row'].preset} | {r['row'].task} | {r['batch']} | {r['notes']} | "
-                  f"{r['n'] - len(r['bad'])}/{r['n']} | {r['other']} |" for r in chunks] + [""]
+            "|---|---|---:|---|---:|---|",
+        ]
+        lines += [
+            f"| {r['row'].preset} | {r['row'].task} | {r['batch']} | {r['notes']} | "
+            f"{r['n'] - len(r['bad'])}/{r['n']} | {r['other']} |"
+            for r in chunks
+        ] + [""]
     tolerances = ", ".join(f"{name} code {repo.tolerance:g}" for name, repo in REPOS.items())
-    lines.append(f"{bad} of {len(results)} paper rows above tolerance ({tolerances})" if bad
-                 else f"all {len(results)} paper rows within tolerance ({tolerances})")
+    lines.append(
+        f"{bad} of {len(results)} paper rows above tolerance ({tolerances})"
+        if bad
+        else f"all {len(results)} paper rows within tolerance ({tolerances})"
+    )
     off = sum(bool(r["bad"]) for r in chunks)
     if chunks:
-        lines.append(f"{off} of {len(chunks)} chunk rows disagree" if off
-                     else f"all {len(chunks)} chunk rows agree")
+        lines.append(f"{off} of {len(chunks)} chunk rows disagree" if off else f"all {len(chunks)} chunk rows agree")
     return "\n".join(lines) + "\n", bad + off
 
 
@@ -525,13 +609,25 @@ EXAMPLES = """examples:
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[str, Path], list[Row], list[str]]:
     """Options, the checkouts by repo, the rows to run, and the rows that cannot run (why)."""
-    p = Parser(prog="python -m lra.fidelity", description=__doc__.split("\n")[0], epilog=EXAMPLES,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="python -m lra.fidelity",
+        description=__doc__.split("\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for name, repo in REPOS.items():
-        p.add_argument(f"--{name}", type=lambda s: Path(s).expanduser(), metavar="PATH",
-                       help=f"a checkout of {repo.url} (the repository root)")
-    p.add_argument("--rows", nargs="+", metavar="PRESET:TASK:ATTN",
-                   help="only these rows (default: every row of the checkouts given)")
+        p.add_argument(
+            f"--{name}",
+            type=lambda s: Path(s).expanduser(),
+            metavar="PATH",
+            help=f"a checkout of {repo.url} (the repository root)",
+        )
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="PRESET:TASK:ATTN",
+        help="only these rows (default: every row of the checkouts given)",
+    )
     p.add_argument("--out", type=Path, help="also write the table to this Markdown file")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     args = p.parse_args(argv)
@@ -549,8 +645,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
             p.error(f"--rows {key} needs --{known[key].repo} PATH")
     rows = [known[k] for k in args.rows] if args.rows else [r for r in ROWS + CHUNK_ROWS if r.repo in roots]
     # the Nyström code's performer imports pip performer_pytorch; the Skeinformer repo ships a copy
-    no_performer = [r for r in rows if r.repo == "nystromformer" and r.theirs.startswith("performer")
-                    and importlib.util.find_spec("performer_pytorch") is None and "skeinformer" not in roots]
+    no_performer = [
+        r
+        for r in rows
+        if r.repo == "nystromformer"
+        and r.theirs.startswith("performer")
+        and importlib.util.find_spec("performer_pytorch") is None
+        and "skeinformer" not in roots
+    ]
     skipped = [f"{r.key} (needs pip performer_pytorch, or --skeinformer PATH for its copy)" for r in no_performer]
     return args, roots, [r for r in rows if r not in no_performer], skipped
 
@@ -565,8 +667,16 @@ def main(argv: list[str] | None = None) -> int:
             results.append((compare_chunks if row.attn == "chunks" else compare)(row, roots))
         except Exception as err:  # noqa: BLE001 - a row that cannot run is reported (and fails), not fatal
             why = " ".join(f"{type(err).__name__}: {err}".replace("|", "/").split())  # one table cell
-            results.append({"row": row, "paper": math.nan, "clean": math.nan, "unforced": math.nan,
-                            "scale": math.nan, "notes": why})
+            results.append(
+                {
+                    "row": row,
+                    "paper": math.nan,
+                    "clean": math.nan,
+                    "unforced": math.nan,
+                    "scale": math.nan,
+                    "notes": why,
+                }
+            )
     text, bad = markdown(results, skipped)
     print(text, end="")
     if args.out:

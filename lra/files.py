@@ -103,10 +103,20 @@ def runs_root() -> Path:
 def git_commit(short: bool = False) -> str | None:
     """HEAD of the checkout the code runs from, ``-dirty`` when tracked files changed; None outside git."""
     try:
-        sha = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return (sha + ("-dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
         return None

@@ -71,7 +71,7 @@ from lra.model import build_model, loss_and_correct
 log = logging.getLogger("lra.fit")
 
 ESTIMATOR_VERSION = 2  # bump when the estimate or its key changes (2: keyed by the typed run spec)
-GIB = 2 ** 30
+GIB = 2**30
 
 
 class FitError(RuntimeError):
@@ -92,8 +92,10 @@ class Plan:
     cached: bool = False
 
     def describe(self) -> str:
-        s = (f"effective batch {self.effective_batch} = micro-batch {self.micro_batch} x accumulation "
-             f"{self.accum_steps}" + (f" x {self.devices} devices" if self.devices > 1 else "") + f" ({self.source})")
+        s = (
+            f"effective batch {self.effective_batch} = micro-batch {self.micro_batch} x accumulation "
+            f"{self.accum_steps}" + (f" x {self.devices} devices" if self.devices > 1 else "") + f" ({self.source})"
+        )
         if self.estimate_bytes is not None:
             s += f"; estimated peak {self.estimate_bytes / GIB:.2f} GiB"
         if self.budget_bytes is not None:
@@ -119,7 +121,8 @@ def _cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
         bias = bias.expand(*query.shape[:-1], n)
     need_lse = query.requires_grad or key.requires_grad or value.requires_grad
     return torch.ops.aten._scaled_dot_product_efficient_attention(
-        query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
+        query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale
+    )[0]
 
 
 @contextlib.contextmanager
@@ -155,8 +158,17 @@ def _autocast(precision: str):
     return contextlib.nullcontext()
 
 
-def train_step_peak(model: ModelSpec, micro_batch: int, *, precision: str = "32-true", fake: bool = True,
-                    cuda_sdpa: bool = True, lr: float = 1e-4, eps: float = 1e-6, weight_decay: float = 0.0) -> int:
+def train_step_peak(
+    model: ModelSpec,
+    micro_batch: int,
+    *,
+    precision: str = "32-true",
+    fake: bool = True,
+    cuda_sdpa: bool = True,
+    lr: float = 1e-4,
+    eps: float = 1e-6,
+    weight_decay: float = 0.0,
+) -> int:
     """Peak tensor bytes of one training iteration (optimizer states present) at ``micro_batch``.
 
     ``fake=False`` runs the same iteration on real CPU tensors (for checking the fake estimate);
@@ -176,7 +188,7 @@ def train_step_peak(model: ModelSpec, micro_batch: int, *, precision: str = "32-
         if fake:
             _to_fake(model, mode)
         sdpa = _sdpa_as_cuda() if (fake and cuda_sdpa) else contextlib.nullcontext()
-        with (mode or contextlib.nullcontext()), sdpa:
+        with mode or contextlib.nullcontext(), sdpa:
             params = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay, foreach=True)  # CUDA's default
             tokens = torch.randint(1, vocab, shape)
@@ -211,10 +223,20 @@ def _cache_file(spec: RunSpec, per_device: int, precision: str, budget: int, top
     largest micro-batch allowed, where the public code's chunks cap it)."""
     if spec.fit_cache_dir is None:
         return None
-    key = {"model": spec.model.kwargs(), "checkpointing": spec.attn.checkpointing, "per_device_batch": per_device,
-           "precision": precision, "budget_bytes": budget, "torch": torch.__version__.split("+")[0],
-           "estimator": ESTIMATOR_VERSION, **({"micro_batch_max": top} if top < per_device else {})}
-    return spec.fit_cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]}.json"
+    key = {
+        "model": spec.model.kwargs(),
+        "checkpointing": spec.attn.checkpointing,
+        "per_device_batch": per_device,
+        "precision": precision,
+        "budget_bytes": budget,
+        "torch": torch.__version__.split("+")[0],
+        "estimator": ESTIMATOR_VERSION,
+        **({"micro_batch_max": top} if top < per_device else {}),
+    }
+    return (
+        spec.fit_cache_dir
+        / f"{hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]}.json"
+    )
 
 
 def _cached(path: Path | None, per_device: int, eff: int, devices: int, top: int) -> Plan | None:
@@ -269,11 +291,22 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
     except attention.BackendContractError:  # a broken backend: no estimate could make it train
         raise
     except Exception as e:  # noqa: BLE001 - an op the fake tensors cannot trace must not block training
-        log.warning("%s: the memory estimate failed (%s: %s); training at micro-batch %d", where,
-                    type(e).__name__, str(e).splitlines()[0][:200], top)
-        return Plan(top, per_dev // top, eff, f"no estimate ({type(e).__name__}): " + (
-                    capped.removeprefix(" within ") if capped else "no accumulation"),
-                    budget_bytes=budget, devices=dev, seconds=round(time.perf_counter() - t0, 3))
+        log.warning(
+            "%s: the memory estimate failed (%s: %s); training at micro-batch %d",
+            where,
+            type(e).__name__,
+            str(e).splitlines()[0][:200],
+            top,
+        )
+        return Plan(
+            top,
+            per_dev // top,
+            eff,
+            f"no estimate ({type(e).__name__}): " + (capped.removeprefix(" within ") if capped else "no accumulation"),
+            budget_bytes=budget,
+            devices=dev,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
     if whole:
         micro = top
     elif not fits(1):
@@ -281,7 +314,8 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
             f"{where}: micro-batch 1 does not fit. Estimated peak training memory "
             f"{est[1] / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB (total {hw.total_bytes / GIB:.2f} GiB minus "
             f"{hw.cuda_context_gib:.2f} GiB CUDA context, over a {hw.allocator_margin:.0%} allocator margin). Use a device with more memory "
-            f"(hardware=a100_40gb|h100_80gb), a shorter task.seq_len, or a cheaper attention.")
+            f"(hardware=a100_40gb|h100_80gb), a shorter task.seq_len, or a cheaper attention."
+        )
     else:
         slope = (est[top] - est[1]) / (top - 1)
         guess = max([m for m in cands if est[1] + slope * (m - 1) <= budget], default=1)
@@ -290,8 +324,17 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
             i -= 1
         micro = cands[i]
     seconds = time.perf_counter() - t0
-    p = Plan(micro, per_dev // micro, eff, f"memory fit{capped}", estimate_bytes=est[micro],
-             budget_bytes=budget, devices=dev, estimates=dict(sorted(est.items())), seconds=round(seconds, 3))
+    p = Plan(
+        micro,
+        per_dev // micro,
+        eff,
+        f"memory fit{capped}",
+        estimate_bytes=est[micro],
+        budget_bytes=budget,
+        devices=dev,
+        estimates=dict(sorted(est.items())),
+        seconds=round(seconds, 3),
+    )
     log.info("%s: %s (%d estimates, %.1f s)", where, p.describe(), len(est), seconds)
     if cache_file is not None:
         d = {k: v for k, v in asdict(p).items() if k not in ("cached", "seconds")}
@@ -329,18 +372,28 @@ def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress
     extra = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]
     cells = [(label, ov, task) for label, ov in [(a, [f"attn={a}"]) for a in attns] + extra for task in tasks]
     if progress:
-        print(f"lra.fit: {len(cells)} decisions ({len(attns) + len(extra)} attention configs x {len(tasks)} tasks); "
-              f"one not cached yet takes 1-4 memory estimates of seconds each on a CPU; a line per decision, "
-              f"then the table", file=sys.stderr, flush=True)
+        print(
+            f"lra.fit: {len(cells)} decisions ({len(attns) + len(extra)} attention configs x {len(tasks)} tasks); "
+            f"one not cached yet takes 1-4 memory estimates of seconds each on a CPU; a line per decision, "
+            f"then the table",
+            file=sys.stderr,
+            flush=True,
+        )
     t0 = time.perf_counter()
     for i, (label, ov, task) in enumerate(cells, 1):
         row = {"attn": label, "task": task}
         try:
             spec = load([f"task={task}", *ov, *overrides])
             p = plan(spec)
-            row.update(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
-                       estimate_gib=None if p.estimate_bytes is None else round(p.estimate_bytes / GIB, 3),
-                       seconds=p.seconds, cached=p.cached, impl=spec.attn.options.get("impl"))
+            row.update(
+                micro_batch=p.micro_batch,
+                accum_steps=p.accum_steps,
+                effective_batch=p.effective_batch,
+                estimate_gib=None if p.estimate_bytes is None else round(p.estimate_bytes / GIB, 3),
+                seconds=p.seconds,
+                cached=p.cached,
+                impl=spec.attn.options.get("impl"),
+            )
         except FitError as e:
             row.update(error="micro-batch 1 does not fit", detail=str(e))
         except Exception as e:  # noqa: BLE001 - a missing task config or a backend the estimator cannot trace
@@ -369,18 +422,25 @@ def format_table(rows: list[dict], tasks=TABLE_TASKS) -> str:
 
 def parser() -> Parser:
     """``python -m lra.fit``'s command line: two flags and the Hydra overrides, in any order."""
-    p = Parser(prog="python -m lra.fit", usage="%(prog)s [--table] [--out PATH] [hydra overrides ...]   (make fit)",
-               description="The micro-batch x accumulation a run would use under its hardware= memory budget; "
-                           "nothing is trained.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
-               epilog="examples:\n"
-                      "  python -m lra.fit task=listops attn=softmax hardware=v100_16gb\n"
-                      "  python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] "
-                      "[--out runs/fit/table]")
-    p.add_argument("--table", action="store_true",
-                   help="every task x attention config (the shape of Skeinformer Table 4), a line per decision on "
-                        "stderr (the first table takes many minutes on a CPU, YOSO's estimates most of it; cached "
-                        "decisions take none), then the table on stdout")
+    p = Parser(
+        prog="python -m lra.fit",
+        usage="%(prog)s [--table] [--out PATH] [hydra overrides ...]   (make fit)",
+        description="The micro-batch x accumulation a run would use under its hardware= memory budget; "
+        "nothing is trained.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+        epilog="examples:\n"
+        "  python -m lra.fit task=listops attn=softmax hardware=v100_16gb\n"
+        "  python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] "
+        "[--out runs/fit/table]",
+    )
+    p.add_argument(
+        "--table",
+        action="store_true",
+        help="every task x attention config (the shape of Skeinformer Table 4), a line per decision on "
+        "stderr (the first table takes many minutes on a CPU, YOSO's estimates most of it; cached "
+        "decisions take none), then the table on stdout",
+    )
     p.add_argument("--out", type=Path, metavar="PATH", help="with --table: write PATH.json and PATH.md")
     p.add_overrides("Hydra overrides: task=, attn=, hardware=, experiment=, attn.options.<name>=<value>, ...")
     return p
@@ -406,11 +466,16 @@ def _one(args: list[str]) -> int:
     except FitError as e:
         print(f"does not fit: {e}")
         return 3
-    print(f"{spec.where} (n={spec.model.seq_len}, options {spec.attn.options}), hardware={spec.hardware.name}, "
-          f"precision {spec.hardware.planned_precision}: {p.describe()}")
+    print(
+        f"{spec.where} (n={spec.model.seq_len}, options {spec.attn.options}), hardware={spec.hardware.name}, "
+        f"precision {spec.hardware.planned_precision}: {p.describe()}"
+    )
     if p.estimates:
-        print("estimates (micro-batch: GiB): " + ", ".join(f"{m}: {b / GIB:.2f}" for m, b in p.estimates.items())
-              + (" [cached]" if p.cached else f" [{p.seconds:.1f} s]"))
+        print(
+            "estimates (micro-batch: GiB): "
+            + ", ".join(f"{m}: {b / GIB:.2f}" for m, b in p.estimates.items())
+            + (" [cached]" if p.cached else f" [{p.seconds:.1f} s]")
+        )
     return 0
 
 
@@ -426,8 +491,10 @@ def _table(args: list[str], out: Path | None) -> int:
     rows = decision_table(args, tasks=tasks, attns=picked.get("attn"))
     text = format_table(rows, tasks)
     print(text)
-    print(f"\n{len(rows)} decisions in {time.perf_counter() - t0:.0f} s "
-          f"({', '.join(args)}; cell = micro-batch (x accumulation))")
+    print(
+        f"\n{len(rows)} decisions in {time.perf_counter() - t0:.0f} s "
+        f"({', '.join(args)}; cell = micro-batch (x accumulation))"
+    )
     if out:
         write_json(out.with_suffix(".json"), rows)
         write_text(out.with_suffix(".md"), text + "\n")

@@ -37,8 +37,9 @@ class Composer:
 
     def primary(self, overrides: list[str], logging: bool = False) -> DictConfig:
         """The multirun's own config (sweep dir, launcher, sweeper; its hydra overrides reach every job)."""
-        return self.hydra.compose_config("config", list(overrides), run_mode=RunMode.MULTIRUN,
-                                         with_log_configuration=logging)
+        return self.hydra.compose_config(
+            "config", list(overrides), run_mode=RunMode.MULTIRUN, with_log_configuration=logging
+        )
 
     def job(self, primary: DictConfig, overrides: list[str]) -> tuple[DictConfig, Path]:
         """The job's config and run folder, exactly as the launcher will compose them."""
@@ -66,6 +67,11 @@ def run_in_folder(cfg: DictConfig, task: Callable[[DictConfig], Any], job_name: 
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN  # as @hydra.main says of a single run (the compose API leaves it unset)
     with Composer(job_name) as composer:
-        ret = run_job(task_function=task, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
-                      hydra_context=composer.context(cfg))
-    return ret.return_value   # raises what the task raised
+        ret = run_job(
+            task_function=task,
+            config=cfg,
+            job_dir_key="hydra.run.dir",
+            job_subdir_key=None,
+            hydra_context=composer.context(cfg),
+        )
+    return ret.return_value  # raises what the task raised

@@ -36,11 +36,11 @@ from lra.wandb_extras import WandbTables
 log = logging.getLogger("lra.eval")
 
 LOGGERS = ("csv", "wandb", "tensorboard")
-WANDB_ID_FILE = Path("wandb") / "run-id"   # in the run folder: a resumed run continues this W&B run
+WANDB_ID_FILE = Path("wandb") / "run-id"  # in the run folder: a resumed run continues this W&B run
 
 
 class Logging(NamedTuple):
-    loggers: list[Logger]     # Trainer(logger=...); CSVLogger first
+    loggers: list[Logger]  # Trainer(logger=...); CSVLogger first
     callbacks: list[L.Callback]  # Trainer(callbacks=...) besides the protocol's: EvalLog, W&B tables
 
 
@@ -62,13 +62,17 @@ def check_loggers(names) -> None:
     """One line, before any work, if a named logger is unknown or its package is not installed."""
     unknown = [n for n in names if n not in LOGGERS]
     if unknown:
-        raise ConfigError(f"logger={','.join(unknown)} is not allowed: one of {', '.join(LOGGERS)}, or a list of "
-                          f"them such as logger=[wandb,tensorboard]")
+        raise ConfigError(
+            f"logger={','.join(unknown)} is not allowed: one of {', '.join(LOGGERS)}, or a list of "
+            f"them such as logger=[wandb,tensorboard]"
+        )
     installed = {"wandb": _importable("wandb"), "tensorboard": compat.tensorboard_available()}
     missing = [n for n in names if not installed.get(n, True)]
     if missing:
-        raise ConfigError(f"logger={','.join(missing)} needs the package{'s' * (len(missing) > 1)} "
-                          f"{' and '.join(missing)}: pip install 'lra-harness[{','.join(missing)}]'")
+        raise ConfigError(
+            f"logger={','.join(missing)} needs the package{'s' * (len(missing) > 1)} "
+            f"{' and '.join(missing)}: pip install 'lra-harness[{','.join(missing)}]'"
+        )
 
 
 def _importable(name: str) -> bool:
@@ -110,9 +114,17 @@ def wandb_logger(spec: RunSpec, run_dir: Path, resume_from: int | None) -> Wandb
     mode = str(lg.get("mode") or "offline")
     os.environ.setdefault("WANDB_MODE", mode)
     run_id = wandb_run_id(run_dir, resume_from)
-    return WandbLogger(project=lg.get("project"), save_dir=str(run_dir), group=lg.get("group"),
-                       tags=list(lg.get("tags") or []), name=f"{spec.task}-{spec.attn.label}-s{spec.seed}",
-                       config=spec.config, mode=mode, id=run_id, resume="allow")
+    return WandbLogger(
+        project=lg.get("project"),
+        save_dir=str(run_dir),
+        group=lg.get("group"),
+        tags=list(lg.get("tags") or []),
+        name=f"{spec.task}-{spec.attn.label}-s{spec.seed}",
+        config=spec.config,
+        mode=mode,
+        id=run_id,
+        resume="allow",
+    )
 
 
 def wandb_run_id(run_dir: Path, resume_from: int | None) -> str:
@@ -134,8 +146,7 @@ def tensorboard_logger(run_dir: Path, resume_from: int | None) -> TensorBoardLog
     (logging steps ``resume_from`` and later, see csv_logger): ``purge_step`` hides the earlier copies
     of those steps, as csv_logger drops their rows."""
     purge = {} if resume_from is None else {"purge_step": resume_from}
-    return TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False,
-                             **purge)
+    return TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +161,7 @@ class EvalLog(L.Callback):
         self.max_steps = max_steps
         self.best_acc: float | None = None
         self.best_step: int | None = None
-        self.elapsed_before = 0.0   # wall time of earlier stretches of a resumed run
+        self.elapsed_before = 0.0  # wall time of earlier stretches of a resumed run
         self._t0 = self._step0 = None
 
     def on_train_start(self, trainer, pl_module):
@@ -169,9 +180,17 @@ class EvalLog(L.Callback):
         done, spent = step - self._step0, time.monotonic() - self._t0
         eta = spent / done * (self.max_steps - step) if done > 0 else None
         best = "n/a" if self.best_acc is None else f"{self.best_acc:.4f} at step {self.best_step}"
-        log.info("eval step %d/%d (%.0f%%): val loss %s, val acc %s (best %s), elapsed %s, ETA %s", step,
-                 self.max_steps, 100.0 * step / max(self.max_steps, 1), _fmt(loss), _fmt(acc), best,
-                 _hms(self.elapsed()), _hms(eta))
+        log.info(
+            "eval step %d/%d (%.0f%%): val loss %s, val acc %s (best %s), elapsed %s, ETA %s",
+            step,
+            self.max_steps,
+            100.0 * step / max(self.max_steps, 1),
+            _fmt(loss),
+            _fmt(acc),
+            best,
+            _hms(self.elapsed()),
+            _hms(eta),
+        )
 
     def state_dict(self):
         return {"best_acc": self.best_acc, "best_step": self.best_step, "elapsed_s": self.elapsed()}
@@ -209,8 +228,11 @@ class _DropTips(logging.Filter):
 
 _TIP_FILTER = _DropTips()
 # where Lightning's rank_zero_info logs (lightning_utilities' module logger, re-pointed by fabric, then pytorch)
-_RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
-                      "lightning_utilities.core.rank_zero")
+_RANK_ZERO_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning_utilities.core.rank_zero",
+)
 
 
 def quiet_lightning() -> None:
@@ -220,5 +242,6 @@ def quiet_lightning() -> None:
         lg = logging.getLogger(name)
         if _TIP_FILTER not in lg.filters:
             lg.addFilter(_TIP_FILTER)
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                            category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )

@@ -32,8 +32,9 @@ class Wired(NamedTuple):
     dm: LRADataModule
 
 
-def wire(spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, start: int | None,
-         extra: tuple = ()) -> Wired:
+def wire(
+    spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, start: int | None, extra: tuple = ()
+) -> Wired:
     """The module, callbacks, loggers, Trainer and data of a run, as ``lra.train.run`` trains them.
 
     Args:
@@ -48,14 +49,26 @@ def wire(spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, star
         >>> w = wire(spec, plan(spec), splits, key=None, start=None)  # doctest: +SKIP
         >>> w.trainer.fit(w.lit, datamodule=w.dm)  # doctest: +SKIP
     """
-    lit = LitLRA(spec.model, spec.train, resume_key=key, compile=spec.hardware.compile,
-                 compile_fallback=not spec.hardware.compile_forced)
+    lit = LitLRA(
+        spec.model,
+        spec.train,
+        resume_key=key,
+        compile=spec.hardware.compile,
+        compile_fallback=not spec.hardware.compile_forced,
+    )
     logs = make_logger(spec, spec.run_dir, start)  # metrics.csv, logger=[...], their callbacks (EvalLog, W&B)
-    cb = callbacks(spec, splits["val"], spec.run_dir / "checkpoints",
-                   extra=logs.callbacks + user_callbacks(spec) + list(extra))
+    cb = callbacks(
+        spec, splits["val"], spec.run_dir / "checkpoints", extra=logs.callbacks + user_callbacks(spec) + list(extra)
+    )
     trainer = make_trainer(spec, p, cb, logs.loggers)
-    dm = LRADataModule(splits, batch_size=p.micro_batch, eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
-                       seed=spec.seed, num_workers=spec.hardware.num_workers, pin_memory=spec.hardware.pin_memory)
+    dm = LRADataModule(
+        splits,
+        batch_size=p.micro_batch,
+        eval_batch_size=spec.train.eval_batch_size or p.micro_batch,
+        seed=spec.seed,
+        num_workers=spec.hardware.num_workers,
+        pin_memory=spec.hardware.pin_memory,
+    )
     return Wired(lit, cb, trainer, dm)
 
 
@@ -63,12 +76,25 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
     """The Trainer of a run: optimizer steps, evaluation every ``eval_every`` of them, accumulation."""
     hw, tr = spec.hardware, spec.train
     trainer = L.Trainer(
-        default_root_dir=spec.run_dir, max_steps=tr.max_steps, max_epochs=-1,
-        val_check_interval=tr.eval_every * p.accum_steps, check_val_every_n_epoch=None,
-        accumulate_grad_batches=p.accum_steps, accelerator=hw.accelerator, devices=hw.devices_arg,
-        strategy=hw.strategy, precision=hw.precision, logger=logger, callbacks=cb.all, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=spec.log_every_n_steps,
-        deterministic=hw.deterministic, use_distributed_sampler=False)  # LRADataModule shards by rank itself
+        default_root_dir=spec.run_dir,
+        max_steps=tr.max_steps,
+        max_epochs=-1,
+        val_check_interval=tr.eval_every * p.accum_steps,
+        check_val_every_n_epoch=None,
+        accumulate_grad_batches=p.accum_steps,
+        accelerator=hw.accelerator,
+        devices=hw.devices_arg,
+        strategy=hw.strategy,
+        precision=hw.precision,
+        logger=logger,
+        callbacks=cb.all,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=spec.log_every_n_steps,
+        deterministic=hw.deterministic,
+        use_distributed_sampler=False,
+    )  # LRADataModule shards by rank itself
     if trainer.world_size != p.devices:
         log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
     return trainer
@@ -79,11 +105,15 @@ def _callback_class(name: str, target: str) -> type:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"callbacks.{name}._target_={target!r} cannot be imported ({type(e).__name__}: {e}): give "
-                          f"<module>.<Class> of a Lightning callback on the Python path") from None
+        raise ConfigError(
+            f"callbacks.{name}._target_={target!r} cannot be imported ({type(e).__name__}: {e}): give "
+            f"<module>.<Class> of a Lightning callback on the Python path"
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
-        raise ConfigError(f"callbacks.{name}._target_={target!r} is not a Lightning callback: give a subclass of "
-                          f"lightning.pytorch.callbacks.Callback")
+        raise ConfigError(
+            f"callbacks.{name}._target_={target!r} is not a Lightning callback: give a subclass of "
+            f"lightning.pytorch.callbacks.Callback"
+        )
     return cls
 
 
@@ -109,9 +139,9 @@ def user_callbacks(spec: RunSpec) -> list[Callback]:
             out.append(hydra.utils.instantiate(node, _convert_="all"))
         except Exception as e:  # noqa: BLE001 - the user's class and arguments: one line naming them
             cause = e.__cause__ or e
-            raise ConfigError(f"callbacks.{name}: {node['_target_']}({', '.join(k for k in node if k != '_target_')}) "
-                              f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}; "
-                              f"check its arguments") from None
+            raise ConfigError(
+                f"callbacks.{name}: {node['_target_']}({', '.join(k for k in node if k != '_target_')}) "
+                f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}; "
+                f"check its arguments"
+            ) from None
     return out
-
-

@@ -66,6 +66,7 @@ class LiveTensorBytes(TorchDispatchMode):
             self._known.discard(key)
             self._refs.pop(key, None)
             self.current -= self._bytes.pop(key, 0)
+
         return cb
 
     def _track(self, t: torch.Tensor) -> None:
@@ -113,8 +114,7 @@ def live_peak(fn: Callable[[], object], known: list) -> int:
     return storage_bytes(known) + live.peak
 
 
-def measure_peak(fn: Callable[[], object], known: list, device: str | torch.device, *,
-                 above_idle: bool = True) -> Peak:
+def measure_peak(fn: Callable[[], object], known: list, device: str | torch.device, *, above_idle: bool = True) -> Peak:
     """Peak memory of one call of ``fn()`` on ``device``, the ``known`` tensors' storages included.
 
     CUDA: the allocator's peak over the call. ``above_idle`` (the default) counts its rise above the

@@ -29,8 +29,7 @@ class MultiHeadAttention(nn.Module):
         self.num_heads, self.head_dim = num_heads, head_dim
         self.qkv = nn.Linear(dim, 3 * num_heads * head_dim)
         self.out = nn.Linear(num_heads * head_dim, dim)
-        self.attn = attention.build(attn_name, num_heads=num_heads, head_dim=head_dim, max_len=max_len,
-                                    **attn_options)
+        self.attn = attention.build(attn_name, num_heads=num_heads, head_dim=head_dim, max_len=max_len, **attn_options)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -47,8 +46,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(dim)
         self.mha = MultiHeadAttention(dim, num_heads, head_dim, max_len, attn_name, attn_options)
         self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim),
-                                 nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim), nn.Dropout(dropout)
+        )
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, mask):
@@ -57,8 +57,9 @@ class Block(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, vocab_size, seq_len, dim, hidden, num_layers, num_heads, head_dim, dropout, attn_name,
-                 attn_options):
+    def __init__(
+        self, vocab_size, seq_len, dim, hidden, num_layers, num_heads, head_dim, dropout, attn_name, attn_options
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(seq_len, dim)
@@ -66,7 +67,9 @@ class Encoder(nn.Module):
         nn.init.normal_(self.pos.weight, std=0.02)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            Block(dim, hidden, num_heads, head_dim, seq_len, dropout, attn_name, attn_options) for _ in range(num_layers))
+            Block(dim, hidden, num_heads, head_dim, seq_len, dropout, attn_name, attn_options)
+            for _ in range(num_layers)
+        )
         self.ln = nn.LayerNorm(dim)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -91,18 +94,43 @@ def pool(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
 class LRAClassifier(nn.Module):
     """Encoder + mean pooling + MLP head; ``dual=True`` for two-document tasks."""
 
-    def __init__(self, *, vocab_size: int, seq_len: int, num_classes: int, attn_name: str,
-                 attn_options: dict | None = None, dim: int = 64, hidden: int = 128, num_layers: int = 2,
-                 num_heads: int = 2, head_dim: int = 32, dropout: float = 0.1, head_hidden: int = 128,
-                 pooling: str = "mean", dual: bool = False, interaction: str = "nli"):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        seq_len: int,
+        num_classes: int,
+        attn_name: str,
+        attn_options: dict | None = None,
+        dim: int = 64,
+        hidden: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 2,
+        head_dim: int = 32,
+        dropout: float = 0.1,
+        head_hidden: int = 128,
+        pooling: str = "mean",
+        dual: bool = False,
+        interaction: str = "nli",
+    ):
         super().__init__()
         if pooling not in ("mean", "padded_mean"):
             raise ValueError(f"model.pooling must be 'mean' or 'padded_mean', got {pooling!r}")
         if interaction not in ("nli", "concat"):
             raise ValueError(f"model.interaction must be 'nli' or 'concat', got {interaction!r}")
         self.pooling, self.dual, self.interaction = pooling, dual, interaction
-        self.encoder = Encoder(vocab_size, seq_len, dim, hidden, num_layers, num_heads, head_dim, dropout, attn_name,
-                               dict(attn_options or {}))
+        self.encoder = Encoder(
+            vocab_size,
+            seq_len,
+            dim,
+            hidden,
+            num_layers,
+            num_heads,
+            head_dim,
+            dropout,
+            attn_name,
+            dict(attn_options or {}),
+        )
         feat = dim * (4 if interaction == "nli" else 2) if dual else dim
         self.head = nn.Sequential(nn.Linear(feat, head_hidden), nn.ReLU(), nn.Linear(head_hidden, num_classes))
 

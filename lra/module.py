@@ -42,15 +42,24 @@ def warmup_linear_decay(warmup: int, total: int):
         if warmup > 0 and step < warmup:
             return (step + 1) / warmup
         return max(0.0, (total - step) / max(1, total - warmup))
+
     return f
 
 
 def rng_states() -> dict:
     """The global RNG states in types ``torch.load(weights_only=True)`` accepts."""
     name, key, pos, has_gauss, gauss = np.random.get_state()
-    s = {"torch": torch.get_rng_state(), "python": random.getstate(),
-         "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                   "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+    s = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {
+            "name": name,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         s["cuda"] = torch.cuda.get_rng_state_all()
     return s
@@ -74,8 +83,8 @@ class TrainClock:
 
     def __init__(self, train_s: float = 0.0, eval_s: float = 0.0):
         self._train_before, self._eval_before = float(train_s), float(eval_s)
-        self._t0: float | None = None   # start of the current training stretch (None while evaluating or stopped)
-        self._v0: float | None = None   # start of the current evaluation, when it paused training
+        self._t0: float | None = None  # start of the current training stretch (None while evaluating or stopped)
+        self._v0: float | None = None  # start of the current evaluation, when it paused training
 
     @property
     def running(self) -> bool:
@@ -123,8 +132,14 @@ class TrainClock:
 class LitLRA(L.LightningModule):
     """The classifier of ``model`` trained under ``train`` (the protocol: lr, schedule, clipping)."""
 
-    def __init__(self, model: ModelSpec, train: TrainSpec, resume_key: str | None = None, compile: bool = False,
-                 compile_fallback: bool = False):
+    def __init__(
+        self,
+        model: ModelSpec,
+        train: TrainSpec,
+        resume_key: str | None = None,
+        compile: bool = False,
+        compile_fallback: bool = False,
+    ):
         super().__init__()
         self.spec, self.train_spec, self.resume_key = model, train, resume_key
         self.save_hyperparameters({"model": dataclasses.asdict(model), "train": dataclasses.asdict(train)})
@@ -158,8 +173,10 @@ class LitLRA(L.LightningModule):
             p.grad = None  # a partial backward's (fork_rng in _compile has already restored the RNG states)
         why = error_line(e)
         if not self.compile_fallback:
-            raise CompileError(f"train.compile=true: torch.compile failed on attention {self.spec.attn.label!r} "
-                               f"({why}); set train.compile=auto to fall back to eager or false to run eager") from e
+            raise CompileError(
+                f"train.compile=true: torch.compile failed on attention {self.spec.attn.label!r} "
+                f"({why}); set train.compile=auto to fall back to eager or false to run eager"
+            ) from e
         log.warning("torch.compile failed on attention %r (%s): running eager", self.spec.attn.label, why)
         self.compiled, self.compile_note = False, f"torch.compile failed ({why}): ran eager"
 
@@ -177,7 +194,9 @@ class LitLRA(L.LightningModule):
         start = time.perf_counter()
         with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else [], device_type=dev.type):
             tokens = torch.randint(1, s.vocab_size, shape, device=dev)
-            mask = torch.arange(s.seq_len, device=dev) < torch.randint(1, s.seq_len + 1, shape[:-1], device=dev)[..., None]
+            mask = (
+                torch.arange(s.seq_len, device=dev) < torch.randint(1, s.seq_len + 1, shape[:-1], device=dev)[..., None]
+            )
             labels = torch.randint(0, s.num_classes, (b,), device=dev)
             torch._dynamo.mark_dynamic(tokens, 0)
             torch._dynamo.mark_dynamic(mask, 0)
@@ -238,7 +257,7 @@ class LitLRA(L.LightningModule):
             out["throughput/samples_per_s"] = rate
             out["throughput/tokens_per_s"] = rate * self.spec.seq_len * (2 if self.spec.dual else 1)
         if self.device.type == "cuda":
-            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return out
 
     # exact full-split metrics ----------------------------------------------------------------
@@ -247,8 +266,13 @@ class LitLRA(L.LightningModule):
         labels = batch["label"]
         loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
         s = self._sums.setdefault(stage, torch.zeros(3, dtype=torch.float64, device=self.device))
-        s += torch.stack([loss.double(), (logits.argmax(-1) == labels).sum().double(),
-                          torch.tensor(labels.numel(), dtype=torch.float64, device=self.device)])
+        s += torch.stack(
+            [
+                loss.double(),
+                (logits.argmax(-1) == labels).sum().double(),
+                torch.tensor(labels.numel(), dtype=torch.float64, device=self.device),
+            ]
+        )
 
     def _eval_end(self, stage):
         s = self._sums.pop(stage, None)
@@ -276,20 +300,24 @@ class LitLRA(L.LightningModule):
 
     def configure_optimizers(self):
         h = self.train_spec
-        opt = torch.optim.AdamW(self.parameters(), lr=h.lr, betas=(0.9, 0.999), eps=h.eps,
-                                weight_decay=h.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=h.lr, betas=(0.9, 0.999), eps=h.eps, weight_decay=h.weight_decay)
         if h.schedule == "onecycle":
             sched = torch.optim.lr_scheduler.OneCycleLR(
-                opt, max_lr=h.lr, total_steps=int(h.max_steps), pct_start=int(h.warmup) / int(h.max_steps),
-                anneal_strategy="linear")
+                opt,
+                max_lr=h.lr,
+                total_steps=int(h.max_steps),
+                pct_start=int(h.warmup) / int(h.max_steps),
+                anneal_strategy="linear",
+            )
         else:
             sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear_decay(h.warmup, h.max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         if self.train_spec.grad_clip_value:  # Skyformer clips by value 1
-            self.clip_gradients(optimizer, gradient_clip_val=self.train_spec.grad_clip_value,
-                                gradient_clip_algorithm="value")
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.train_spec.grad_clip_value, gradient_clip_algorithm="value"
+            )
 
     # resume ------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint):

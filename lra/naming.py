@@ -14,17 +14,39 @@ from lra.config import ConfigError, RunSpec, compose_checked, container, load, r
 
 # Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>), or
 # pick where things live: the configuration they give is the base the tag is measured against.
-FOLDER_KEYS = ("experiment", "semantics", "quirks", "task", "attn", "attn.target", "seed", "runs_root",
-               "data_root")
+FOLDER_KEYS = ("experiment", "semantics", "quirks", "task", "attn", "attn.target", "seed", "runs_root", "data_root")
 
 # Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
 # (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
 # is executed or logged but not what it computes (the resume key and record still hold them), and labels
 # (name: the record's display name).
-UNTAGGED = ("preset", "semantics", "seed", "name", "task.name", "attn.name", "attn.label", "attn.target",
-            "attn.base_options", "protocol", "attn_options", "quirks", "runs_root", "data_root", "run_tag",
-            "force", "num_threads", "fit", "hardware", "logger", "trainer.progress", "trainer.num_workers",
-            "trainer.log_every_n_steps", "train.compile", "train.ckpt_every_steps")
+UNTAGGED = (
+    "preset",
+    "semantics",
+    "seed",
+    "name",
+    "task.name",
+    "attn.name",
+    "attn.label",
+    "attn.target",
+    "attn.base_options",
+    "protocol",
+    "attn_options",
+    "quirks",
+    "runs_root",
+    "data_root",
+    "run_tag",
+    "force",
+    "num_threads",
+    "fit",
+    "hardware",
+    "logger",
+    "trainer.progress",
+    "trainer.num_workers",
+    "trainer.log_every_n_steps",
+    "train.compile",
+    "train.ckpt_every_steps",
+)
 
 
 def _override_key(override: str) -> str:
@@ -78,4 +100,6 @@ def run_tag(overrides: list[str] | tuple[str, ...], spec: "RunSpec | None" = Non
 def run_folder(spec: "RunSpec", tag: str) -> Path:
     """Where ``python -m lra.train`` writes: ``<runs_root>/<preset>/<semantics>/<task>/<attn>/seed<s>[/<tag>]``
     (the same template as ``hydra.run.dir`` in conf/config.yaml, with ``run_tag=<tag>``)."""
-    return Path(spec.config["runs_root"]) / spec.preset / spec.semantics / spec.where / f"seed{spec.seed}{tag_level(tag)}"
+    return (
+        Path(spec.config["runs_root"]) / spec.preset / spec.semantics / spec.where / f"seed{spec.seed}{tag_level(tag)}"
+    )

@@ -41,8 +41,14 @@ class StepProgress(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.last = trainer.global_step
-        self.bar = tqdm(total=self.max_steps, initial=self.last, desc="train", unit="step", dynamic_ncols=True,
-                        disable=not trainer.is_global_zero)
+        self.bar = tqdm(
+            total=self.max_steps,
+            initial=self.last,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not trainer.is_global_zero,
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.bar is None or trainer.global_step == self.last:
@@ -53,8 +59,11 @@ class StepProgress(L.Callback):
             return
         self._posted = time.monotonic()
         m = trainer.callback_metrics
-        post = {k.split("/")[-1] if k.startswith("train") else k.replace("/", "_"): f"{float(v):.3f}"
-                for k, v in m.items() if k in ("train/loss", "val/acc")}
+        post = {
+            k.split("/")[-1] if k.startswith("train") else k.replace("/", "_"): f"{float(v):.3f}"
+            for k, v in m.items()
+            if k in ("train/loss", "val/acc")
+        }
         self.bar.set_postfix(post, refresh=False)
 
     def on_train_end(self, trainer, pl_module):
@@ -123,9 +132,15 @@ class ResumeCheckpoint(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         s = trainer.global_step
-        if (self.every_n_steps and s > 0 and s != self._last_step and s % self.every_n_steps == 0
-                and s % self.eval_every != 0 and s < trainer.max_steps
-                and not should_accumulate(trainer, batch_idx)):
+        if (
+            self.every_n_steps
+            and s > 0
+            and s != self._last_step
+            and s % self.every_n_steps == 0
+            and s % self.eval_every != 0
+            and s < trainer.max_steps
+            and not should_accumulate(trainer, batch_idx)
+        ):
             self._save(trainer)
 
     def on_validation_end(self, trainer, pl_module):
@@ -170,8 +185,14 @@ class RunGuard(L.Callback):
     the training labels and accuracy within ``acc_tol`` of the majority rate) and says why in
     ``status`` / ``reason``, which the record takes over."""
 
-    def __init__(self, baseline_loss: float, majority_acc: float, stuck_after: int | None = None,
-                 loss_tol: float = 0.02, acc_tol: float = 0.01):
+    def __init__(
+        self,
+        baseline_loss: float,
+        majority_acc: float,
+        stuck_after: int | None = None,
+        loss_tol: float = 0.02,
+        acc_tol: float = 0.01,
+    ):
         self.baseline_loss, self.majority_acc = float(baseline_loss), float(majority_acc)
         self.stuck_after = int(stuck_after) if stuck_after else None
         self.loss_tol, self.acc_tol = float(loss_tol), float(acc_tol)
@@ -202,8 +223,11 @@ class RunGuard(L.Callback):
         bad = (~torch.isfinite(torch.stack([x for _, _, x in losses]))).nonzero()
         if len(bad):
             step, batch, value = losses[int(bad[0])]
-            self._stop(trainer, "failed", f"diverged: non-finite training loss ({float(value):g}) at optimizer "
-                                          f"step {step}, batch {batch}")
+            self._stop(
+                trainer,
+                "failed",
+                f"diverged: non-finite training loss ({float(value):g}) at optimizer " f"step {step}, batch {batch}",
+            )
 
     def on_validation_end(self, trainer, pl_module):
         self._check_losses(trainer)
@@ -219,9 +243,13 @@ class RunGuard(L.Callback):
             return
         self.at_chance = loss >= self.baseline_loss - self.loss_tol and acc <= self.majority_acc + self.acc_tol
         if self.at_chance and self.stuck_after is not None and trainer.global_step >= self.stuck_after:
-            self._stop(trainer, "stuck", f"stuck: after {trainer.global_step} steps validation loss {loss:.4f} "
-                                         f"(chance {self.baseline_loss:.4f}) and accuracy {acc:.4f} (majority "
-                                         f"{self.majority_acc:.4f})")
+            self._stop(
+                trainer,
+                "stuck",
+                f"stuck: after {trainer.global_step} steps validation loss {loss:.4f} "
+                f"(chance {self.baseline_loss:.4f}) and accuracy {acc:.4f} (majority "
+                f"{self.majority_acc:.4f})",
+            )
 
     def state_dict(self):
         return {"status": self.status, "reason": self.reason, "at_chance": self.at_chance, "last_val": self.last_val}
@@ -256,17 +284,31 @@ class Callbacks:
 
 def callbacks(spec: RunSpec, val: Split, ckpt_dir: Path, extra: list | None = None) -> Callbacks:
     tr = spec.train
-    best = BestCheckpoint(dirpath=ckpt_dir, filename="best", monitor=tr.monitor,
-                          mode="max" if tr.monitor.endswith("acc") else "min", save_top_k=1, save_last=False,
-                          auto_insert_metric_name=False, enable_version_counter=False,
-                          select_after=tr.select_after, max_steps=tr.max_steps)
+    best = BestCheckpoint(
+        dirpath=ckpt_dir,
+        filename="best",
+        monitor=tr.monitor,
+        mode="max" if tr.monitor.endswith("acc") else "min",
+        save_top_k=1,
+        save_last=False,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+        select_after=tr.select_after,
+        max_steps=tr.max_steps,
+    )
     resume = ResumeCheckpoint(ckpt_dir / "last.ckpt", eval_every=tr.eval_every, every_n_steps=tr.ckpt_every_steps)
-    guard = RunGuard(baseline_loss=label_entropy(val.labels), majority_acc=val.majority_rate(),
-                     stuck_after=tr.stuck_after_steps, loss_tol=tr.stuck_loss_tol, acc_tol=tr.stuck_acc_tol)
+    guard = RunGuard(
+        baseline_loss=label_entropy(val.labels),
+        majority_acc=val.majority_rate(),
+        stuck_after=tr.stuck_after_steps,
+        loss_tol=tr.stuck_loss_tol,
+        acc_tol=tr.stuck_acc_tol,
+    )
     stopper = None
     if tr.patience:
-        stopper = EarlyStopping(monitor="val/loss", mode="min", patience=tr.patience, check_on_train_epoch_end=False,
-                                check_finite=False)
+        stopper = EarlyStopping(
+            monitor="val/loss", mode="min", patience=tr.patience, check_on_train_epoch_end=False, check_finite=False
+        )
     cbs = [DataEpoch(), guard, best, resume, *(extra or [])]
     if spec.progress:
         cbs.append(StepProgress(tr.max_steps))
@@ -280,11 +322,18 @@ def measured(spec: RunSpec, trainer, cb: Callbacks, effective_batch: int) -> dic
     clock = trainer.lightning_module.clock  # lra.module.TrainClock: training time, evaluation excluded
     steps, t = int(trainer.global_step), clock.train_s
     tokens = steps * effective_batch * spec.model.seq_len * (2 if spec.model.dual else 1)
-    return {"steps": steps, "steps_at_stop": steps, "train_time_s": t, "eval_time_s": clock.eval_s,
-            "time_per_1k_steps_s": t / steps * 1000 if steps else None, "tokens_per_s": tokens / t if t else None,
-            "best_val_acc": None if cb.best.best_model_score is None else float(cb.best.best_model_score),
-            "best_ckpt": cb.best.best_model_path or None, "steps_to_best": cb.best.best_step,
-            "stuck_at_end": cb.guard.at_chance}
+    return {
+        "steps": steps,
+        "steps_at_stop": steps,
+        "train_time_s": t,
+        "eval_time_s": clock.eval_s,
+        "time_per_1k_steps_s": t / steps * 1000 if steps else None,
+        "tokens_per_s": tokens / t if t else None,
+        "best_val_acc": None if cb.best.best_model_score is None else float(cb.best.best_model_score),
+        "best_ckpt": cb.best.best_model_path or None,
+        "steps_to_best": cb.best.best_step,
+        "stuck_at_end": cb.guard.at_chance,
+    }
 
 
 @dataclass
@@ -300,8 +349,13 @@ class Outcome:
 
     @property
     def fields(self) -> dict:
-        return {"status": self.status, "reason": self.reason, "stop_reason": self.stop_reason,
-                "stop_rule": self.stop_rule, "tested_ckpt": self.tested}
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "stop_reason": self.stop_reason,
+            "stop_rule": self.stop_rule,
+            "tested_ckpt": self.tested,
+        }
 
 
 def outcome(spec: RunSpec, trainer, cb: Callbacks) -> Outcome:

@@ -33,9 +33,15 @@ def hold(run_dir: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunLocked(f"{run_dir} is in use by {_holder(path)}: wait for that run to end (or stop it), "
-                            f"then run the same command again") from None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _dt.datetime.now().isoformat(timespec="seconds")}
+            raise RunLocked(
+                f"{run_dir} is in use by {_holder(path)}: wait for that run to end (or stop it), "
+                f"then run the same command again"
+            ) from None
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         yield me

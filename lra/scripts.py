@@ -8,7 +8,6 @@ what it returns into an exit code (``lra.bench.main`` returns its result rows).
 from __future__ import annotations
 
 
-
 # Each imports its entry point when called, so `lra-data` does not pay for importing the benchmark.
 def data() -> int:
     from lra.data.__main__ import main

@@ -27,20 +27,22 @@ from lra.cli import Parser
 from lra.files import runs_root, write_json
 from lra.sweep import Refusal, interruptible, signal_of, switch
 
-OPTIONS = ("ks", "out", "runs_root", "dry_run")   # consumed here; anything else goes to every sweep
+OPTIONS = ("ks", "out", "runs_root", "dry_run")  # consumed here; anything else goes to every sweep
 
 
 def parser() -> Parser:
     """The command line: key=value options (its own, and overrides for every sweep); no flag but --help."""
     p = Parser(
-        prog="python -m lra.share_bench", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m lra.share_bench",
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [ks=1,2,4,8] [out=DIR] [runs_root=DIR] [dry_run=true] [overrides ...]\n"
-              "                                                                        (make share-bench ARGS='...')",
+        "                                                                        (make share-bench ARGS='...')",
         description="Throughput of k runs sharing one GPU: for each k, `python -m lra.sweep grid=gpu_share "
-                    "jobs_per_gpu=k\nparallel=k seed=range(0,k)` under its own runs root <out>/k<k>, then a table of "
-                    "aggregate steps/s\n(sum over the k runs), its ratio to the first k, steps/s per run, micro-batch, "
-                    "peak memory and wall\ntime, also written to <out>/share_bench.json. Needs a GPU (docs/sweeps.md, "
-                    "\"Several runs per GPU\").",
+        "jobs_per_gpu=k\nparallel=k seed=range(0,k)` under its own runs root <out>/k<k>, then a table of "
+        "aggregate steps/s\n(sum over the k runs), its ratio to the first k, steps/s per run, micro-batch, "
+        "peak memory and wall\ntime, also written to <out>/share_bench.json. Needs a GPU (docs/sweeps.md, "
+        '"Several runs per GPU").',
         epilog="""key=value options:
   ks=1,2,4,8       the k values to measure
   out=DIR          where the k<k> runs roots and share_bench.json go (default <runs root>/share_bench)
@@ -51,15 +53,30 @@ def parser() -> Parser:
 examples:
   python -m lra.share_bench dry_run=true
   python -m lra.share_bench ks=1,2,4 train.max_steps=1000
-  LRA_RUNS=/scratch/runs python -m lra.share_bench""")
+  LRA_RUNS=/scratch/runs python -m lra.share_bench""",
+    )
     p.add_overrides("the options below, and overrides for every sweep")
     return p
 
 
 def commands(ks: list[int], out: Path, extra: list[str]) -> list[tuple[int, dict, list[str]]]:
-    return [(k, {"LRA_RUNS": str(out / f"k{k}")},
-             [sys.executable, "-m", "lra.sweep", "grid=gpu_share", f"jobs_per_gpu={k}", f"parallel={k}",
-              f"seed=range(0,{k})", *extra]) for k in ks]
+    return [
+        (
+            k,
+            {"LRA_RUNS": str(out / f"k{k}")},
+            [
+                sys.executable,
+                "-m",
+                "lra.sweep",
+                "grid=gpu_share",
+                f"jobs_per_gpu={k}",
+                f"parallel={k}",
+                f"seed=range(0,{k})",
+                *extra,
+            ],
+        )
+        for k in ks
+    ]
 
 
 def _sweep_manifest(root: Path) -> Path | None:
@@ -74,22 +91,31 @@ def summarise(k: int, root: Path) -> dict:
     rates = [1000.0 / r["time_per_1k_steps_s"] for r in recs if r.get("time_per_1k_steps_s")]
     manifest = _sweep_manifest(root)
     inv = (json.loads(manifest.read_text()).get("invocations") or [{}])[-1] if manifest else {}
-    return {"k": k, "runs": len(recs), "completed": sum(r.get("status") == "completed" for r in recs),
-            "steps_per_s": sum(rates), "per_run_steps_per_s": sum(rates) / len(rates) if rates else None,
-            "micro_batch": sorted({r.get("micro_batch") for r in recs} - {None}),
-            "peak_gib": max((r.get("peak_mem_bytes") or 0) / 2 ** 30 for r in recs) if recs else None,
-            "wall_s": inv.get("wall_s")}
+    return {
+        "k": k,
+        "runs": len(recs),
+        "completed": sum(r.get("status") == "completed" for r in recs),
+        "steps_per_s": sum(rates),
+        "per_run_steps_per_s": sum(rates) / len(rates) if rates else None,
+        "micro_batch": sorted({r.get("micro_batch") for r in recs} - {None}),
+        "peak_gib": max((r.get("peak_mem_bytes") or 0) / 2**30 for r in recs) if recs else None,
+        "wall_s": inv.get("wall_s"),
+    }
 
 
 def table(rows: list[dict]) -> str:
     base = rows[0]["steps_per_s"] if rows and rows[0]["steps_per_s"] else None
-    lines = ["| k | runs done | aggregate steps/s | x k=first | steps/s per run | micro-batch | peak GiB | wall s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| k | runs done | aggregate steps/s | x k=first | steps/s per run | micro-batch | peak GiB | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        f = lambda v, d=2: "n/a" if v is None else f"{v:.{d}f}"   # noqa: E731
-        lines.append(f"| {r['k']} | {r['completed']}/{r['runs']} | {f(r['steps_per_s'])} | "
-                     f"{f(r['steps_per_s'] / base if base else None)} | {f(r['per_run_steps_per_s'])} | "
-                     f"{','.join(map(str, r['micro_batch']))} | {f(r['peak_gib'])} | {f(r['wall_s'], 0)} |")
+        f = lambda v, d=2: "n/a" if v is None else f"{v:.{d}f}"  # noqa: E731
+        lines.append(
+            f"| {r['k']} | {r['completed']}/{r['runs']} | {f(r['steps_per_s'])} | "
+            f"{f(r['steps_per_s'] / base if base else None)} | {f(r['per_run_steps_per_s'])} | "
+            f"{','.join(map(str, r['micro_batch']))} | {f(r['peak_gib'])} | {f(r['wall_s'], 0)} |"
+        )
     return "\n".join(lines)
 
 
@@ -116,7 +142,7 @@ def parse(args: list[str]) -> tuple[list[int], Path, bool, list[str]]:
         assert ks and min(ks) >= 1
     except (ValueError, AssertionError):
         raise _refuse(f"ks={opts['ks']}: give whole numbers >= 1, e.g. ks=1,2,4,8") from None
-    root = Path(opts["runs_root"]).expanduser().resolve() if opts.get("runs_root") else runs_root()   # as LRA_RUNS
+    root = Path(opts["runs_root"]).expanduser().resolve() if opts.get("runs_root") else runs_root()  # as LRA_RUNS
     out = Path(opts["out"]).expanduser() if opts.get("out") else root / "share_bench"
     try:
         dry = switch("dry_run", opts.get("dry_run", "false"))
@@ -141,7 +167,7 @@ def run_sweep(cmd: list[str], env: dict) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    args, unknown = p.parse_known_intermixed_args(argv)   # --help: before anything runs or is written
+    args, unknown = p.parse_known_intermixed_args(argv)  # --help: before anything runs or is written
     if unknown:
         p.error(f"unknown argument {unknown[0]!r}: options are key=value")
     ks, out, dry, extra = parse(args.overrides)
@@ -151,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         if dry:
             continue
         rc = run_sweep(cmd, {**os.environ, **env})
-        if rc == 2:   # bad input: the sweep said why; every other k would say the same
+        if rc == 2:  # bad input: the sweep said why; every other k would say the same
             return rc
         if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-            print(f"lra.share_bench: interrupted at k={k}; the same command again resumes (finished runs are "
-                  "skipped)", file=sys.stderr)
+            print(
+                f"lra.share_bench: interrupted at k={k}; the same command again resumes (finished runs are " "skipped)",
+                file=sys.stderr,
+            )
             return rc
         rows.append(summarise(k, out / f"k{k}"))
     if rows:

@@ -24,8 +24,20 @@ from typing import ClassVar, Mapping
 
 from lra.checks import SEED_MAX, ConfigError, build, check, choice, flag, integer, number, text
 
-__all__ = ["ConfigError", "ExampleLimits", "ImageSpec", "ListOpsGenerator", "ListOpsSpec", "PathfinderGenerator",
-           "PathfinderSpec", "RetrievalSpec", "TASK_SPECS", "TaskSpec", "TextSpec", "task_spec"]
+__all__ = [
+    "ConfigError",
+    "ExampleLimits",
+    "ImageSpec",
+    "ListOpsGenerator",
+    "ListOpsSpec",
+    "PathfinderGenerator",
+    "PathfinderSpec",
+    "RetrievalSpec",
+    "TASK_SPECS",
+    "TaskSpec",
+    "TextSpec",
+    "task_spec",
+]
 
 LISTOPS_TOKENIZERS = ("brackets", "alnum")  # [MAX ... X kept | alphanumeric runs only (the papers' pickles)
 MASKS = ("all", "nonzero")  # every pixel real | pixel 0 is padding (the public code's ids != 0, docs/fidelity.md)
@@ -39,8 +51,12 @@ SPLIT_NAMES = ("train", "val", "test")
 def _nested(key: str, value, cls, optional: bool = False) -> None:
     """A nested node, built by :func:`lra.checks.build` (or by the caller, as a dataclass)."""
     names = ", ".join(f.name for f in dataclasses.fields(cls))
-    check(isinstance(value, cls) or (optional and value is None), key, value,
-          f"a mapping of {names}{' or null' if optional else ''}")
+    check(
+        isinstance(value, cls) or (optional and value is None),
+        key,
+        value,
+        f"a mapping of {names}{' or null' if optional else ''}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,9 +100,13 @@ class ListOpsGenerator:
             integer(f"task.generator.{k}", getattr(self, k), 1)
         for k in ("max_depth", "max_args"):  # an operator has at least 2 children, a tree at least 2 levels
             integer(f"task.generator.{k}", getattr(self, k), 2)
-        check(self.min_length < self.max_length - 1, "task.generator.min_length", self.min_length,
-              f"an integer below task.generator.max_length - 1 ({self.max_length - 1}): trees are kept when "
-              f"min_length < length < max_length")
+        check(
+            self.min_length < self.max_length - 1,
+            "task.generator.min_length",
+            self.min_length,
+            f"an integer below task.generator.max_length - 1 ({self.max_length - 1}): trees are kept when "
+            f"min_length < length < max_length",
+        )
 
 
 @dataclass(frozen=True)
@@ -125,11 +145,19 @@ class TaskSpec:
         for k in ("num_classes", "vocab_size", "seq_len"):
             integer(f"task.{k}", getattr(self, k), 1)
         flag("task.dual", self.dual)
-        check(self.dual == self.DUAL, "task.dual", self.dual,
-              f"{str(self.DUAL).lower()} for task {self.name} ({'two documents' if self.DUAL else 'one document'} "
-              f"per example)")
-        check(self.path is None or isinstance(self.path, str), "task.path", self.path,
-              "a file or folder (or null to search the data root)")
+        check(
+            self.dual == self.DUAL,
+            "task.dual",
+            self.dual,
+            f"{str(self.DUAL).lower()} for task {self.name} ({'two documents' if self.DUAL else 'one document'} "
+            f"per example)",
+        )
+        check(
+            self.path is None or isinstance(self.path, str),
+            "task.path",
+            self.path,
+            "a file or folder (or null to search the data root)",
+        )
         _nested("task.max_examples", self.max_examples, ExampleLimits, optional=True)
 
     @classmethod
@@ -260,13 +288,21 @@ class PathfinderSpec(TaskSpec):
         choice("task.mask", self.mask, MASKS)
         choice("task.resolution", self.resolution, PATHFINDER_RESOLUTIONS)
         choice("task.difficulty", self.difficulty, PATHFINDER_DIFFICULTIES)
-        check(self.seq_len == self.resolution ** 2, "task.seq_len", self.seq_len,
-              f"{self.resolution ** 2}, the pixels of pathfinder{self.resolution} images: set both "
-              f"(protocol.pathfinder.data.resolution / .seq_len)")
+        check(
+            self.seq_len == self.resolution**2,
+            "task.seq_len",
+            self.seq_len,
+            f"{self.resolution ** 2}, the pixels of pathfinder{self.resolution} images: set both "
+            f"(protocol.pathfinder.data.resolution / .seq_len)",
+        )
         integer("task.n_images", self.n_images, 1, optional=True)
         flag("task.generate", self.generate)
-        check(self.gen_dir is None or isinstance(self.gen_dir, str), "task.gen_dir", self.gen_dir,
-              "a folder name (or null: pathfinder)")
+        check(
+            self.gen_dir is None or isinstance(self.gen_dir, str),
+            "task.gen_dir",
+            self.gen_dir,
+            "a folder name (or null: pathfinder)",
+        )
         _nested("task.generator", self.generator, PathfinderGenerator)
         integer("task.split_seed", self.split_seed, 0, hi=SEED_MAX)
 
@@ -276,7 +312,8 @@ class PathfinderSpec(TaskSpec):
 
 
 TASK_SPECS: dict[str, type[TaskSpec]] = {
-    cls.task_name(): cls for cls in (ListOpsSpec, TextSpec, RetrievalSpec, ImageSpec, PathfinderSpec)}
+    cls.task_name(): cls for cls in (ListOpsSpec, TextSpec, RetrievalSpec, ImageSpec, PathfinderSpec)
+}
 
 
 def task_spec(node: Mapping) -> TaskSpec:

@@ -101,8 +101,11 @@ def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> 
             rec["machine"] = meter.end()
         rec.update(compiled=lit.compiled, compile_note=lit.compile_note or rec["compile_note"])  # a fallback ran eager
 
-        rec.update(measured(spec, trainer, cb, p.effective_batch), **_peak_memory(trainer, p),
-                   compile_time_s=lit.compile_time_s)
+        rec.update(
+            measured(spec, trainer, cb, p.effective_batch),
+            **_peak_memory(trainer, p),
+            compile_time_s=lit.compile_time_s,
+        )
         out = outcome(spec, trainer, cb)
         rec.update(out.fields, **_callback_fields(cb))
         if out.status != "failed":
@@ -145,8 +148,10 @@ def recorded(run_dir: Path, rec: dict):
         code = _interrupt_code(e)
         if code is not None:
             name = signal.Signals(code - 128).name if code > 128 else type(e).__name__
-            rec.update(status="interrupted", reason=f"{name}: run the same command again to resume from the last "
-                                                     f"checkpoint")
+            rec.update(
+                status="interrupted",
+                reason=f"{name}: run the same command again to resume from the last " f"checkpoint",
+            )
         else:
             rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
         if code is not None and handlers:  # a second Ctrl-C must not cut the interrupted record short
@@ -204,15 +209,25 @@ def _finished_record(spec: RunSpec) -> dict | None:
         old = read_record(spec.run_dir)
     except ValueError as e:
         if not spec.force:
-            raise RunError(f"{spec.run_dir / 'result.json'} is not a readable run record ({e}); pass force=true "
-                           f"to run again and replace it") from None
+            raise RunError(
+                f"{spec.run_dir / 'result.json'} is not a readable run record ({e}); pass force=true "
+                f"to run again and replace it"
+            ) from None
         return None
     if old and old.get("status") in FINISHED and not spec.force:
         # name= labels a run as it runs: a finished one keeps the name on record (its row stays put)
-        renamed = (f"; it keeps name={old.get('name')!r} (name={spec.name!r} is not applied)"
-                   if old.get("name") != spec.name else "")
-        log.info("%s already holds a finished run (%s, test_acc %s)%s; pass force=true to run it again",
-                 spec.run_dir, old.get("status"), _fmt(old.get("test_acc")), renamed)
+        renamed = (
+            f"; it keeps name={old.get('name')!r} (name={spec.name!r} is not applied)"
+            if old.get("name") != spec.name
+            else ""
+        )
+        log.info(
+            "%s already holds a finished run (%s, test_acc %s)%s; pass force=true to run it again",
+            spec.run_dir,
+            old.get("status"),
+            _fmt(old.get("test_acc")),
+            renamed,
+        )
         return old
     return None
 
@@ -240,8 +255,10 @@ def _splits(spec: RunSpec) -> dict[str, Split]:
     splits = _LOADED.pop(_data_key(spec), None) or load_task(spec.data.spec, spec.data.root)
     n = len(splits["train"])
     if spec.train.batch_size > n:  # every step would be the whole split, recorded as a batch it never was
-        raise ConfigError(f"train.batch_size={spec.train.batch_size} is larger than the {n} training examples of "
-                          f"{spec.task}: set train.batch_size to at most {n}")
+        raise ConfigError(
+            f"train.batch_size={spec.train.batch_size} is larger than the {n} training examples of "
+            f"{spec.task}: set train.batch_size to at most {n}"
+        )
     return splits
 
 
@@ -260,11 +277,15 @@ def resume_step(last: Path, key: str) -> int | None:
     try:
         saved = torch.load(last, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - truncated or not a checkpoint: say which file, not the zip error
-        raise RunError(f"{last} cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); it is damaged: pass "
-                       f"force=true to discard the run's checkpoints and start again") from None
+        raise RunError(
+            f"{last} cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); it is damaged: pass "
+            f"force=true to discard the run's checkpoints and start again"
+        ) from None
     if saved.get("resume_key") != key:
-        raise RunError(f"{last} belongs to a run with another configuration, data or micro-batch (or an older "
-                       f"harness version); pass force=true to discard it and start again")
+        raise RunError(
+            f"{last} belongs to a run with another configuration, data or micro-batch (or an older "
+            f"harness version); pass force=true to discard it and start again"
+        )
     log.info("resuming from %s (optimizer step %d)", last, int(saved.get("global_step", 0)))
     return int(saved.get("global_step", 0))
 
@@ -284,9 +305,11 @@ def _resume(last: Path, key: str, rec: dict, before: dict) -> int | None:
     except RunError:
         old, new = before.get("data") or {}, rec.get("data") or {}
         if old.get("id") and new.get("id") and old["id"] != new["id"]:
-            raise RunError(f"{last} was trained on other data: {old.get('description')} (id {old['id']}); "
-                           f"this command reads {new.get('description')} (id {new['id']}). Restore that "
-                           f"data to resume, or pass force=true to start again on this data") from None
+            raise RunError(
+                f"{last} was trained on other data: {old.get('description')} (id {old['id']}); "
+                f"this command reads {new.get('description')} (id {new['id']}). Restore that "
+                f"data to resume, or pass force=true to start again on this data"
+            ) from None
         raise
 
 
@@ -301,29 +324,49 @@ def _callback_fields(cb: Callbacks) -> dict:
 
 
 def _plan_fields(p: Plan) -> dict:
-    return dict(micro_batch=p.micro_batch, accum_steps=p.accum_steps, effective_batch=p.effective_batch,
-                devices=p.devices, accum_source=p.source, peak_mem_estimate_bytes=p.estimate_bytes,
-                fit_budget_bytes=p.budget_bytes, fit_seconds=p.seconds)
+    return dict(
+        micro_batch=p.micro_batch,
+        accum_steps=p.accum_steps,
+        effective_batch=p.effective_batch,
+        devices=p.devices,
+        accum_source=p.source,
+        peak_mem_estimate_bytes=p.estimate_bytes,
+        fit_budget_bytes=p.budget_bytes,
+        fit_seconds=p.seconds,
+    )
 
 
 def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
     device = trainer.strategy.root_device
     if device.type == "cpu" and spec.preset != "quick":
-        log.warning("Training the full %s protocol on a CPU: %d steps of batch %d x %d tokens will take many hours "
-                    "(the progress bar shows the ETA). For a run of a few minutes: make lra task=%s attn=%s "
-                    "ARGS='experiment=quick'", spec.preset, spec.train.max_steps, p.effective_batch,
-                    spec.model.seq_len, spec.task, spec.attn.label)
+        log.warning(
+            "Training the full %s protocol on a CPU: %d steps of batch %d x %d tokens will take many hours "
+            "(the progress bar shows the ETA). For a run of a few minutes: make lra task=%s attn=%s "
+            "ARGS='experiment=quick'",
+            spec.preset,
+            spec.train.max_steps,
+            p.effective_batch,
+            spec.model.seq_len,
+            spec.task,
+            spec.attn.label,
+        )
     if device.type == "cuda":
         limit_gpu_memory(device)  # lra.sweep jobs_per_gpu=k: cap this run at its share of a shared GPU
         torch.cuda.reset_peak_memory_stats(device)
     if spec.hardware.compile_note:
         log.warning("%s", spec.hardware.compile_note)
     if spec.hardware.precision_setting == "16-mixed" and spec.hardware.precision != "16-mixed":
-        log.warning("trainer.precision=16-mixed runs as %s on a CPU (fp16 autocast is a GPU feature); the record "
-                    "says %s", spec.hardware.precision, spec.hardware.precision)
-    return {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-            "loader_workers": spec.hardware.num_workers,
-            "compiled": spec.hardware.compile, "compile_note": spec.hardware.compile_note}
+        log.warning(
+            "trainer.precision=16-mixed runs as %s on a CPU (fp16 autocast is a GPU feature); the record " "says %s",
+            spec.hardware.precision,
+            spec.hardware.precision,
+        )
+    return {
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "loader_workers": spec.hardware.num_workers,
+        "compiled": spec.hardware.compile,
+        "compile_note": spec.hardware.compile_note,
+    }
 
 
 def _peak_memory(trainer: L.Trainer, p: Plan) -> dict:
@@ -331,16 +374,22 @@ def _peak_memory(trainer: L.Trainer, p: Plan) -> dict:
     if device.type != "cuda":
         return {}
     peak = torch.cuda.max_memory_allocated(device)
-    return {"peak_mem_bytes": peak, **({"peak_mem_estimate_error": peak / p.estimate_bytes - 1.0}
-                                       if p.estimate_bytes else {})}
+    return {
+        "peak_mem_bytes": peak,
+        **({"peak_mem_estimate_error": peak / p.estimate_bytes - 1.0} if p.estimate_bytes else {}),
+    }
 
 
 def _warn_about(rec: dict, cb: Callbacks) -> None:
     if rec["status"] in ("failed", "stuck"):
         (log.error if rec["status"] == "failed" else log.warning)("%s", rec["reason"])
     if cb.guard.at_chance and rec["status"] != "stuck":
-        log.warning("the last validation was at chance level (loss %.4f, accuracy %.4f, majority %.4f): the run "
-                    "may be stuck (train.stuck_after_steps stops such runs)", *cb.guard.last_val, cb.guard.majority_acc)
+        log.warning(
+            "the last validation was at chance level (loss %.4f, accuracy %.4f, majority %.4f): the run "
+            "may be stuck (train.stuck_after_steps stops such runs)",
+            *cb.guard.last_val,
+            cb.guard.majority_acc,
+        )
 
 
 def _finish(spec: RunSpec, rec: dict, trainer: L.Trainer | None) -> None:
@@ -352,9 +401,17 @@ def _finish(spec: RunSpec, rec: dict, trainer: L.Trainer | None) -> None:
     last = spec.run_dir / "checkpoints" / "last.ckpt"
     if rec["status"] in FINISHED and last.exists():
         last.unlink()  # the run is over; best.ckpt stays
-    log.info("%s seed %d: %s, test acc %s (majority %.4f), %d steps, %.1f s training -> %s", spec.where, spec.seed,
-             rec["status"], _fmt(rec["test_acc"]), rec["majority_acc"], rec["steps"], rec["train_time_s"] or 0.0,
-             spec.run_dir / "result.json")
+    log.info(
+        "%s seed %d: %s, test acc %s (majority %.4f), %d steps, %.1f s training -> %s",
+        spec.where,
+        spec.seed,
+        rec["status"],
+        _fmt(rec["test_acc"]),
+        rec["majority_acc"],
+        rec["steps"],
+        rec["train_time_s"] or 0.0,
+        spec.run_dir / "result.json",
+    )
 
 
 def _single_log_stream() -> None:
@@ -384,8 +441,12 @@ def run_task(cfg: DictConfig, spec: RunSpec | None = None) -> float | None:
         rec = run(spec or resolve(cfg, HydraConfig.get().runtime.output_dir))
     except Interrupted as e:  # the record says interrupted; the console says how to go on
         code = int(e.code)
-        _exit(code, "interrupted (%s): the record says where it stopped; resume with the same command: %s",
-              signal.Signals(code - 128).name if code > 128 else f"exit {code}", _command())
+        _exit(
+            code,
+            "interrupted (%s): the record says where it stopped; resume with the same command: %s",
+            signal.Signals(code - 128).name if code > 128 else f"exit {code}",
+            _command(),
+        )
     except (ConfigError, DataError, RunError) as e:  # the user's to fix: one line
         _exit(2, "%s", e)
     except attention.BackendContractError as e:  # a backend broke its contract: the record says failed, and why
@@ -399,8 +460,12 @@ def run_task(cfg: DictConfig, spec: RunSpec | None = None) -> float | None:
     except OSError as e:  # disk full, a read-only folder: the environment's, not a harness bug
         _exit(1, "%s: %s (the run's record says where it stopped)", type(e).__name__, e)
     if rec.get("status") == "failed":  # exit 1, as the README says: a script must not take it for done
-        _exit(1, "the run failed: %s (record: %s)", rec.get("reason"), Path(HydraConfig.get().runtime.output_dir) /
-              "result.json")
+        _exit(
+            1,
+            "the run failed: %s (record: %s)",
+            rec.get("reason"),
+            Path(HydraConfig.get().runtime.output_dir) / "result.json",
+        )
     return rec.get("best_val_acc")  # the objective for Hydra sweepers
 
 
@@ -427,8 +492,9 @@ def check_writable(folder: Path) -> None:
     except OSError:
         ok = False
     if not ok:
-        raise ConfigError(f"runs_root={str(folder)!r} cannot be written: set LRA_RUNS (or runs_root=) to a folder "
-                          f"you can write")
+        raise ConfigError(
+            f"runs_root={str(folder)!r} cannot be written: set LRA_RUNS (or runs_root=) to a folder " f"you can write"
+        )
 
 
 def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec]:
@@ -476,8 +542,11 @@ def main() -> None:
         sys.exit(2)
     except (KeyboardInterrupt, Interrupted) as e:  # before the run started (e.g. while generating data)
         code = int(e.code) if isinstance(e, Interrupted) else 128 + signal.SIGINT
-        print(f"interrupted ({signal.Signals(code - 128).name}) before the run started; nothing was written to the "
-              f"runs root", file=sys.stderr)
+        print(
+            f"interrupted ({signal.Signals(code - 128).name}) before the run started; nothing was written to the "
+            f"runs root",
+            file=sys.stderr,
+        )
         sys.exit(code)
 
 

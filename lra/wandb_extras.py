@@ -26,11 +26,39 @@ from lightning.pytorch.loggers import WandbLogger
 
 log = logging.getLogger("lra.wandb")
 
-SUMMARY_KEYS = ("status", "test_acc", "test_loss", "best_val_acc", "majority_acc", "steps", "train_time_s",
-                "eval_time_s", "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps",
-                "effective_batch", "num_params", "hardware", "device", "git_commit", "reason")
-JOB_COLUMNS = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s", "attempts",
-               "run_dir", "reason")
+SUMMARY_KEYS = (
+    "status",
+    "test_acc",
+    "test_loss",
+    "best_val_acc",
+    "majority_acc",
+    "steps",
+    "train_time_s",
+    "eval_time_s",
+    "time_per_1k_steps_s",
+    "peak_mem_bytes",
+    "micro_batch",
+    "accum_steps",
+    "effective_batch",
+    "num_params",
+    "hardware",
+    "device",
+    "git_commit",
+    "reason",
+)
+JOB_COLUMNS = (
+    "task",
+    "attn",
+    "seed",
+    "status",
+    "test_acc",
+    "best_val_acc",
+    "steps",
+    "train_time_s",
+    "attempts",
+    "run_dir",
+    "reason",
+)
 
 
 def _run(target):
@@ -73,8 +101,7 @@ class WandbTables(L.Callback):
         try:
             import wandb
 
-            run.log({"val_history": wandb.Table(columns=["step", "val/acc", "val/loss"],
-                                                                 data=self.rows)})
+            run.log({"val_history": wandb.Table(columns=["step", "val/acc", "val/loss"], data=self.rows)})
         except Exception as e:  # noqa: BLE001 - never break training for a dashboard
             log.warning("could not log val_history to W&B: %s", e)
 
@@ -96,13 +123,19 @@ def log_record(target, record: dict, run_dir: Path | str | None = None) -> None:
         if run is None:
             return
         run.summary.update({f"record/{k}": record.get(k) for k in SUMMARY_KEYS if k in record})
-        rows = [[k, v if isinstance(v, str) else json.dumps(v, default=str)]
-                for k, v in sorted(record.items()) if k != "config"]   # the config is W&B's run config
+        rows = [
+            [k, v if isinstance(v, str) else json.dumps(v, default=str)]
+            for k, v in sorted(record.items())
+            if k != "config"
+        ]  # the config is W&B's run config
         run.log({"run_record": wandb.Table(columns=["key", "value"], data=rows)})
         path = Path(run_dir) / "result.json" if run_dir is not None else None
         if path is not None and path.exists():
-            art = wandb.Artifact(name=_artifact_name(record), type="run-record",
-                                 metadata={k: record.get(k) for k in ("task", "attn", "seed", "preset", "status")})
+            art = wandb.Artifact(
+                name=_artifact_name(record),
+                type="run-record",
+                metadata={k: record.get(k) for k in ("task", "attn", "seed", "preset", "status")},
+            )
             art.add_file(str(path))
             run.log_artifact(art)
     except Exception as e:  # noqa: BLE001
@@ -121,10 +154,15 @@ def log_sweep_table(manifest: dict | None, folder: Path | str) -> None:
     import wandb
 
     group = os.environ.get("WANDB_RUN_GROUP") or manifest.get("grid")
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "lra-harness"), group=group, job_type="sweep",
-                     name=f"sweep-{manifest.get('grid')}", dir=str(folder),
-                     mode=os.environ.get("WANDB_MODE", "offline"), config={"grid": manifest.get("grid"),
-                                                                           "command": manifest.get("command")})
+    run = wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "lra-harness"),
+        group=group,
+        job_type="sweep",
+        name=f"sweep-{manifest.get('grid')}",
+        dir=str(folder),
+        mode=os.environ.get("WANDB_MODE", "offline"),
+        config={"grid": manifest.get("grid"), "command": manifest.get("command")},
+    )
     try:
         rows = [[_cell(j.get(c)) for c in JOB_COLUMNS] for j in manifest.get("jobs", [])]
         run.log({"jobs": wandb.Table(columns=list(JOB_COLUMNS), data=rows)})

@@ -31,7 +31,7 @@ def test_relative_error_basics():
 
 def test_gaussian_reference_matches_definition():
     q, k, v = torch.randn(3, 2, 50, 32, dtype=torch.float64).unbind(0)
-    c = torch.exp(-torch.cdist(q, k) ** 2 / (2 * math.sqrt(32)))
+    c = torch.exp(-(torch.cdist(q, k) ** 2) / (2 * math.sqrt(32)))
     assert torch.allclose(approx.gaussian_attention(q, k, v), c @ v, atol=1e-10)
 
 
@@ -99,16 +99,21 @@ def test_every_registered_backend_is_studied_or_skipped_with_reason():
             m.build(16, 256, 2)
 
 
-@pytest.mark.parametrize("backend, options, reference", [
-    ("kernelized", {"dropout": 0.0}, "gaussian_attention"),
-    ("reformer", {"bucket_size": 128}, "shared_qk_attention"),  # one bucket: exact shared-QK attention
-])
+@pytest.mark.parametrize(
+    "backend, options, reference",
+    [
+        ("kernelized", {"dropout": 0.0}, "gaussian_attention"),
+        ("reformer", {"bucket_size": 128}, "shared_qk_attention"),  # one bucket: exact shared-QK attention
+    ],
+)
 def test_own_references_match_the_backends_exact_limits(backend, options, reference):
     if backend not in attention.available():
         pytest.skip(f"{backend} not registered")
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 2, 128, 32).unbind(0)
-    out = attention.build(backend, num_heads=2, head_dim=32, max_len=128, **options).eval()(q[None], k[None], v[None])[0]
+    out = attention.build(backend, num_heads=2, head_dim=32, max_len=128, **options).eval()(q[None], k[None], v[None])[
+        0
+    ]
     err = approx.relative_error(getattr(approx, reference)(q, k, v), out)
     assert (err < 1e-5).all(), err
 
@@ -118,7 +123,11 @@ def test_quirks_twin_builds_the_public_code_options_at_the_study_budget():
     twins = {m.name: m for m in approx.with_quirks(methods, "skyformer")}
     assert set(twins) == {"skyformer[skyformer]"}  # the Skyformer code has no Skeinformer or JLT quirks
     mod = twins["skyformer[skyformer]"].build(16, 64, 2)
-    assert (mod.options.num_landmarks, mod.options.ns_init, mod.options.landmark_split) == (16, "colsum_batch", "halves")
+    assert (mod.options.num_landmarks, mod.options.ns_init, mod.options.landmark_split) == (
+        16,
+        "colsum_batch",
+        "halves",
+    )
     twin = {m.name: m for m in approx.with_quirks(methods, "skeinformer")}["skeinformer[skeinformer]"]
     assert twin.build(8, 64, 2).options.pilot_batch == "shared" and twin.budget_option == "num_features"
 
@@ -128,9 +137,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     the README says; it was exit 1, and ``--lengths 0`` a ZeroDivisionError traceback), nothing written."""
     monkeypatch.setattr("lra.approx.command._keep_freed_memory", lambda: None)  # process-wide: not in the test process
     monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
-    for argv, words in ((["--methods", "no_such_attention"], ("no_such_attention", "available", "vmean")),
-                        (["--trials", "0"], ("--trials 0", ">= 1")),
-                        (["--lengths", "0"], ("--lengths 0", ">= 1"))):
+    for argv, words in (
+        (["--methods", "no_such_attention"], ("no_such_attention", "available", "vmean")),
+        (["--trials", "0"], ("--trials 0", ">= 1")),
+        (["--lengths", "0"], ("--lengths 0", ">= 1")),
+    ):
         monkeypatch.setattr("sys.argv", ["lra.approx", "--quick", "--sources", "random", *argv])
         try:
             code = approx.cli()
@@ -148,21 +159,41 @@ def test_figure_reads_like_the_papers_and_rerenders_byte_identical(tmp_path):
     from lra.approx import render
 
     rows = []
-    for method, ref, base in (("vmean", "softmax", 0.4), ("skeinformer_no_rownorm", "softmax", 0.3),
-                              ("amm_oracle", "softmax", 0.9), ("skyformer", "kernelized", 0.2),
-                              ("skyformer", "softmax", 30.0), ("nystrom[skyformer]", "softmax", 0.25)):
+    for method, ref, base in (
+        ("vmean", "softmax", 0.4),
+        ("skeinformer_no_rownorm", "softmax", 0.3),
+        ("amm_oracle", "softmax", 0.9),
+        ("skyformer", "kernelized", 0.2),
+        ("skyformer", "softmax", 30.0),
+        ("nystrom[skyformer]", "softmax", 0.25),
+    ):
         for budget in (8, 16, 32):
             err = base * (8 / budget) ** 0.5
-            rows.append(dict(method=method, reference=ref, source="random", n=256, budget=budget, trials=24,
-                             mean=err, median=err, stderr=0.01))
+            rows.append(
+                dict(
+                    method=method,
+                    reference=ref,
+                    source="random",
+                    n=256,
+                    budget=budget,
+                    trials=24,
+                    mean=err,
+                    median=err,
+                    stderr=0.01,
+                )
+            )
     fig = render.figure(rows)
     fig.draw_without_rendering()
     texts = [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
     joined = "\n".join(texts)
     for code in ("skeinformer_no_rownorm", "amm_oracle", "nystrom[", "vmean", "×10", "$\\mathdefault"):
         assert code not in joined, code
-    assert {"V-mean", "Skeinformer w/o row normalization", "Skyformer vs exact Gaussian kernel",
-            "Nyströmformer (quirks of the Skyformer code)"} <= set(texts)
+    assert {
+        "V-mean",
+        "Skeinformer w/o row normalization",
+        "Skyformer vs exact Gaussian kernel",
+        "Nyströmformer (quirks of the Skyformer code)",
+    } <= set(texts)
     assert "feature budget d (log scale)" in texts and "relative error (log scale)" in texts
     assert {"8", "16", "32"} <= set(texts)  # budgets as numbers, not 2^3
     assert "mean ± standard error over 24 trials" in joined

@@ -18,10 +18,30 @@ from attention.registry import Capabilities
 
 NAMES = attention.available()
 PAPER_NAMES = {
-    "softmax", "none", "vmean", "linformer", "linformer_jlt", "informer", "informer_mask", "skeinformer",
-    "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm", "skeinformer_no_pilot",
-    "kernelized", "skyformer", "nystrom", "performer", "bigbird", "reformer", "longformer", "linear",
-    "yoso_e", "yoso", "yoso_conv", "polysketch",
+    "softmax",
+    "none",
+    "vmean",
+    "linformer",
+    "linformer_jlt",
+    "informer",
+    "informer_mask",
+    "skeinformer",
+    "skeinformer_uniform",
+    "skeinformer_no_rownorm",
+    "skeinformer_simple_rownorm",
+    "skeinformer_no_pilot",
+    "kernelized",
+    "skyformer",
+    "nystrom",
+    "performer",
+    "bigbird",
+    "reformer",
+    "longformer",
+    "linear",
+    "yoso_e",
+    "yoso",
+    "yoso_conv",
+    "polysketch",
 }
 
 

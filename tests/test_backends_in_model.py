@@ -14,8 +14,8 @@ def test_train_step_and_state_dict_round_trip(name):
     model = LRAClassifier(**kw)
     tokens = torch.randint(1, 16, (3, 128))
     mask = torch.ones(3, 128, dtype=torch.bool)
-    mask[0, 90:] = False      # padding at the end
-    mask[1, 30:50] = False    # padding in the middle
+    mask[0, 90:] = False  # padding at the end
+    mask[1, 30:50] = False  # padding in the middle
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(1)
     loss, _ = loss_and_correct(model(tokens, mask), torch.tensor([1, 2, 3]))

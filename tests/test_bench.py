@@ -20,8 +20,11 @@ CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
 def _other_backend() -> str | None:
     """A third registered backend that runs at n=256/512 (prefer cheap ones), or None."""
     others = [n for n in attention.available() if n not in ("softmax", "none")]
-    fits = [n for n in others if not attention.capabilities(n).block_multiple
-            or 256 % attention.capabilities(n).block_multiple == 0]
+    fits = [
+        n
+        for n in others
+        if not attention.capabilities(n).block_multiple or 256 % attention.capabilities(n).block_multiple == 0
+    ]
     for pick in ("vmean", "linear", "performer", "linformer"):
         if pick in fits:
             return pick
@@ -37,8 +40,22 @@ def _cfg(**kw) -> bench.Config:
 def test_quick_run_writes_csv_markdown_and_plot(tmp_path):
     names = ["softmax", "none"] + ([_other_backend()] if _other_backend() else [])
     # --layer --device cpu: the CPU micro-benchmark on any machine (on CUDA the default is the task mode)
-    results = bench.main(["--layer", "--device", "cpu", "--quick", "--out", str(tmp_path), "--backends", *names,
-                          "--threads", "1", "--repeats", "2"])
+    results = bench.main(
+        [
+            "--layer",
+            "--device",
+            "cpu",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--backends",
+            *names,
+            "--threads",
+            "1",
+            "--repeats",
+            "2",
+        ]
+    )
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["bench.csv", "bench.md", "bench.png"]  # no temp files
 
     with open(tmp_path / "bench.csv", newline="") as f:
@@ -59,17 +76,22 @@ def test_quick_run_writes_csv_markdown_and_plot(tmp_path):
         assert bench.ratios(results, key)["softmax"] == {n: 1.0 for n in bench.QUICK_LENGTHS}
     md = (tmp_path / "bench.md").read_text()
     assert md.startswith("# Attention micro-benchmark: one layer at batch 2 (CPU;")  # says what it is
-    for heading in ("## Time ratio to fused softmax", "## Peak-memory ratio to fused softmax",
-                    "## Sanity: memory growth with n", "crossover"):
+    for heading in (
+        "## Time ratio to fused softmax",
+        "## Peak-memory ratio to fused softmax",
+        "## Sanity: memory growth with n",
+        "crossover",
+    ):
         assert heading in md
     assert md.count("| softmax | 1 | 1 |") == 2  # time and memory: the baseline against itself
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _peak(label: str, n: int, **options) -> int:
-    row = {"softmax": bench.Row("softmax", "softmax", {"impl": "fused"}),
-           "softmax_materialized": bench.Row("softmax_materialized", "softmax", {"impl": "materialized"})}.get(
-        label, bench.Row(label, label))
+    row = {
+        "softmax": bench.Row("softmax", "softmax", {"impl": "fused"}),
+        "softmax_materialized": bench.Row("softmax_materialized", "softmax", {"impl": "materialized"}),
+    }.get(label, bench.Row(label, label))
     return bench.measure_point(row, n, _cfg())["peak_mem_bytes"]
 
 
@@ -122,8 +144,11 @@ def test_registered_cpu_sdpa_flop_formula_gives_4_n2_d_per_head():
     assert fc.get_total_flops() == pytest.approx(2.5 * fwd, rel=0.02)
 
     # the same attention through the math path (plain bmm, priced by torch) agrees on the forward
-    with torch.no_grad(), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), \
-            bench.flop_counter() as fc_math:
+    with (
+        torch.no_grad(),
+        torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH),
+        bench.flop_counter() as fc_math,
+    ):
         F.scaled_dot_product_attention(q, k, v)
     assert fc_math.get_total_flops() == pytest.approx(fwd, rel=0.02)
 
@@ -144,10 +169,21 @@ def test_set_takes_a_runs_option_spelling_with_hydra_values(monkeypatch, capsys)
     handed = []
     monkeypatch.setattr(bench_cli.layer, "run_layer", lambda cfg, rows, out: handed.append(cfg.overrides))
     argv = ["--layer", "--device", "cpu", "--quick", "--backends", "nystrom", "softmax_materialized"]
-    bench.main([*argv, "--set", "nystrom.options.landmarks=64", "--set", "nystrom.options.exact_if_full=true",
-                "--set", "softmax_materialized.options.impl=materialized"])
-    assert handed[-1] == {"nystrom": {"landmarks": 64, "exact_if_full": True},
-                          "softmax_materialized": {"impl": "materialized"}}
+    bench.main(
+        [
+            *argv,
+            "--set",
+            "nystrom.options.landmarks=64",
+            "--set",
+            "nystrom.options.exact_if_full=true",
+            "--set",
+            "softmax_materialized.options.impl=materialized",
+        ]
+    )
+    assert handed[-1] == {
+        "nystrom": {"landmarks": 64, "exact_if_full": True},
+        "softmax_materialized": {"impl": "materialized"},
+    }
     assert capsys.readouterr().err == ""
     bench.main([*argv, "--set", "nystrom.landmarks=32"])
     assert handed[-1] == {"nystrom": {"landmarks": 32}}
@@ -159,13 +195,15 @@ def test_set_takes_a_runs_option_spelling_with_hydra_values(monkeypatch, capsys)
 
 def test_a_bad_set_value_is_one_line_naming_key_value_and_what_is_allowed(monkeypatch, capsys):
     monkeypatch.setattr(bench_cli.layer, "run_layer", lambda *a: pytest.fail("bad input ran the benchmark"))
-    for item, words in (("nystrom.options.landmarks=0", ("nystrom.options.landmarks=0", "out of range [1, inf)")),
-                        ("nystrom.options.landmarks=hot", ("nystrom.options.landmarks='hot'", "allowed: integer")),
-                        ("nystrom.options.landmark=16", ("landmark=16", "valid options", "landmarks")),
-                        ("nystrom.options.landmarks=(", ("landmarks=(", "Hydra's override grammar")),
-                        ("nystrom.options.landmarks=1,2", ("landmarks=1,2", "sweep", "one value")),
-                        ("linformer.options.k=8", ("linformer", "not being run")),
-                        ("nystrom=3", ("nystrom=3", "BACKEND.options.NAME=VALUE"))):
+    for item, words in (
+        ("nystrom.options.landmarks=0", ("nystrom.options.landmarks=0", "out of range [1, inf)")),
+        ("nystrom.options.landmarks=hot", ("nystrom.options.landmarks='hot'", "allowed: integer")),
+        ("nystrom.options.landmark=16", ("landmark=16", "valid options", "landmarks")),
+        ("nystrom.options.landmarks=(", ("landmarks=(", "Hydra's override grammar")),
+        ("nystrom.options.landmarks=1,2", ("landmarks=1,2", "sweep", "one value")),
+        ("linformer.options.k=8", ("linformer", "not being run")),
+        ("nystrom=3", ("nystrom=3", "BACKEND.options.NAME=VALUE")),
+    ):
         with pytest.raises(SystemExit) as exc:
             bench.main(["--layer", "--device", "cpu", "--quick", "--backends", "nystrom", "--set", item])
         assert exc.value.code == 2
@@ -198,8 +236,22 @@ def test_crossover_and_slope():
 def test_task_mode_quick_run_writes_tables_with_ratios(tmp_path):
     """The quick task mode on the CPU (--device cpu: on any machine): whole step and attention rows for
     every task x backend, ratios to fused softmax in the same run, atomic CSV + Markdown."""
-    rows = bench.main(["--tasks", "listops", "pathfinder", "--quick", "--device", "cpu", "--threads", "1",
-                       "--out", str(tmp_path), "--override", "fit.cache=false"])
+    rows = bench.main(
+        [
+            "--tasks",
+            "listops",
+            "pathfinder",
+            "--quick",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--override",
+            "fit.cache=false",
+        ]
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_tasks.csv", "bench_tasks.md"]  # no temp files
     with open(tmp_path / "bench_tasks.csv", newline="") as f:
         reader = csv.DictReader(f)
@@ -207,8 +259,11 @@ def test_task_mode_quick_run_writes_tables_with_ratios(tmp_path):
         csv_rows = list(reader)
     key = lambda r: (r["task"], r["backend"], r["part"], r["mode"])  # noqa: E731
     assert sorted(map(key, csv_rows)) == sorted(
-        (t, b, p, "eager") for t in ("listops", "pathfinder") for b in bench_tasks.QUICK_BACKENDS
-        for p in bench_tasks.PARTS)
+        (t, b, p, "eager")
+        for t in ("listops", "pathfinder")
+        for b in bench_tasks.QUICK_BACKENDS
+        for p in bench_tasks.PARTS
+    )
     assert all(r["status"] == "ok" and r["device"] == "cpu" and r["precision"] == "32-true" for r in csv_rows)
     by = {key(r): r for r in csv_rows}
     for t in ("listops", "pathfinder"):
@@ -216,9 +271,11 @@ def test_task_mode_quick_run_writes_tables_with_ratios(tmp_path):
             base, sk = by[(t, "softmax", part, "eager")], by[(t, "skeinformer", part, "eager")]
             assert float(base["time_ratio"]) == 1.0 and float(base["mem_ratio"]) == 1.0
             assert float(sk["time_ratio"]) == pytest.approx(
-                float(sk["per_opt_step_ms"]) / float(base["per_opt_step_ms"]), rel=1e-4)
+                float(sk["per_opt_step_ms"]) / float(base["per_opt_step_ms"]), rel=1e-4
+            )
             assert float(sk["mem_ratio"]) == pytest.approx(
-                int(sk["peak_mem_bytes"]) / int(base["peak_mem_bytes"]), rel=1e-4)
+                int(sk["peak_mem_bytes"]) / int(base["peak_mem_bytes"]), rel=1e-4
+            )
             # quick: the fitted micro-batch (the whole quick batch fits a V100) capped at 4, no accumulation
             assert (sk["micro_batch"], sk["accum_steps"]) == ("4", "1") and int(sk["fit_micro_batch"]) > 4
     # pathfinder (n=1024): CPU SDPA with attention dropout runs the math path, which holds n x n matrices;
@@ -228,9 +285,13 @@ def test_task_mode_quick_run_writes_tables_with_ratios(tmp_path):
     assert [r["time_ratio"] for r in rows] == pytest.approx([float(r["time_ratio"]) for r in csv_rows], rel=1e-5)
 
     md = (tmp_path / "bench_tasks.md").read_text()
-    for heading in ("## Whole training step: time ratio to fused softmax",
-                    "## Whole training step: peak-memory ratio to fused softmax",
-                    "## Attention layer alone: time ratio to fused softmax", "## Absolute values", "capped at 4"):
+    for heading in (
+        "## Whole training step: time ratio to fused softmax",
+        "## Whole training step: peak-memory ratio to fused softmax",
+        "## Attention layer alone: time ratio to fused softmax",
+        "## Absolute values",
+        "capped at 4",
+    ):
         assert heading in md
     assert md.count("| softmax | 1 | 1 |") == 4  # the baseline against itself, in every ratio table
 
@@ -246,8 +307,14 @@ def test_task_mode_accumulates_as_the_plan_says(monkeypatch):
         return model
 
     monkeypatch.setattr(bench_tasks, "build_model", counting_build)
-    cfg = bench_tasks.TaskConfig(tasks=("listops",), backends=("softmax",), quick=True, repeats=1, warmup=0,
-                                 overrides=("hardware.micro_batch=8", "fit.cache=false"))
+    cfg = bench_tasks.TaskConfig(
+        tasks=("listops",),
+        backends=("softmax",),
+        quick=True,
+        repeats=1,
+        warmup=0,
+        overrides=("hardware.micro_batch=8", "fit.cache=false"),
+    )
     rows = {r["part"]: r for r in bench_tasks.run(cfg, log=lambda s: None)}
     step, attn = rows["step"], rows["attention"]
     assert (step["micro_batch"], step["accum_steps"], step["effective_batch"]) == (8, 4, 32)
@@ -267,14 +334,16 @@ def test_mode_defaults_to_the_tasks_on_cuda_and_the_layer_on_cpu():
 
 
 def test_task_mode_bad_input_is_one_line_before_work(capsys):
-    for argv, words in ((["--tasks", "listops", "no_such_task"], ("no_such_task", "pathfinder")),
-                        (["--tasks", "--backends", "no_such_attention"], ("no_such_attention", "skeinformer")),
-                        (["--tasks", "--lengths", "512"], ("--lengths", "--layer")),
-                        (["--tasks", "--hardware", "no_such_gpu"], ("hardware", "no_such_gpu")),
-                        (["--layer", "--hardware", "a100_40gb"], ("--hardware", "--tasks")),
-                        # 0 used to mean "the default" (and ran the full benchmark); NaN passes every comparison
-                        (["--tasks", "--repeats", "0"], ("--repeats", "0 is not allowed", ">= 1")),
-                        (["--layer", "--time-budget-s", "nan"], ("--time-budget-s", "nan", "finite number > 0"))):
+    for argv, words in (
+        (["--tasks", "listops", "no_such_task"], ("no_such_task", "pathfinder")),
+        (["--tasks", "--backends", "no_such_attention"], ("no_such_attention", "skeinformer")),
+        (["--tasks", "--lengths", "512"], ("--lengths", "--layer")),
+        (["--tasks", "--hardware", "no_such_gpu"], ("hardware", "no_such_gpu")),
+        (["--layer", "--hardware", "a100_40gb"], ("--hardware", "--tasks")),
+        # 0 used to mean "the default" (and ran the full benchmark); NaN passes every comparison
+        (["--tasks", "--repeats", "0"], ("--repeats", "0 is not allowed", ">= 1")),
+        (["--layer", "--time-budget-s", "nan"], ("--time-budget-s", "nan", "finite number > 0")),
+    ):
         with pytest.raises(SystemExit) as exc:
             bench.main([*argv, "--device", "cpu", "--quick"])
         assert exc.value.code == 2
@@ -286,8 +355,24 @@ def test_task_mode_bad_input_is_one_line_before_work(capsys):
 def test_task_mode_compiled_rows_record_compilation_apart(tmp_path):
     """--compile on the CPU (~1 min): compiled rows exist, their first call (compilation) is kept out
     of the median, dynamo is reset between models, and the CPU has no memory figure for them."""
-    rows = bench.main(["--tasks", "listops", "--quick", "--compile", "--device", "cpu", "--threads", "1",
-                       "--backends", "softmax", "--out", str(tmp_path), "--override", "fit.cache=false"])
+    rows = bench.main(
+        [
+            "--tasks",
+            "listops",
+            "--quick",
+            "--compile",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--backends",
+            "softmax",
+            "--out",
+            str(tmp_path),
+            "--override",
+            "fit.cache=false",
+        ]
+    )
     by = {(r["part"], r["mode"]): r for r in rows}
     assert set(by) == {(p, m) for p in bench_tasks.PARTS for m in bench_tasks.MODES}
     for part in bench_tasks.PARTS:
@@ -309,15 +394,37 @@ def _figure_texts(fig) -> list[str]:
 def test_figure_reads_like_the_papers_and_rerenders_byte_identical(tmp_path):
     from lra.bench import render
 
-    results = [dict(backend=b, n=n, status="ok", time_ms=t * n / 256, peak_mem_bytes=int(m * n * 2 ** 20 / 256),
-                    batch=2, heads=2, head_dim=32, dtype="float32", device_name="test CPU")
-               for b, t, m in (("softmax", 10, 1), ("softmax_materialized", 40, 8), ("skeinformer_no_rownorm", 20, 4))
-               for n in (256, 512)]
+    results = [
+        dict(
+            backend=b,
+            n=n,
+            status="ok",
+            time_ms=t * n / 256,
+            peak_mem_bytes=int(m * n * 2**20 / 256),
+            batch=2,
+            heads=2,
+            head_dim=32,
+            dtype="float32",
+            device_name="test CPU",
+        )
+        for b, t, m in (("softmax", 10, 1), ("softmax_materialized", 40, 8), ("skeinformer_no_rownorm", 20, 4))
+        for n in (256, 512)
+    ]
     results.append(dict(results[0], backend="yoso_conv", status="skipped"))  # never measured: not drawn
     texts = _figure_texts(render.figure(results))
     joined = "\n".join(texts)
-    for code in ("peak_mem_bytes", "time_ms", "head_dim", "device_name", "softmax_materialized",
-                 "skeinformer_no_rownorm", "yoso_conv", "GB =", "(GB)", "fwd+bwd"):
+    for code in (
+        "peak_mem_bytes",
+        "time_ms",
+        "head_dim",
+        "device_name",
+        "softmax_materialized",
+        "skeinformer_no_rownorm",
+        "yoso_conv",
+        "GB =",
+        "(GB)",
+        "fwd+bwd",
+    ):
         assert code not in joined, code
     assert "Skeinformer w/o row normalization" in texts and "Standard (fused SDPA), the reference" in texts
     assert "peak memory (MiB, log scale)" in texts and "time (ms, log scale)" in texts

@@ -14,26 +14,49 @@ from lra.config import ConfigError, load
 from lra.loop import check_callbacks, user_callbacks
 
 TESTS = Path(__file__).resolve().parent
-TINY = ["task=listops", "attn=softmax", "experiment=quick", "protocol.listops.data.n_train=256",
-        "protocol.listops.data.n_val=64", "protocol.listops.data.n_test=64", "train.max_steps=12", "train.eval_every=4",
-        "train.warmup=4", "train.batch_size=32", "hardware.micro_batch=16", "num_threads=1", "trainer.progress=false",
-        "trainer.log_every_n_steps=1"]
+TINY = [
+    "task=listops",
+    "attn=softmax",
+    "experiment=quick",
+    "protocol.listops.data.n_train=256",
+    "protocol.listops.data.n_val=64",
+    "protocol.listops.data.n_test=64",
+    "train.max_steps=12",
+    "train.eval_every=4",
+    "train.warmup=4",
+    "train.batch_size=32",
+    "hardware.micro_batch=16",
+    "num_threads=1",
+    "trainer.progress=false",
+    "trainer.log_every_n_steps=1",
+]
 
 
 def _run(tmp_path, *overrides):
-    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
-           "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "lra.train", *TINY, *overrides], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "lra.train", *TINY, *overrides], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_a_built_in_and_a_user_callback_run_with_their_arguments(tmp_path):
     """callbacks=lr_monitor (Lightning's LearningRateMonitor) logs the schedule to metrics.csv; the user's
     StepCounter sees every optimizer step (2 micro-batches each) and every evaluation, and adds to the record."""
     out = tmp_path / "counter.json"
-    proc = _run(tmp_path, "callbacks=lr_monitor", "+callbacks.counter._target_=user_callbacks.StepCounter",
-                f"+callbacks.counter.out={out}", "+callbacks.counter.label=mine")
+    proc = _run(
+        tmp_path,
+        "callbacks=lr_monitor",
+        "+callbacks.counter._target_=user_callbacks.StepCounter",
+        f"+callbacks.counter.out={out}",
+        "+callbacks.counter.label=mine",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(out.read_text())
     assert seen == {"label": "mine", "steps": 12, "validations": 3, "global_step": 12}
@@ -45,8 +68,8 @@ def test_a_built_in_and_a_user_callback_run_with_their_arguments(tmp_path):
     lr = {int(r["step"]): float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")}
     assert len(lr) >= 10, sorted(lr)
     peak = max(lr.values())
-    assert peak == pytest.approx(rec["config"]["train"]["lr"], rel=0.3)   # warmup to the preset's lr ...
-    assert lr[min(lr)] < peak and lr[max(lr)] < peak                    # ... from below, then decayed
+    assert peak == pytest.approx(rec["config"]["train"]["lr"], rel=0.3)  # warmup to the preset's lr ...
+    assert lr[min(lr)] < peak and lr[max(lr)] < peak  # ... from below, then decayed
 
 
 def test_no_user_callbacks_leaves_the_record_as_before():
@@ -54,11 +77,14 @@ def test_no_user_callbacks_leaves_the_record_as_before():
     assert spec.callbacks == {} and "callbacks" not in spec.config and user_callbacks(spec) == []
 
 
-@pytest.mark.parametrize("override,says", [
-    ("+callbacks.x._target_=no_such_module.Thing", "cannot be imported"),
-    ("+callbacks.x._target_=collections.OrderedDict", "is not a Lightning callback"),
-    ("+callbacks.x=3", "_target_"),
-])
+@pytest.mark.parametrize(
+    "override,says",
+    [
+        ("+callbacks.x._target_=no_such_module.Thing", "cannot be imported"),
+        ("+callbacks.x._target_=collections.OrderedDict", "is not a Lightning callback"),
+        ("+callbacks.x=3", "_target_"),
+    ],
+)
 def test_a_bad_callback_is_one_line_naming_it(override, says):
     with pytest.raises(ConfigError, match=says) as e:
         check_callbacks(load(["experiment=quick", override]))
@@ -67,7 +93,7 @@ def test_a_bad_callback_is_one_line_naming_it(override, says):
 
 def test_bad_callback_arguments_are_one_line(tmp_path):
     spec = load(["experiment=quick", "callbacks=lr_monitor", "+callbacks.lr_monitor.no_such_arg=1"])
-    check_callbacks(spec)   # the class is fine; its arguments are checked when it is built
+    check_callbacks(spec)  # the class is fine; its arguments are checked when it is built
     with pytest.raises(ConfigError, match=r"callbacks.lr_monitor: .*LearningRateMonitor.*no_such_arg") as e:
         user_callbacks(spec)
     assert "\n" not in str(e.value)

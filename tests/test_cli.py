@@ -12,10 +12,16 @@ from lra import CONF_DIR, IN_CHECKOUT, REPO_ROOT
 
 def cli(tmp_path, module, *args):
     # data and runs roots in tmp: a command that wrongly starts working cannot touch the checkout's
-    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
-           "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_train_help_takes_overrides_and_names_the_groups(tmp_path):

@@ -51,7 +51,10 @@ def _no_libc(*args, **kwargs):
 
 
 def _loggers() -> list[logging.Logger]:
-    return [logging.getLogger(), *(x for x in logging.root.manager.loggerDict.values() if isinstance(x, logging.Logger))]
+    return [
+        logging.getLogger(),
+        *(x for x in logging.root.manager.loggerDict.values() if isinstance(x, logging.Logger)),
+    ]
 
 
 def _logging_state() -> dict:
@@ -95,15 +98,24 @@ def run_as_main(module: str, argv: list[str], tmp_path: Path, monkeypatch, caplo
     said = out.out + out.err + "".join(f"{r.getMessage()}\n" for r in caplog.records)
     assert list(cwd.iterdir()) == [], f"{module} {argv} wrote into the current folder"
     assert not runs.exists() and not data.exists(), f"{module} {argv} wrote into LRA_RUNS or LRA_DATA"
-    assert {d: _tree_stamp(REPO_ROOT / d) for d in ("runs", "data")} == before, \
-        f"{module} {argv} wrote into the checkout's runs/ or data/"
+    assert {
+        d: _tree_stamp(REPO_ROOT / d) for d in ("runs", "data")
+    } == before, f"{module} {argv} wrote into the checkout's runs/ or data/"
     return code, said
 
 
 def test_every_command_is_found():
     """The discovery the next two tests rely on finds every command the README names."""
-    assert {"lra.train", "lra.data", "lra.fit", "lra.collect", "lra.sweep", "lra.bench", "lra.approx",
-            "lra.fidelity"} <= set(entry_points()), entry_points()
+    assert {
+        "lra.train",
+        "lra.data",
+        "lra.fit",
+        "lra.collect",
+        "lra.sweep",
+        "lra.bench",
+        "lra.approx",
+        "lra.fidelity",
+    } <= set(entry_points()), entry_points()
 
 
 def test_every_command_has_a_console_script():
@@ -112,8 +124,9 @@ def test_every_command_has_a_console_script():
     import tomllib
 
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    expected = {m: "lra-tables" if m == "lra.collect" else "lra-" + m.split(".")[-1].replace("_", "-")
-                for m in entry_points()}
+    expected = {
+        m: "lra-tables" if m == "lra.collect" else "lra-" + m.split(".")[-1].replace("_", "-") for m in entry_points()
+    }
     assert {m: s for m, s in expected.items() if s not in scripts} == {}
     assert len(expected) == len(scripts), sorted(set(scripts) - set(expected.values()))
 
@@ -151,7 +164,19 @@ def test_lra_runs_moves_the_outputs_of_bench_and_approx(tmp_path, monkeypatch):
     before = _tree_stamp(REPO_ROOT / "runs")
     layer = ["--layer", "--device", "cpu", "--backends", "none", "--lengths", "64", "--repeats", "1", "--threads", "1"]
     bench.main(layer)
-    study = ["--quick", "--methods", "vmean", "--sources", "random", "--lengths", "64", "--budgets", "8", "--trials", "2"]
+    study = [
+        "--quick",
+        "--methods",
+        "vmean",
+        "--sources",
+        "random",
+        "--lengths",
+        "64",
+        "--budgets",
+        "8",
+        "--trials",
+        "2",
+    ]
     approx.main(study)
     assert sorted(p.name for p in (runs / "bench").iterdir()) == ["bench.csv", "bench.md", "bench.png"]
     assert {"approx.csv", "summary.md", "meta.json"} <= {p.name for p in (runs / "approx_quick").iterdir()}
@@ -179,8 +204,9 @@ def test_fit_table_shows_a_line_per_decision_then_the_table(tmp_path, capsys):
 
     level = lra.fit.log.level
     try:
-        code = lra.fit.main(["--table", "task=listops", "attn=none,vmean", "hardware=cpu", "experiment=quick",
-                             f"runs_root={tmp_path}"])
+        code = lra.fit.main(
+            ["--table", "task=listops", "attn=none,vmean", "hardware=cpu", "experiment=quick", f"runs_root={tmp_path}"]
+        )
     finally:
         lra.fit.log.setLevel(level)
     out, err = capsys.readouterr()
@@ -189,7 +215,9 @@ def test_fit_table_shows_a_line_per_decision_then_the_table(tmp_path, capsys):
     assert lines[0].startswith("lra.fit: 3 decisions (3 attention configs x 1 tasks)"), lines
     progress = [re.search(COUNTED, ln) for ln in lines[1:]]
     assert [(m.group(1), m.group(2)) for m in progress] == [("1", "3"), ("2", "3"), ("3", "3")], lines
-    assert lines[1].startswith("fit listops/none: micro-batch 32 x 1 (") and lines[3].startswith("fit listops/softmax_fused")
+    assert lines[1].startswith("fit listops/none: micro-batch 32 x 1 (") and lines[3].startswith(
+        "fit listops/softmax_fused"
+    )
     assert out.splitlines()[0] == "| attention | listops |" and "| vmean | 32 (x1) |" in out
 
 
@@ -199,8 +227,27 @@ def test_bench_tasks_shows_a_line_per_item_then_the_table(tmp_path, capsys):
     written come on stdout at the end."""
     from lra import bench
 
-    bench.main(["--tasks", "listops", "--quick", "--device", "cpu", "--threads", "1", "--repeats", "1",
-                "--backends", "none", "--max-batch", "1", "--override", "hardware=cpu", "--out", str(tmp_path)])
+    bench.main(
+        [
+            "--tasks",
+            "listops",
+            "--quick",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--repeats",
+            "1",
+            "--backends",
+            "none",
+            "--max-batch",
+            "1",
+            "--override",
+            "hardware=cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert "= 2 items" in lines[0], lines[0]
@@ -208,8 +255,13 @@ def test_bench_tasks_shows_a_line_per_item_then_the_table(tmp_path, capsys):
     assert all(m for _, m in counted), lines
     # per item: its fit, then step and attention (eager); softmax (the baseline) first
     assert [(ln.split(" ")[0] + " " + ln.split(" ")[1], m.group(1)) for ln, m in counted] == [
-        ("fit listops/softmax:", "1"), ("listops/softmax step", "1"), ("listops/softmax attention", "1"),
-        ("fit listops/none:", "2"), ("listops/none step", "2"), ("listops/none attention", "2")], lines
+        ("fit listops/softmax:", "1"),
+        ("listops/softmax step", "1"),
+        ("listops/softmax attention", "1"),
+        ("fit listops/none:", "2"),
+        ("listops/none step", "2"),
+        ("listops/none attention", "2"),
+    ], lines
     assert {m.group(2) for _, m in counted} == {"2"}
     assert "## Whole training step: time ratio to fused softmax" in out and "| none |" in out
     assert out.strip().splitlines()[-1].startswith("lra.bench: done in") and "bench_tasks.csv" in out

@@ -22,8 +22,19 @@ from lra.files import write_atomic, write_text
 SPEC = {s.key: s for s in TABLES}
 
 
-def make_record(root: Path, attn="softmax", seed=0, task="listops", preset="quick", sub="", metrics=True,
-                raw: str | None = None, drop=(), semantics=None, **fields) -> Path:
+def make_record(
+    root: Path,
+    attn="softmax",
+    seed=0,
+    task="listops",
+    preset="quick",
+    sub="",
+    metrics=True,
+    raw: str | None = None,
+    drop=(),
+    semantics=None,
+    **fields,
+) -> Path:
     """Write a run folder like lra.train does (result.json, optional metrics.csv); returns the folder.
     ``semantics``: the preset's own by default (paper for *_paper presets)."""
     semantics = semantics or ("paper" if preset.endswith("_paper") else "clean")
@@ -31,13 +42,39 @@ def make_record(root: Path, attn="softmax", seed=0, task="listops", preset="quic
     if sub:
         run = run / sub
     run.mkdir(parents=True, exist_ok=True)
-    rec = {"schema_version": 1, "task": task, "attn": attn, "attn_backend": attn, "seed": seed, "preset": preset,
-           "semantics": semantics, "status": "completed", "reason": None, "test_acc": 0.4, "best_val_acc": 0.41, "majority_acc": 0.17,
-           "steps": 600, "train_time_s": 120.0, "eval_time_s": 5.0, "time_per_1k_steps_s": 200.0,
-           "peak_mem_bytes": 2 ** 30, "micro_batch": 32, "accum_steps": 1, "effective_batch": 32,
-           "hardware": "v100_16gb", "device": "Tesla V100", "git_commit": "abc",
-           "config": {"task": {"name": task}, "attn": {"name": attn, "label": attn}, "seed": seed, "preset": preset,
-                      "semantics": semantics, "train": {"batch_size": 32}}}
+    rec = {
+        "schema_version": 1,
+        "task": task,
+        "attn": attn,
+        "attn_backend": attn,
+        "seed": seed,
+        "preset": preset,
+        "semantics": semantics,
+        "status": "completed",
+        "reason": None,
+        "test_acc": 0.4,
+        "best_val_acc": 0.41,
+        "majority_acc": 0.17,
+        "steps": 600,
+        "train_time_s": 120.0,
+        "eval_time_s": 5.0,
+        "time_per_1k_steps_s": 200.0,
+        "peak_mem_bytes": 2**30,
+        "micro_batch": 32,
+        "accum_steps": 1,
+        "effective_batch": 32,
+        "hardware": "v100_16gb",
+        "device": "Tesla V100",
+        "git_commit": "abc",
+        "config": {
+            "task": {"name": task},
+            "attn": {"name": attn, "label": attn},
+            "seed": seed,
+            "preset": preset,
+            "semantics": semantics,
+            "train": {"batch_size": 32},
+        },
+    }
     rec.update(fields)
     for k in drop:
         rec.pop(k, None)
@@ -112,8 +149,13 @@ def test_failed_runs_excluded_from_means_and_listed_with_reason(tmp_path):
 
 def test_older_schema_is_read_and_reported(tmp_path):
     # no schema_version, no task/attn/seed/preset fields (config and path tell), no time per 1k steps
-    make_record(tmp_path, "softmax", 0, test_acc=0.3,
-                drop=("schema_version", "task", "attn", "preset", "time_per_1k_steps_s", "peak_mem_bytes"))
+    make_record(
+        tmp_path,
+        "softmax",
+        0,
+        test_acc=0.3,
+        drop=("schema_version", "task", "attn", "preset", "time_per_1k_steps_s", "peak_mem_bytes"),
+    )
     # no status either: finished if it has a test accuracy
     make_record(tmp_path, "softmax", 1, test_acc=0.5, drop=("schema_version", "status"))
     # nothing tells the task: reported, not counted
@@ -167,24 +209,30 @@ def test_folder_without_record_and_unreadable_record_are_reported(tmp_path):
 def test_nan_metrics_are_not_averaged_silently(tmp_path):
     make_record(tmp_path, "softmax", 0, test_acc=0.3)
     make_record(tmp_path, "softmax", 1, test_acc=0.5)
-    make_record(tmp_path, "softmax", 2, test_acc=None)                     # null (the writer's NaN)
+    make_record(tmp_path, "softmax", 2, test_acc=None)  # null (the writer's NaN)
     run = make_record(tmp_path, "softmax", 3)
     (run / "result.json").write_text((run / "result.json").read_text().replace('"test_acc": 0.4', '"test_acc": NaN'))
     make_record(tmp_path, "softmax", 4, test_acc="n/a", train_time_s=float("inf"))
-    make_record(tmp_path, "softmax", 5, test_acc=38.5)                      # a percentage: not a fraction
+    make_record(tmp_path, "softmax", 5, test_acc=38.5)  # a percentage: not a fraction
     runs, issues = load_runs(tmp_path)
     nan = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
     assert set(nan) == {f"quick/clean/listops/softmax/seed{s}" for s in (2, 3, 4, 5)}
-    assert "test_acc null" in nan["quick/clean/listops/softmax/seed2"] and "test_acc nan" in nan["quick/clean/listops/softmax/seed3"]
-    assert "not a number" in nan["quick/clean/listops/softmax/seed4"] and "train_time_s inf" in nan["quick/clean/listops/softmax/seed4"]
+    assert (
+        "test_acc null" in nan["quick/clean/listops/softmax/seed2"]
+        and "test_acc nan" in nan["quick/clean/listops/softmax/seed3"]
+    )
+    assert (
+        "not a number" in nan["quick/clean/listops/softmax/seed4"]
+        and "train_time_s inf" in nan["quick/clean/listops/softmax/seed4"]
+    )
     assert "outside [0, 1]" in nan["quick/clean/listops/softmax/seed5"]
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     c = cell(t1, "softmax")
-    assert c.mean == pytest.approx(40.0) and c.n == 2          # only the two finite accuracies
+    assert c.mean == pytest.approx(40.0) and c.n == 2  # only the two finite accuracies
     assert "40.00 ± 14.14 (2)" in to_markdown(t1)
     t3 = build(SPEC["skeinformer_table3"], runs, "quick")
     j = next(i for i, col in enumerate(t3.columns) if col.task == "listops" and col.metric == "train_min")
-    assert t3.rows[0].cells[j].n == 5                           # the infinite time left out, the rest kept
+    assert t3.rows[0].cells[j].n == 5  # the infinite time left out, the rest kept
     assert t3.rows[0].seeds == 6
 
 
@@ -207,23 +255,37 @@ def test_paper_order_of_rows_and_columns(tmp_path):
     for attn in ("skeinformer", "polysketch", "softmax", "none"):
         make_record(tmp_path, attn, 0)
     make_record(tmp_path, "softmax", 0, task="text")
-    make_record(tmp_path, "softmax", 0, task="pathfinder128")           # a task the paper lacks
+    make_record(tmp_path, "softmax", 0, task="pathfinder128")  # a task the paper lacks
     make_record(tmp_path, "softmax", 0, sub="train.lr=0.01", test_acc=0.9)  # an extra override: its own row
     runs, _ = load_runs(tmp_path)
     t1 = build(SPEC["skeinformer_table1"], runs, "quick", drop_empty=False)
     names = [r.name for r in t1.rows]
     assert names[:16] == [n for _, n in SKEIN_ROWS]
     assert names[16:] == ["none (no attention)", "polysketch", "Standard [lr=0.01]"]
-    assert [c.path[0] for c in t1.columns] == ["Text", "ListOps", "Retrieval", "Pathfinder", "Image",
-                                               "pathfinder128", "Average"]
-    assert cell(t1, "softmax").mean == pytest.approx(40.0)      # the override run is not mixed in
+    assert [c.path[0] for c in t1.columns] == [
+        "Text",
+        "ListOps",
+        "Retrieval",
+        "Pathfinder",
+        "Image",
+        "pathfinder128",
+        "Average",
+    ]
+    assert cell(t1, "softmax").mean == pytest.approx(40.0)  # the override run is not mixed in
     yoso = build(SPEC["yoso_table3"], runs, "quick", drop_empty=False)
     assert [r.name for r in yoso.rows][:3] == ["none", "softmax", "YOSO-E"]
-    assert [c.path[0] for c in yoso.columns][:6] == ["listops", "text", "retrieval", "image", "pathfinder",
-                                                     "pathfinder128"]
+    assert [c.path[0] for c in yoso.columns][:6] == [
+        "listops",
+        "text",
+        "retrieval",
+        "image",
+        "pathfinder",
+        "pathfinder128",
+    ]
     sky2 = build(SPEC["skyformer_table2"], runs, "quick", drop_empty=False)
     assert [c.path for c in sky2.columns][:6] == [("Time (h)", t) for t in ("TC", "LO", "RE", "PF", "IC")] + [
-        ("Time (h)", "pathfinder128")]
+        ("Time (h)", "pathfinder128")
+    ]
     assert [r.name for r in sky2.rows][:2] == ["Self-Attention", "Kernelized Attention"]
     # Average only over the paper's five tasks, and only when all five have a value
     assert t1.rows[0].cells[-1].empty
@@ -330,8 +392,10 @@ def test_compare_adds_paper_value_and_delta(tmp_path):
     std_row = next(l for l in md.splitlines() if l.startswith("| Standard |"))
     half = 4.302652729749464 * 2.0 / math.sqrt(3)  # t(0.975, 2) x std / sqrt(n), std = 2
     lo, hi = 42 - half, 42 + half  # covers the paper's 38.15: marked
-    assert (f"| **42.00 ± 2.00 (3)** [{lo:.2f}, {hi:.2f}] | 38.15 | +3.85 [{lo - 38.15:+.2f}, {hi - 38.15:+.2f}] ≈ |"
-            in std_row)
+    assert (
+        f"| **42.00 ± 2.00 (3)** [{lo:.2f}, {hi:.2f}] | 38.15 | +3.85 [{lo - 38.15:+.2f}, {hi - 38.15:+.2f}] ≈ |"
+        in std_row
+    )
     assert "| **40.00 (1)** | 57.69 | -17.69 |" in std_row  # one seed: no interval, no mark
     assert "| 57.50 | -- |" in std_row  # paper average, no average of ours (tasks missing)
     poly = next(l for l in md.splitlines() if l.startswith("| polysketch |"))
@@ -362,8 +426,14 @@ def test_output_is_byte_identical_on_rerun(tmp_path):
     collect(tmp_path / "runs", tmp_path / "b", compare=("skeinformer",))
     sa, sb = snapshot(tmp_path / "a"), snapshot(tmp_path / "b")
     assert sa == sb
-    assert {"quick/curves_listops.png", "quick/curves_listops.pdf", "quick/efficiency_listops.png",
-            "quick/efficiency_listops.pdf", "index.md", "runs.csv"} <= set(sa)
+    assert {
+        "quick/curves_listops.png",
+        "quick/curves_listops.pdf",
+        "quick/efficiency_listops.png",
+        "quick/efficiency_listops.pdf",
+        "index.md",
+        "runs.csv",
+    } <= set(sa)
     # the default output folder sits inside the runs root and is not read back as runs
     collect(tmp_path / "runs", plots=False)
     first = snapshot(tmp_path / "runs" / "tables")
@@ -401,8 +471,22 @@ def test_a_failing_renderer_leaves_previous_tables_intact(tmp_path, monkeypatch)
 
 def test_cli(tmp_path, capsys):
     make_record(tmp_path / "runs", "softmax", 0)
-    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--format", "md,csv",
-                 "--compare", "yoso", "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "--runs",
+                str(tmp_path / "runs"),
+                "--out",
+                str(tmp_path / "o"),
+                "--format",
+                "md,csv",
+                "--compare",
+                "yoso",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "1 finished and counted" in out and "preset quick" in out
     files = {p.name for p in (tmp_path / "o" / "quick").iterdir()}
@@ -420,8 +504,13 @@ def test_cli(tmp_path, capsys):
 def test_module_entry_point(tmp_path):
     make_record(tmp_path / "runs", "none", 0)
     env = {**os.environ, "LRA_RUNS": str(tmp_path / "runs")}
-    proc = subprocess.run([sys.executable, "-m", "lra.collect", "--no-plots", "--format", "md"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.collect", "--no-plots", "--format", "md"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "runs" / "tables" / "quick" / "yoso_table3.md").is_file()
 
@@ -432,11 +521,18 @@ def test_paper_results_are_consistent_and_sourced():
     assert set(df["paper"]) == {"skeinformer", "skyformer", "yoso"} and df["source"].str.len().min() > 20
     assert not df.duplicated(["paper", "table", "attn", "task", "metric"]).any()
     counts = df.groupby(["paper", "table"]).size().to_dict()
-    assert counts == {("skeinformer", "table1"): 16 * 6, ("skeinformer", "table2"): 16 * 15,
-                      ("skeinformer", "table3"): 16 * 10, ("skeinformer", "table4"): 16 * 10,
-                      ("skyformer", "table1"): 9 * 6, ("skyformer", "table2"): 9 * 10, ("yoso", "table3"): 10 * 6}
-    sk = df[df["paper"] == "skeinformer"].pivot_table(index=["attn", "task"], columns=["table", "metric"],
-                                                      values="value", aggfunc="first")
+    assert counts == {
+        ("skeinformer", "table1"): 16 * 6,
+        ("skeinformer", "table2"): 16 * 15,
+        ("skeinformer", "table3"): 16 * 10,
+        ("skeinformer", "table4"): 16 * 10,
+        ("skyformer", "table1"): 9 * 6,
+        ("skyformer", "table2"): 9 * 10,
+        ("yoso", "table3"): 10 * 6,
+    }
+    sk = df[df["paper"] == "skeinformer"].pivot_table(
+        index=["attn", "task"], columns=["table", "metric"], values="value", aggfunc="first"
+    )
     batch = {"text": 128, "listops": 256, "retrieval": 64, "pathfinder": 512, "image": 256}
     for (attn, task), r in sk.iterrows():
         if task == "average":
@@ -456,10 +552,20 @@ def test_paper_results_are_consistent_and_sourced():
 
 FACTS = Path(__file__).resolve().parents[1] / "docs" / "facts.md"
 # docs/facts.md §5: sub-section -> (paper, table) of lra/paper_results.csv
-FACT_TABLES = {"5.1": ("skeinformer", "table1"), "5.2": ("skyformer", "table1"), "5.3": ("skyformer", "table2"),
-               "5.4": ("yoso", "table3")}
-FACT_TASKS = {"Text": "text", "ListOps": "listops", "Retrieval": "retrieval", "Pathfinder": "pathfinder",
-              "Image": "image", "Avg": "average"}
+FACT_TABLES = {
+    "5.1": ("skeinformer", "table1"),
+    "5.2": ("skyformer", "table1"),
+    "5.3": ("skyformer", "table2"),
+    "5.4": ("yoso", "table3"),
+}
+FACT_TASKS = {
+    "Text": "text",
+    "ListOps": "listops",
+    "Retrieval": "retrieval",
+    "Pathfinder": "pathfinder",
+    "Image": "image",
+    "Avg": "average",
+}
 
 
 def facts_tables() -> dict:
@@ -494,7 +600,7 @@ def test_paper_results_match_docs_facts():
                 assert csv_cells.get(key) == value, (paper, table, key, value, csv_cells.get(key))
                 checked += 1
         # the CSV names the same table as its source, and no file
-        assert (g["source"].str.extract(r", Table (\d+)$")[0] == table[len("table"):]).all(), (paper, table)
+        assert (g["source"].str.extract(r", Table (\d+)$")[0] == table[len("table") :]).all(), (paper, table)
     assert not df["source"].str.contains("/").any()
     # every row the facts print: Skeinformer Table 1 (16 x 6), Skyformer Table 1 (9 x 6), two rows of
     # Skyformer Table 2 (hours and GB x 5 tasks), YOSO Table 3 (10 x 6)
@@ -527,25 +633,60 @@ def test_unknown_preset_is_one_line_error_listing_the_presets(tmp_path, capsys):
     assert len(err.splitlines()) == 1
     assert "--preset nosuch" in err and "presets found: quick, skeinformer_paper" in err
     assert not (tmp_path / "o").exists()  # nothing written before the error
-    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--preset", "quick",
-                 "--no-plots"]) == 0
+    assert (
+        main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--preset", "quick", "--no-plots"]) == 0
+    )
     assert (tmp_path / "o" / "quick").is_dir() and not (tmp_path / "o" / "skeinformer_paper").exists()
 
 
 # ----------------------------------------------------------------------------- values that cannot be
 def test_impossible_values_are_excluded_and_reported(tmp_path):
-    make_record(tmp_path, "softmax", 0, steps=600, train_time_s=120.0, time_per_1k_steps_s=200.0,
-                tokens_per_s=1000.0, peak_mem_estimate_bytes=2 ** 30)
-    make_record(tmp_path, "softmax", 1, steps=1000, train_time_s=240.0, time_per_1k_steps_s=240.0,
-                tokens_per_s=3000.0, peak_mem_estimate_bytes=2 ** 31)
-    make_record(tmp_path, "softmax", 2, steps=-5, train_time_s=-1.0, time_per_1k_steps_s=0.0,
-                tokens_per_s=-3.0, peak_mem_bytes=-1, peak_mem_estimate_bytes=float("inf"))
+    make_record(
+        tmp_path,
+        "softmax",
+        0,
+        steps=600,
+        train_time_s=120.0,
+        time_per_1k_steps_s=200.0,
+        tokens_per_s=1000.0,
+        peak_mem_estimate_bytes=2**30,
+    )
+    make_record(
+        tmp_path,
+        "softmax",
+        1,
+        steps=1000,
+        train_time_s=240.0,
+        time_per_1k_steps_s=240.0,
+        tokens_per_s=3000.0,
+        peak_mem_estimate_bytes=2**31,
+    )
+    make_record(
+        tmp_path,
+        "softmax",
+        2,
+        steps=-5,
+        train_time_s=-1.0,
+        time_per_1k_steps_s=0.0,
+        tokens_per_s=-3.0,
+        peak_mem_bytes=-1,
+        peak_mem_estimate_bytes=float("inf"),
+    )
     make_record(tmp_path, "softmax", 3, time_per_1k_steps_s=-200.0, tokens_per_s=None, peak_mem_estimate_bytes=None)
     runs, issues = load_runs(tmp_path)
     bad = {i.path: i.detail for i in issues_of(issues, "nan_metric")}
-    assert set(bad) == {"quick/clean/listops/softmax/seed2", "quick/clean/listops/softmax/seed3"}  # a null optional is fine
-    for text in ("steps -5.0 negative", "train_time_s -1.0 negative", "time_per_1k_steps_s 0.0 not positive",
-                 "tokens_per_s -3.0 not positive", "peak_mem_bytes -1.0 negative", "peak_mem_estimate_bytes inf"):
+    assert set(bad) == {
+        "quick/clean/listops/softmax/seed2",
+        "quick/clean/listops/softmax/seed3",
+    }  # a null optional is fine
+    for text in (
+        "steps -5.0 negative",
+        "train_time_s -1.0 negative",
+        "time_per_1k_steps_s 0.0 not positive",
+        "tokens_per_s -3.0 not positive",
+        "peak_mem_bytes -1.0 negative",
+        "peak_mem_estimate_bytes inf",
+    ):
         assert text in bad["quick/clean/listops/softmax/seed2"], text
     assert "time_per_1k_steps_s -200.0 not positive" in bad["quick/clean/listops/softmax/seed3"]
     s = summary(runs).iloc[0]
@@ -553,24 +694,27 @@ def test_impossible_values_are_excluded_and_reported(tmp_path):
     assert s["train_time_s_mean"] == pytest.approx(160.0) and s["time_per_1k_steps_s_n"] == 2
     assert s["time_per_1k_steps_s_mean"] == pytest.approx(220.0)
     assert s["tokens_per_s_mean"] == pytest.approx(2000.0) and s["tokens_per_s_n"] == 2
-    assert s["peak_mem_bytes_n"] == 3 and s["peak_mem_estimate_bytes_mean"] == pytest.approx(1.5 * 2 ** 30)
+    assert s["peak_mem_bytes_n"] == 3 and s["peak_mem_estimate_bytes_mean"] == pytest.approx(1.5 * 2**30)
     assert s["test_acc_n"] == 4  # the other metrics of those runs still count
 
 
 def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     make_record(tmp_path, "softmax", 0, test_acc=0.3)
     make_record(tmp_path, "softmax", 1, test_acc=0.5)
-    make_record(tmp_path, "softmax", 1.5, test_acc=0.99)                 # folder seed1.5, record seed 1.5
-    odd = make_record(tmp_path, "softmax", 2.5, test_acc=0.98)           # folder seed2.5, record says seed 2
+    make_record(tmp_path, "softmax", 1.5, test_acc=0.99)  # folder seed1.5, record seed 1.5
+    odd = make_record(tmp_path, "softmax", 2.5, test_acc=0.98)  # folder seed2.5, record says seed 2
     rec = json.loads((odd / "result.json").read_text())
     (odd / "result.json").write_text(json.dumps({**rec, "seed": 2}))
     make_record(tmp_path, "softmax", 3, test_acc=0.97)
-    bad = make_record(tmp_path, "none", 4, test_acc=0.1)                 # folder seed4, record seed 4.25
+    bad = make_record(tmp_path, "none", 4, test_acc=0.1)  # folder seed4, record seed 4.25
     (bad / "result.json").write_text(json.dumps({**json.loads((bad / "result.json").read_text()), "seed": 4.25}))
     res = collect(tmp_path, tmp_path / "out", plots=False)
     unusable = {i.path: i.detail for i in issues_of(res.issues, "unusable")}
-    assert set(unusable) == {"quick/clean/listops/softmax/seed1.5", "quick/clean/listops/softmax/seed2.5",
-                             "quick/clean/listops/none/seed4"}
+    assert set(unusable) == {
+        "quick/clean/listops/softmax/seed1.5",
+        "quick/clean/listops/softmax/seed2.5",
+        "quick/clean/listops/none/seed4",
+    }
     assert "'seed1.5' names a seed that is not an integer" in unusable["quick/clean/listops/softmax/seed1.5"]
     assert "seed 4.25 is not an integer" in unusable["quick/clean/listops/none/seed4"]
     c = cell(res.tables[("quick", "skeinformer_table1")], "softmax")
@@ -578,4 +722,3 @@ def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     assert "none" not in [r.key for r in res.tables[("quick", "yoso_table3")].rows]  # its only run is not counted
     failed = pd.read_csv(tmp_path / "out" / "failed.csv")
     assert "seeds are integers" in " ".join(failed["reason"])
-

@@ -34,10 +34,10 @@ from lra.collect.tables import TABLES, build, paper_results, summary
 from tests.test_collect import cell, make_record
 
 SPEC = {s.key: s for s in TABLES}
-T_975_2 = 4.302652729749464    # Student's t, 97.5% quantile, 2 degrees of freedom (any t table)
+T_975_2 = 4.302652729749464  # Student's t, 97.5% quantile, 2 degrees of freedom (any t table)
 
 
-P = "skeinformer_paper"   # the preset whose tables are compared with the Skeinformer paper
+P = "skeinformer_paper"  # the preset whose tables are compared with the Skeinformer paper
 
 
 def paper_value(paper, table, attn, task):
@@ -60,14 +60,14 @@ def scipy_welch(a, b):
 # ----------------------------------------------------------------------------- the statistics
 def test_t_interval_by_hand():
     assert t_quantile(2) == pytest.approx(T_975_2, rel=1e-9)
-    xs = [30.0, 40.0, 50.0]                               # mean 40, sample std 10
+    xs = [30.0, 40.0, 50.0]  # mean 40, sample std 10
     lo, hi = t_interval(40.0, 10.0, 3)
-    half = T_975_2 * 10.0 / math.sqrt(3)                  # 24.8414...
+    half = T_975_2 * 10.0 / math.sqrt(3)  # 24.8414...
     assert (lo, hi) == (pytest.approx(40 - half), pytest.approx(40 + half))
-    sem = st.sem(xs)                                      # scipy's own interval agrees
+    sem = st.sem(xs)  # scipy's own interval agrees
     assert (lo, hi) == pytest.approx(st.t.interval(0.95, 2, loc=np.mean(xs), scale=sem))
-    assert all(math.isnan(x) for x in t_interval(40.0, math.nan, 1))   # one seed: no interval
-    assert all(math.isnan(x) for x in t_interval(40.0, 0.0, 1))        # not even with a std given
+    assert all(math.isnan(x) for x in t_interval(40.0, math.nan, 1))  # one seed: no interval
+    assert all(math.isnan(x) for x in t_interval(40.0, 0.0, 1))  # not even with a std given
 
 
 def test_welch_interval_against_scipy():
@@ -77,10 +77,10 @@ def test_welch_interval_against_scipy():
     assert (lo, hi) == pytest.approx(scipy_welch(a, b))
     # by hand: se^2 = 4/3 + 18/2 = 31/3; df = se^4 / ((4/3)^2/2 + 9^2/1)
     v1, v2 = 4 / 3, 9.0
-    df = (v1 + v2) ** 2 / (v1 ** 2 / 2 + v2 ** 2 / 1)
+    df = (v1 + v2) ** 2 / (v1**2 / 2 + v2**2 / 1)
     half = st.t.ppf(0.975, df) * math.sqrt(v1 + v2)
     assert (lo, hi) == pytest.approx((2 - half, 2 + half))
-    d, lo, hi = welch_interval(40.0, 1.0, 3, 38.0, math.nan, 1)           # one seed on a side
+    d, lo, hi = welch_interval(40.0, 1.0, 3, 38.0, math.nan, 1)  # one seed on a side
     assert d == 2.0 and math.isnan(lo) and math.isnan(hi)
 
 
@@ -104,7 +104,7 @@ def test_cells_carry_the_interval_and_fewer_than_three_seeds_none(tmp_path):
     two = cell(t1, "performer")
     assert two.n == 2 and math.isnan(two.ci_low) and interval_text(two, "acc") == "" and marks(two) == []
     md = to_markdown(t1)
-    assert "| 20.00 (1) |" in md and "± 0.00" not in md   # never a fake ± 0
+    assert "| 20.00 (1) |" in md and "± 0.00" not in md  # never a fake ± 0
     assert "| 17.50 ± 17.68 (2) |" in md and "-" not in md_row(md, "Performer")[2]  # std only, never below 0
     # settings (batch, accumulation) have no interval at all
     t4 = build(SPEC["skeinformer_table4"], runs, "quick")
@@ -118,12 +118,12 @@ def test_cells_carry_the_interval_and_fewer_than_three_seeds_none(tmp_path):
 
 def test_delta_interval_and_paper_mark(tmp_path):
     """A delta whose interval covers the paper is marked ≈; one whose interval misses it is not."""
-    near = (0.37, 0.39, 0.40)          # Standard, ListOps; the paper prints 38.15
-    far = (0.300, 0.302, 0.304)        # Skeinformer, ListOps; the paper prints 38.73: a tight interval far below
+    near = (0.37, 0.39, 0.40)  # Standard, ListOps; the paper prints 38.15
+    far = (0.300, 0.302, 0.304)  # Skeinformer, ListOps; the paper prints 38.73: a tight interval far below
     for seed, (a, b) in enumerate(zip(near, far)):
         make_record(tmp_path, "softmax", seed, preset=P, test_acc=a)
         make_record(tmp_path, "skeinformer", seed, preset=P, test_acc=b)
-    make_record(tmp_path, "performer", 0, preset=P, test_acc=0.38)   # one seed: not testable, no mark
+    make_record(tmp_path, "performer", 0, preset=P, test_acc=0.38)  # one seed: not testable, no mark
     res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False, style="full")
     t1 = res.tables[(P, "skeinformer_table1")]
     for attn, accs in (("softmax", near), ("skeinformer", far)):
@@ -133,11 +133,11 @@ def test_delta_interval_and_paper_mark(tmp_path):
         c = cell(t1, attn)
         assert (c.delta_low, c.delta_high) == (pytest.approx(lo - p), pytest.approx(hi - p))
         covered = lo <= p <= hi
-        assert covered == (attn == "softmax")            # the data were chosen so
+        assert covered == (attn == "softmax")  # the data were chosen so
         assert c.paper_test == (CANNOT_SEPARATE if covered else SEPARATED)
         assert [m for m, _ in marks(c, standard=False)] == ([PAPER_MARK] if covered else [])
     md = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
-    j = 6   # Model | Text ours, paper, Δ | ListOps ours, paper, Δ: ListOps Δ is the 7th cell
+    j = 6  # Model | Text ours, paper, Δ | ListOps ours, paper, Δ: ListOps Δ is the 7th cell
     soft, skein, perf = md_row(md, "Standard"), md_row(md, "Skeinformer"), md_row(md, "Performer")
     assert soft[j].endswith(f" {PAPER_MARK}") and PAPER_MARK not in skein[j]
     c = cell(t1, "softmax")
@@ -150,21 +150,21 @@ def test_delta_interval_and_paper_mark(tmp_path):
 
 def test_standard_row_comparison_is_welch(tmp_path):
     soft = (0.40, 0.42, 0.38)
-    close = (0.39, 0.41, 0.40)       # Performer: cannot be told apart from Standard
-    far = (0.30, 0.31, 0.30)         # Skeinformer: clearly below
+    close = (0.39, 0.41, 0.40)  # Performer: cannot be told apart from Standard
+    far = (0.30, 0.31, 0.30)  # Skeinformer: clearly below
     for seed, a in enumerate(soft):
         make_record(tmp_path, "softmax", seed, test_acc=a)
         make_record(tmp_path, "skeinformer", seed, test_acc=far[seed])
     for seed, a in enumerate(close):
         make_record(tmp_path, "performer", seed, test_acc=a)
-    make_record(tmp_path, "bigbird", 0, test_acc=0.41)                  # one seed: no claim
-    make_record(tmp_path, "softmax", 0, task="text", test_acc=0.6)      # Standard has one seed on Text ...
-    for seed, a in enumerate((0.55, 0.57, 0.56)):                       # ... Performer three: not testable
+    make_record(tmp_path, "bigbird", 0, test_acc=0.41)  # one seed: no claim
+    make_record(tmp_path, "softmax", 0, task="text", test_acc=0.6)  # Standard has one seed on Text ...
+    for seed, a in enumerate((0.55, 0.57, 0.56)):  # ... Performer three: not testable
         make_record(tmp_path, "performer", seed, task="text", test_acc=a)
     runs, _ = load_runs(tmp_path)
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     base = cell(t1, "softmax")
-    assert base.base_test == "" and marks(base) == []                   # the reference itself
+    assert base.base_test == "" and marks(base) == []  # the reference itself
     for attn, accs, want in (("performer", close, CANNOT_SEPARATE), ("skeinformer", far, SEPARATED)):
         c = cell(t1, attn)
         lo, hi = scipy_welch(100 * np.array(accs), 100 * np.array(soft))
@@ -175,7 +175,7 @@ def test_standard_row_comparison_is_welch(tmp_path):
     assert "cannot separate this row from Standard" in marks(cell(t1, "performer"))[0][1]
     assert marks(cell(t1, "skeinformer")) == []
     one = cell(t1, "bigbird")
-    assert one.base_test == NOT_TESTABLE and marks(one) == []           # its own text says "one seed"
+    assert one.base_test == NOT_TESTABLE and marks(one) == []  # its own text says "one seed"
     text = cell(t1, "performer", "text")
     assert text.base_test == NOT_TESTABLE and [m for m, _ in marks(text)] == [UNTESTED_MARK]
     md = to_markdown(t1)
@@ -199,13 +199,13 @@ def test_legend_under_markdown_and_latex(tmp_path):
         md, tex = to_markdown(built), to_latex(built)
         lines = legend(built)
         assert lines and all(f"- {x}" in md for x in lines)
-        assert md.index(lines[0]) > md.index("| Performer |")             # under the table
+        assert md.index(lines[0]) > md.index("| Performer |")  # under the table
         assert "95\\% t-interval" in tex and r"\textdagger{}" in tex
         assert tex.index(r"\end{tabular}") < tex.index("95\\% t-interval") < tex.index(r"\end{table}")
         assert ("Δ [low, high]" in md) == built.compare and (r"$\approx$ after" in tex) == built.compare
         assert f"{BASELINE_MARK} after our value" in md and "Welch" in md
     assert "Average: an interval only when every task has the same seeds" in to_markdown(plain)
-    t4 = build(SPEC["skeinformer_table4"], runs, P, style="full")         # settings only: nothing to explain
+    t4 = build(SPEC["skeinformer_table4"], runs, P, style="full")  # settings only: nothing to explain
     assert legend(t4) == [] and "95% t-interval" not in to_markdown(t4)
 
 
@@ -216,19 +216,28 @@ def test_csv_bounds_are_numeric(tmp_path):
     make_record(tmp_path, "none", 0, preset=P, test_acc=0.2)
     res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False, formats=("csv",))
     df = pd.read_csv(tmp_path / "out" / P / "skeinformer_table1.csv").set_index("attn")
-    for col in ("listops:acc:ci95_low", "listops:acc:ci95_high", "listops:acc:delta_ci95_low",
-                "listops:acc:delta_ci95_high", "listops:acc:vs_baseline_ci95_low", "listops:acc:vs_baseline_ci95_high",
-                "listops:acc:vs_baseline_diff", "average:acc:ci95_low"):
+    for col in (
+        "listops:acc:ci95_low",
+        "listops:acc:ci95_high",
+        "listops:acc:delta_ci95_low",
+        "listops:acc:delta_ci95_high",
+        "listops:acc:vs_baseline_ci95_low",
+        "listops:acc:vs_baseline_ci95_high",
+        "listops:acc:vs_baseline_diff",
+        "average:acc:ci95_low",
+    ):
         assert pd.api.types.is_float_dtype(df[col]), col
     xs = np.array([40.0, 42.0, 38.0])
     lo, hi = st.t.interval(0.95, 2, loc=xs.mean(), scale=st.sem(xs))
     p = paper_value("skeinformer", "table1", "softmax", "listops")
     s = df.loc["softmax"]
-    assert (s["listops:acc:ci95_low"], s["listops:acc:ci95_high"]) == (pytest.approx(lo, abs=1e-6),
-                                                                        pytest.approx(hi, abs=1e-6))
+    assert (s["listops:acc:ci95_low"], s["listops:acc:ci95_high"]) == (
+        pytest.approx(lo, abs=1e-6),
+        pytest.approx(hi, abs=1e-6),
+    )
     assert s["listops:acc:delta_ci95_low"] == pytest.approx(lo - p, abs=1e-6)
     assert s["listops:acc:vs_paper"] == (CANNOT_SEPARATE if lo <= p <= hi else SEPARATED)
-    assert pd.isna(s["listops:acc:vs_baseline"])                          # the reference is not compared
+    assert pd.isna(s["listops:acc:vs_baseline"])  # the reference is not compared
     perf = df.loc["performer"]
     wl, wh = scipy_welch(xs - 1, xs)
     assert perf["listops:acc:vs_baseline_ci95_low"] == pytest.approx(wl, abs=1e-6)
@@ -237,9 +246,9 @@ def test_csv_bounds_are_numeric(tmp_path):
     none = df.loc["none"]
     assert pd.isna(none["listops:acc:ci95_low"]) and none["listops:acc:vs_baseline"] == NOT_TESTABLE
     t4 = pd.read_csv(tmp_path / "out" / P / "skeinformer_table4.csv")
-    assert not [c for c in t4.columns if "ci95" in c]                    # settings: no interval columns
+    assert not [c for c in t4.columns if "ci95" in c]  # settings: no interval columns
     assert res.tables[(P, "skeinformer_table1")].compare
-    assert set(df["baseline"].fillna("")) == {"", "softmax"}               # which row each comparison used
+    assert set(df["baseline"].fillna("")) == {"", "softmax"}  # which row each comparison used
 
 
 def test_average_interval_only_over_the_same_seeds(tmp_path):
@@ -249,21 +258,22 @@ def test_average_interval_only_over_the_same_seeds(tmp_path):
         for seed, a in enumerate(acc[t]):
             make_record(tmp_path, "softmax", seed, task=t, test_acc=a)
             make_record(tmp_path, "performer", seed, task=t, test_acc=a)
-        if t != "image":                                                  # Performer has a 4th seed but on Image
+        if t != "image":  # Performer has a 4th seed but on Image
             make_record(tmp_path, "performer", 3, task=t, test_acc=acc[t][0])
     runs, _ = load_runs(tmp_path)
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     avg = cell(t1, "softmax", "average")
     per_seed = 100 * np.array([[acc[t][s] for t in tasks] for s in range(3)]).mean(axis=1)
-    assert avg.mean == pytest.approx(per_seed.mean())                     # the same number as before
+    assert avg.mean == pytest.approx(per_seed.mean())  # the same number as before
     lo, hi = st.t.interval(0.95, 2, loc=per_seed.mean(), scale=st.sem(per_seed))
     assert (avg.ci_low, avg.ci_high) == (pytest.approx(lo), pytest.approx(hi))
     pavg = cell(t1, "performer", "average")
-    assert pavg.mean == pytest.approx(np.mean([100 * np.mean(acc[t] + (() if t == "image" else acc[t][:1]))
-                                               for t in tasks]))
+    assert pavg.mean == pytest.approx(
+        np.mean([100 * np.mean(acc[t] + (() if t == "image" else acc[t][:1])) for t in tasks])
+    )
     assert math.isnan(pavg.ci_low) and pavg.ci_note == "seeds differ by task"
     assert interval_text(pavg, "acc") == ""
-    assert pavg.base_test == NOT_TESTABLE and marks(pavg) == []           # no interval, no claim
+    assert pavg.base_test == NOT_TESTABLE and marks(pavg) == []  # no interval, no claim
 
 
 def test_summary_has_interval_half_widths(tmp_path):
@@ -289,5 +299,7 @@ def test_marked_tables_are_byte_identical_on_rerun(tmp_path):
     names = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a" / "quick").rglob("*") if p.is_file())
     assert names and all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
     assert BASELINE_MARK in (tmp_path / "a" / "quick" / "skeinformer_table1.md").read_text()
-    assert to_csv(build(SPEC["skeinformer_table1"], load_runs(tmp_path / "runs")[0], "quick", compare=True)) == \
-        (tmp_path / "a" / "quick" / "skeinformer_table1.csv").read_text()
+    assert (
+        to_csv(build(SPEC["skeinformer_table1"], load_runs(tmp_path / "runs")[0], "quick", compare=True))
+        == (tmp_path / "a" / "quick" / "skeinformer_table1.csv").read_text()
+    )

@@ -35,17 +35,30 @@ class _Record(L.Callback):
         self.rows = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.rows.append((batch_idx, trainer.fit_loop.epoch_loop._should_accumulate(),
-                          compat.should_accumulate(trainer, batch_idx),
-                          compat._should_accumulate_fallback(trainer, batch_idx)))
+        self.rows.append(
+            (
+                batch_idx,
+                trainer.fit_loop.epoch_loop._should_accumulate(),
+                compat.should_accumulate(trainer, batch_idx),
+                compat._should_accumulate_fallback(trainer, batch_idx),
+            )
+        )
 
 
 def _fit(accumulate: int, batches: int = 7, epochs: int = 2) -> list:
     rec = _Record()
     data = DataLoader(TensorDataset(torch.randn(batches, 2)), batch_size=1)
-    trainer = L.Trainer(max_epochs=epochs, accumulate_grad_batches=accumulate, callbacks=[rec], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accumulate_grad_batches=accumulate,
+        callbacks=[rec],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(_Tiny(), data)
     return rec.rows
 
@@ -111,8 +124,13 @@ def test_fake_tensor_mode_and_fake_copy_real_and_fallback(monkeypatch):
     assert "\n" not in str(e.value) and "hardware.micro_batch" in str(e.value)
 
 
-@pytest.mark.parametrize("module,call", [("torch._subclasses.fake_tensor", compat.fake_tensor_mode),
-                                         ("torch.distributed._tools.mem_tracker", compat.mem_tracker)])
+@pytest.mark.parametrize(
+    "module,call",
+    [
+        ("torch._subclasses.fake_tensor", compat.fake_tensor_mode),
+        ("torch.distributed._tools.mem_tracker", compat.mem_tracker),
+    ],
+)
 def test_missing_private_torch_module_is_one_line(monkeypatch, module, call):
     monkeypatch.setitem(sys.modules, module, None)  # what `import` sees when the module is gone
     with pytest.raises(CompatError) as e:

@@ -87,18 +87,32 @@ FAST_EQUALITY = {"softmax", "bigbird", "skeinformer", "yoso"}
 
 def cases(fast=None):
     """Every registered name with SMALL options, then the VARIANTS; names outside ``fast`` marked slow."""
+
     def param(name, opts, id_):
         marks = [pytest.mark.slow] if fast is not None and (name not in fast or id_ != name) else []
         return pytest.param(name, opts, id=id_, marks=marks)
-    return ([param(name, SMALL.get(name, {}), name) for name in attention.available()]
-            + [param(name, {**SMALL.get(name, {}), **opts}, name + "-" + "-".join(f"{k}={v}" for k, v in opts.items()))
-               for name, opts in VARIANTS])
+
+    return [param(name, SMALL.get(name, {}), name) for name in attention.available()] + [
+        param(name, {**SMALL.get(name, {}), **opts}, name + "-" + "-".join(f"{k}={v}" for k, v in opts.items()))
+        for name, opts in VARIANTS
+    ]
 
 
 def make_model(name, opts):
     torch.manual_seed(0)
-    return LRAClassifier(vocab_size=16, seq_len=N, num_classes=4, attn_name=name, attn_options=opts, dim=32,
-                         hidden=64, num_layers=2, num_heads=2, head_dim=16, head_hidden=32)
+    return LRAClassifier(
+        vocab_size=16,
+        seq_len=N,
+        num_classes=4,
+        attn_name=name,
+        attn_options=opts,
+        dim=32,
+        hidden=64,
+        num_layers=2,
+        num_heads=2,
+        head_dim=16,
+        head_hidden=32,
+    )
 
 
 def padding_patterns():
@@ -124,6 +138,7 @@ def batch():
 def loss_fn(model):
     def step(tokens, mask, labels):
         return loss_and_correct(model(tokens, mask), labels)[0]
+
     return step
 
 
@@ -169,8 +184,10 @@ def check_compile_declaration(name, opts):
     if counter.graphs != 1:
         torch._dynamo.reset()
         reasons = break_reasons(loss_fn(model), padding_patterns()[0])
-        raise AssertionError(f"{name}: {counter.graphs} graphs over {len(padding_patterns())} padding patterns; "
-                             f"graph breaks: {reasons}")
+        raise AssertionError(
+            f"{name}: {counter.graphs} graphs over {len(padding_patterns())} padding patterns; "
+            f"graph breaks: {reasons}"
+        )
     model.eval()
     with torch.no_grad():
         for mask in padding_patterns():
@@ -199,8 +216,11 @@ def test_the_check_catches_a_data_dependent_backend(monkeypatch):
     attention.available()  # load the real registry first
     monkeypatch.setitem(registry._REGISTRY, "truncated", registry._Entry("truncated", TruncatedSoftmax))
     check_compile_declaration("truncated", {})
-    monkeypatch.setitem(registry._REGISTRY, "truncated", registry._Entry(
-        "truncated", TruncatedSoftmax, capabilities=attention.Capabilities(compiles=True)))
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "truncated",
+        registry._Entry("truncated", TruncatedSoftmax, capabilities=attention.Capabilities(compiles=True)),
+    )
     with pytest.raises(AssertionError, match="graph breaks: .*item"):
         check_compile_declaration("truncated", {})
 

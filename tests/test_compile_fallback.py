@@ -65,8 +65,11 @@ def _run(root, name, monkeypatch, *overrides) -> tuple[dict, LitLRA, dict]:
     def on_fit_start(self):  # the real hook, watched: RNG states, gradients and mode around the compilation
         before = (torch.get_rng_state(), random.getstate())
         real(self)
-        seen.update(rng_kept=torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate(),
-                    grads=[p.grad for p in self.parameters() if p.grad is not None], training=self.model.training)
+        seen.update(
+            rng_kept=torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate(),
+            grads=[p.grad for p in self.parameters() if p.grad is not None],
+            training=self.model.training,
+        )
 
     monkeypatch.setattr(LitLRA, "on_fit_start", on_fit_start)
     monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [keep])
@@ -74,8 +77,7 @@ def _run(root, name, monkeypatch, *overrides) -> tuple[dict, LitLRA, dict]:
     return lra_train.run(spec), keep.lit, seen
 
 
-def test_auto_falls_back_to_eager_with_one_warning_and_says_so_in_the_record(root, monkeypatch, auto_compiles,
-                                                                             caplog):
+def test_auto_falls_back_to_eager_with_one_warning_and_says_so_in_the_record(root, monkeypatch, auto_compiles, caplog):
     monkeypatch.setattr(lra.module, "COMPILE_BACKEND", broken_backend)
     caplog.set_level(logging.INFO)
     rec, lit, seen = _run(root, "auto_broken", monkeypatch)
@@ -83,8 +85,12 @@ def test_auto_falls_back_to_eager_with_one_warning_and_says_so_in_the_record(roo
     assert "BackendCompilerFailed" in lit.compile_note and "no working triton" in lit.compile_note
     assert lit.compile_note.startswith("torch.compile failed (") and lit.compile_note.endswith("): ran eager")
     assert seen == {"rng_kept": True, "grads": [], "training": True}
-    said = [r for r in caplog.records if r.levelno >= logging.WARNING
-            and (r.name.startswith(("lra.module", "torch")) or "torch.compile" in r.getMessage())]
+    said = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING
+        and (r.name.startswith(("lra.module", "torch")) or "torch.compile" in r.getMessage())
+    ]
     assert len(said) == 1 and said[0].name == "lra.module", [r.getMessage() for r in said]
     msg = said[0].getMessage()
     assert "'softmax'" in msg and "no working triton" in msg and msg.endswith("running eager") and "\n" not in msg

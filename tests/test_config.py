@@ -76,8 +76,9 @@ def test_option_precedence_backend_variant_preset_task_command_line():
     assert load(["attn=softmax_nodrop", "experiment=quick"]).attn.options["dropout"] == 0.0
     paper = load(["attn=softmax_nodrop", "experiment=skeinformer_paper"]).attn
     assert paper.options["impl"] == "materialized" and paper.preset_options == {"impl": "materialized"}
-    cli = load(["attn=softmax_nodrop", "experiment=skeinformer_paper", "attn.options.impl=fused",
-                "attn.options.dropout=0.2"]).attn
+    cli = load(
+        ["attn=softmax_nodrop", "experiment=skeinformer_paper", "attn.options.impl=fused", "attn.options.dropout=0.2"]
+    ).attn
     assert (cli.options["impl"], cli.options["dropout"], cli.preset_options) == ("fused", 0.2, {})
     # protocol.<task>.attn_options beats the preset-wide table (the Nyströmformer preset's YOSO hash bits)
     assert load(["attn=yoso", "experiment=nystromformer_paper", "task=image"]).attn.options["hash_bits"] == 10
@@ -91,28 +92,39 @@ def test_describe_shows_type_default_range_and_meaning():
     assert attention.describe("skeinformer")["options"]["num_features"] == 256  # still a dict for programs
 
 
-@pytest.mark.parametrize("override,key", [
-    ("seed=1.5", "seed=1.5"), ("train.max_steps=0", "train.max_steps=0"), ("train.eval_every=0", "train.eval_every=0"),
-    ("train.batch_size=0", "train.batch_size=0"), ("train.test_ckpt=middle", "train.test_ckpt='middle'"),
-    ("+task.path=/nonexistent/listops", "task.path='/nonexistent/listops'"), ("trainer.num_workers=-1", "trainer.num_workers=-1"),
-    ("+train.bogus=1", "train.bogus"), ("trainer.precision=fp8", "trainer.precision='fp8'"),
-    ("attn.options.impl=flash", "'impl'='flash'"), ("hardware.micro_batch=5", "hardware.micro_batch=5"),
-    # a string is no boolean: bool("no") is True, and force=true retrains a finished run
-    ("force=no", "force='no'"), ("force=off", "force='off'"), ("trainer.progress=maybe", "trainer.progress='maybe'"),
-    ("trainer.deterministic=flase", "trainer.deterministic='flase'"),
-    # numbers that cannot run (NaN passes every comparison; a huge seed failed in numpy after the folder existed)
-    ("train.lr=inf", "train.lr=inf is not allowed: a finite number >= 0.0"),
-    ("train.lr=nan", "train.lr=nan is not allowed"),
-    ("train.weight_decay=nan", "train.weight_decay=nan is not allowed"),
-    ("train.select_after=-inf", "train.select_after=-inf is not allowed"),
-    ("seed=99999999999999999999", "seed=99999999999999999999 is not allowed: an integer in [0, 4294967295]"),
-    ("attn=external", "attn.target is missing: attn=external needs"),
-    # every boolean is strict, every count an integer in range (bool('no') is True; n_train=-3 crashes late)
-    ("task.generate=no", "task.generate='no' is not allowed: true or false"),
-    ("fit.cache=maybe", "fit.cache='maybe' is not allowed: true or false"),
-    ("protocol.listops.data.n_train=-3", "task.generator.n_train=-3 is not allowed: an integer >= 1"),
-    ("trainer.log_every_n_steps=abc", "trainer.log_every_n_steps='abc' is not allowed"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("seed=1.5", "seed=1.5"),
+        ("train.max_steps=0", "train.max_steps=0"),
+        ("train.eval_every=0", "train.eval_every=0"),
+        ("train.batch_size=0", "train.batch_size=0"),
+        ("train.test_ckpt=middle", "train.test_ckpt='middle'"),
+        ("+task.path=/nonexistent/listops", "task.path='/nonexistent/listops'"),
+        ("trainer.num_workers=-1", "trainer.num_workers=-1"),
+        ("+train.bogus=1", "train.bogus"),
+        ("trainer.precision=fp8", "trainer.precision='fp8'"),
+        ("attn.options.impl=flash", "'impl'='flash'"),
+        ("hardware.micro_batch=5", "hardware.micro_batch=5"),
+        # a string is no boolean: bool("no") is True, and force=true retrains a finished run
+        ("force=no", "force='no'"),
+        ("force=off", "force='off'"),
+        ("trainer.progress=maybe", "trainer.progress='maybe'"),
+        ("trainer.deterministic=flase", "trainer.deterministic='flase'"),
+        # numbers that cannot run (NaN passes every comparison; a huge seed failed in numpy after the folder existed)
+        ("train.lr=inf", "train.lr=inf is not allowed: a finite number >= 0.0"),
+        ("train.lr=nan", "train.lr=nan is not allowed"),
+        ("train.weight_decay=nan", "train.weight_decay=nan is not allowed"),
+        ("train.select_after=-inf", "train.select_after=-inf is not allowed"),
+        ("seed=99999999999999999999", "seed=99999999999999999999 is not allowed: an integer in [0, 4294967295]"),
+        ("attn=external", "attn.target is missing: attn=external needs"),
+        # every boolean is strict, every count an integer in range (bool('no') is True; n_train=-3 crashes late)
+        ("task.generate=no", "task.generate='no' is not allowed: true or false"),
+        ("fit.cache=maybe", "fit.cache='maybe' is not allowed: true or false"),
+        ("protocol.listops.data.n_train=-3", "task.generator.n_train=-3 is not allowed: an integer >= 1"),
+        ("trainer.log_every_n_steps=abc", "trainer.log_every_n_steps='abc' is not allowed"),
+    ],
+)
 def test_bad_values_are_one_line_naming_key_and_value(override, key):
     with pytest.raises(ConfigError) as e:
         load(["experiment=quick", override])
@@ -122,8 +134,13 @@ def test_bad_values_are_one_line_naming_key_and_value(override, key):
 def test_train_refuses_bad_input_before_any_folder_exists(tmp_path):
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     for bad in ("seed=1.5", "attn=skeinformer attn.options.num_features=0", "attn=linformer attn.options.nope=3"):
-        proc = subprocess.run([sys.executable, "-m", "lra.train", "experiment=quick", *bad.split()], env=env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "lra.train", "experiment=quick", *bad.split()],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         err = proc.stderr.strip()
         assert proc.returncode == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
         assert "Traceback" not in proc.stdout + proc.stderr
@@ -134,8 +151,13 @@ def test_fit_cli_takes_options_without_plus_and_rejects_bad_ones(tmp_path):
     env = {**os.environ, "LRA_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"}
 
     def fit(*args):
-        return subprocess.run([sys.executable, "-m", "lra.fit", "task=listops", "experiment=quick", "hardware=cpu", *args],
-                              env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "lra.fit", "task=listops", "experiment=quick", "hardware=cpu", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     ok = fit("attn=nystrom", "attn.options.landmarks=16")
     assert ok.returncode == 0 and "'landmarks': 16" in ok.stdout, ok.stderr
@@ -165,50 +187,83 @@ def test_resolved_data_spec_is_typed_and_keeps_the_node_it_hashes():
     assert built.options == dataclasses.asdict(built.spec) and built.options["max_length"] == 512
 
 
-@pytest.mark.parametrize("override,message", [
-    ("+task.tokenzier=alnum", "task.tokenzier='alnum' is not allowed: not a key of task; valid keys: dirname, dual, "
-                              "generate, generator, max_examples, max_length, name, num_classes, path, seq_len, "
-                              "tokenizer, vocab_size"),
-    ("+task.generator.n_trian=5", "task.generator.n_trian=5 is not allowed: not a key of task.generator; valid keys: "
-                                  "max_args, max_depth, max_length, min_length, n_test, n_train, n_val, seed"),
-    ("+task.max_examples.dev=3", "task.max_examples.dev=3 is not allowed: not a key of task.max_examples; valid keys: "
-                                 "test, train, val"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "+task.tokenzier=alnum",
+            "task.tokenzier='alnum' is not allowed: not a key of task; valid keys: dirname, dual, "
+            "generate, generator, max_examples, max_length, name, num_classes, path, seq_len, "
+            "tokenizer, vocab_size",
+        ),
+        (
+            "+task.generator.n_trian=5",
+            "task.generator.n_trian=5 is not allowed: not a key of task.generator; valid keys: "
+            "max_args, max_depth, max_length, min_length, n_test, n_train, n_val, seed",
+        ),
+        (
+            "+task.max_examples.dev=3",
+            "task.max_examples.dev=3 is not allowed: not a key of task.max_examples; valid keys: " "test, train, val",
+        ),
+    ],
+)
 def test_a_typo_in_a_task_key_is_one_line_naming_the_valid_keys(override, message):
     with pytest.raises(ConfigError) as e:
         load(["experiment=quick", "task=listops", override])
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ("task=listops task.tokenizer=words", "task.tokenizer='words' is not allowed: one of brackets, alnum"),
-    ("task=listops task.max_length=abc", "task.max_length='abc' is not allowed: an integer >= 1 or null"),
-    ("task=listops task.generator.max_depth=1", "task.generator.max_depth=1 is not allowed: an integer >= 2"),
-    ("task=listops task.generator.min_length=119", "task.generator.min_length=119 is not allowed: an integer below"),
-    ("task=text task.dev_split=dev", "task.dev_split='dev' is not allowed: one of carve, test"),
-    ("task=text task.val_fraction=1.0", "task.val_fraction=1.0 is not allowed: a finite number in (0.0, 1.0)"),
-    ("task=text task.split_seed=-1", "task.split_seed=-1 is not allowed: an integer in [0, 4294967295]"),
-    ("task=retrieval task.download=maybe", "task.download='maybe' is not allowed: true or false"),
-    ("task=retrieval task.dual=false", "task.dual=False is not allowed: true for task retrieval"),
-    ("task=image task.grayscale=rgb", "task.grayscale='rgb' is not allowed: one of luminance, tf"),
-    ("task=image task.mask=zero", "task.mask='zero' is not allowed: one of all, nonzero"),
-    ("task=pathfinder task.difficulty=medium", "task.difficulty='medium' is not allowed: one of easy, intermediate"),
-    ("task=pathfinder task.seq_len=4096", "task.seq_len=4096 is not allowed: 1024, the pixels of pathfinder32 images"),
-    ("task=pathfinder task.n_images=0", "task.n_images=0 is not allowed: an integer >= 1 or null"),
-    ("task=pathfinder task.generator.chunk=0", "task.generator.chunk=0 is not allowed: an integer >= 1"),
-    ("task=pathfinder task.max_examples={val:0}", "task.max_examples.val=0 is not allowed: an integer >= 1 or null"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ("task=listops task.tokenizer=words", "task.tokenizer='words' is not allowed: one of brackets, alnum"),
+        ("task=listops task.max_length=abc", "task.max_length='abc' is not allowed: an integer >= 1 or null"),
+        ("task=listops task.generator.max_depth=1", "task.generator.max_depth=1 is not allowed: an integer >= 2"),
+        (
+            "task=listops task.generator.min_length=119",
+            "task.generator.min_length=119 is not allowed: an integer below",
+        ),
+        ("task=text task.dev_split=dev", "task.dev_split='dev' is not allowed: one of carve, test"),
+        ("task=text task.val_fraction=1.0", "task.val_fraction=1.0 is not allowed: a finite number in (0.0, 1.0)"),
+        ("task=text task.split_seed=-1", "task.split_seed=-1 is not allowed: an integer in [0, 4294967295]"),
+        ("task=retrieval task.download=maybe", "task.download='maybe' is not allowed: true or false"),
+        ("task=retrieval task.dual=false", "task.dual=False is not allowed: true for task retrieval"),
+        ("task=image task.grayscale=rgb", "task.grayscale='rgb' is not allowed: one of luminance, tf"),
+        ("task=image task.mask=zero", "task.mask='zero' is not allowed: one of all, nonzero"),
+        (
+            "task=pathfinder task.difficulty=medium",
+            "task.difficulty='medium' is not allowed: one of easy, intermediate",
+        ),
+        (
+            "task=pathfinder task.seq_len=4096",
+            "task.seq_len=4096 is not allowed: 1024, the pixels of pathfinder32 images",
+        ),
+        ("task=pathfinder task.n_images=0", "task.n_images=0 is not allowed: an integer >= 1 or null"),
+        ("task=pathfinder task.generator.chunk=0", "task.generator.chunk=0 is not allowed: an integer >= 1"),
+        (
+            "task=pathfinder task.max_examples={val:0}",
+            "task.max_examples.val=0 is not allowed: an integer >= 1 or null",
+        ),
+    ],
+)
 def test_each_task_spec_checks_its_values_when_the_config_is_resolved(overrides, message):
     with pytest.raises(ConfigError) as e:
         load(["experiment=quick", *overrides.split()])
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("cls,bad", [
-    (ListOpsSpec, {"generate": "yes"}), (TextSpec, {"max_length": 4000.0}), (RetrievalSpec, {"seq_len": "4096"}),
-    (ImageSpec, {"val_fraction": "0.1"}), (PathfinderSpec, {"resolution": 48}), (ListOpsSpec, {"name": "text"}),
-    (ListOpsSpec, {"generator": {"seed": 0}}),  # a nested node is its dataclass (task_spec builds it from a dict)
-])
+@pytest.mark.parametrize(
+    "cls,bad",
+    [
+        (ListOpsSpec, {"generate": "yes"}),
+        (TextSpec, {"max_length": 4000.0}),
+        (RetrievalSpec, {"seq_len": "4096"}),
+        (ImageSpec, {"val_fraction": "0.1"}),
+        (PathfinderSpec, {"resolution": 48}),
+        (ListOpsSpec, {"name": "text"}),
+        (ListOpsSpec, {"generator": {"seed": 0}}),  # a nested node is its dataclass (task_spec builds it from a dict)
+    ],
+)
 def test_a_spec_built_in_code_is_type_checked_too(cls, bad):
     with pytest.raises(ConfigError, match=f"task.{next(iter(bad))}="):
         cls(**bad)
@@ -221,9 +276,14 @@ def test_the_config_layer_owns_config_error_and_the_task_specs():
         task_spec({"name": "mnist"})
 
 
-@pytest.mark.parametrize("override,node,some_key", [("task.tokenzier=x", "task", "tokenizer"),
-                                                    ("train.lrr=1", "train", "lr"),
-                                                    ("model.dropuot=0.2", "model", "dropout")])
+@pytest.mark.parametrize(
+    "override,node,some_key",
+    [
+        ("task.tokenzier=x", "task", "tokenizer"),
+        ("train.lrr=1", "train", "lr"),
+        ("model.dropuot=0.2", "model", "dropout"),
+    ],
+)
 def test_a_typo_in_a_key_lists_the_keys_of_its_node(override, node, some_key):
     """Hydra's own refusal ("Key ... is not in struct") says only what is wrong; the line also says what is right."""
     with pytest.raises(ConfigError) as e:

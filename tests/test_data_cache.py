@@ -17,8 +17,10 @@ from lra.data.registry import limit_examples
 
 def splits(n=1000, L=1024):
     rng = np.random.default_rng(0)
-    return {s: Split(rng.integers(0, 256, (n, L), dtype=np.uint8), np.full(n, L, np.int32),
-                     rng.integers(0, 2, n)) for s in ("train", "val", "test")}
+    return {
+        s: Split(rng.integers(0, 256, (n, L), dtype=np.uint8), np.full(n, L, np.int32), rng.integers(0, 2, n))
+        for s in ("train", "val", "test")
+    }
 
 
 def test_built_once_then_memory_mapped(tmp_path):
@@ -93,8 +95,10 @@ def test_iter_tar_streams_only_wanted_members(tmp_path):
             data = name.encode()
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    got = {n: f.read() for n, f in release.iter_tar(p, lambda n: n.endswith("c.txt") or n.endswith("a.txt"),
-                                                      progress=False)}
+    got = {
+        n: f.read()
+        for n, f in release.iter_tar(p, lambda n: n.endswith("c.txt") or n.endswith("a.txt"), progress=False)
+    }
     assert got == {"lra_release/a.txt": b"lra_release/a.txt", "lra_release/sub/c.txt": b"lra_release/sub/c.txt"}
     p.write_bytes(b"\x1f\x8b garbage")
     with pytest.raises(DataError, match="cannot read this archive"):
@@ -112,19 +116,23 @@ def _tar_bytes(n=5):
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("how", ["cut after a member", "cut inside a member", "no end block", "garbage after",
-                                 "gzip of a cut tar"])
+@pytest.mark.parametrize(
+    "how", ["cut after a member", "cut inside a member", "no end block", "garbage after", "gzip of a cut tar"]
+)
 def test_iter_tar_refuses_archives_tarfile_reads_quietly(tmp_path, how):
     """Whatever reads through iter_tar (Text, Retrieval, Pathfinder, Image archives) gets a DataError
     naming the file instead of the members before the damage."""
     import gzip
+
     data = _tar_bytes()
     members_end = -(-len(data.rstrip(b"\0")) // 512) * 512
-    bad = {"cut after a member": data[:512 * 2],  # header + data of f0, nothing more
-           "cut inside a member": data[:512 * 4],
-           "no end block": data[:members_end],
-           "garbage after": data[:members_end] + b"\x01" * 512 + b"\0" * 1024,
-           "gzip of a cut tar": gzip.compress(data[:512 * 2])}[how]
+    bad = {
+        "cut after a member": data[: 512 * 2],  # header + data of f0, nothing more
+        "cut inside a member": data[: 512 * 4],
+        "no end block": data[:members_end],
+        "garbage after": data[:members_end] + b"\x01" * 512 + b"\0" * 1024,
+        "gzip of a cut tar": gzip.compress(data[: 512 * 2]),
+    }[how]
     path = tmp_path / ("a.tar.gz" if "gzip" in how else "a.tar")
     path.write_bytes(bad)
     with pytest.raises(DataError) as e:
@@ -135,7 +143,7 @@ def test_iter_tar_refuses_archives_tarfile_reads_quietly(tmp_path, how):
 def test_iter_tar_reads_whole_archives_with_one_or_two_end_blocks(tmp_path):
     data = _tar_bytes()
     members_end = -(-len(data.rstrip(b"\0")) // 512) * 512
-    for i, blob in enumerate((data, data[:members_end + 512], data[:members_end + 1024])):
+    for i, blob in enumerate((data, data[: members_end + 512], data[: members_end + 1024])):
         path = tmp_path / f"{i}.tar"
         path.write_bytes(blob)
         got = {n: f.read() for n, f in release.iter_tar(path, lambda n: True, progress=False)}
@@ -144,21 +152,34 @@ def test_iter_tar_reads_whole_archives_with_one_or_two_end_blocks(tmp_path):
 
 def _truncate(path, keep):
     data = path.read_bytes()
-    path.write_bytes(data[:keep(len(data))])
+    path.write_bytes(data[: keep(len(data))])
 
 
-@pytest.mark.parametrize("damage", [
-    lambda e: _truncate(e / "train.tokens.npy", lambda n: n - 10),        # cut inside the data
-    lambda e: _truncate(e / "val.labels.npy", lambda n: 60),              # cut inside the header
-    lambda e: (e / "test.lengths.npy").write_bytes(b""),
-    lambda e: (e / "train.lengths.npy").unlink(),
-    lambda e: _truncate(e / "meta.json", lambda n: n // 2),               # partial JSON
-    lambda e: (e / "meta.json").write_text("[1, 2]"),
-    lambda e: (e / "meta.json").unlink(),
-    lambda e: np.save(e / "val.tokens.npy", np.zeros((7, 8), np.uint8)),  # fewer rows than meta.json says
-    lambda e: np.save(e / "val.tokens.npy", np.zeros((10, 9), np.uint8)),  # other shape, same rows
-], ids=["npy-data", "npy-header", "npy-empty", "npy-missing", "meta-partial", "meta-wrong", "meta-missing",
-        "rows", "shape"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda e: _truncate(e / "train.tokens.npy", lambda n: n - 10),  # cut inside the data
+        lambda e: _truncate(e / "val.labels.npy", lambda n: 60),  # cut inside the header
+        lambda e: (e / "test.lengths.npy").write_bytes(b""),
+        lambda e: (e / "train.lengths.npy").unlink(),
+        lambda e: _truncate(e / "meta.json", lambda n: n // 2),  # partial JSON
+        lambda e: (e / "meta.json").write_text("[1, 2]"),
+        lambda e: (e / "meta.json").unlink(),
+        lambda e: np.save(e / "val.tokens.npy", np.zeros((7, 8), np.uint8)),  # fewer rows than meta.json says
+        lambda e: np.save(e / "val.tokens.npy", np.zeros((10, 9), np.uint8)),  # other shape, same rows
+    ],
+    ids=[
+        "npy-data",
+        "npy-header",
+        "npy-empty",
+        "npy-missing",
+        "meta-partial",
+        "meta-wrong",
+        "meta-missing",
+        "rows",
+        "shape",
+    ],
+)
 def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, caplog, damage):
     calls = []
 
@@ -166,8 +187,10 @@ def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, caplog, damage):
         calls.append(1)
         return splits(10, 8)
 
-    first = {k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels")))
-             for k, v in cached_splits(tmp_path, "demo", {"x": 3}, build).items()}  # copies, not the mapped files
+    first = {
+        k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels")))
+        for k, v in cached_splits(tmp_path, "demo", {"x": 3}, build).items()
+    }  # copies, not the mapped files
     (entry,) = (tmp_path / "cache").iterdir()
     damage(entry)
     with caplog.at_level("WARNING"):
@@ -185,6 +208,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_warning(tmp_path, caplog, damage):
 
 def test_fingerprint_follows_every_array_and_not_the_storage(tmp_path):
     from lra.data import fingerprint
+
     base = splits(50, 16)
     fp = fingerprint(base)
     assert len(fp) == 16 and fp == fingerprint(splits(50, 16))
@@ -193,8 +217,9 @@ def test_fingerprint_follows_every_array_and_not_the_storage(tmp_path):
     assert fingerprint(stored, chunk_bytes=100) == fp  # chunking does not change the hash
     for split in ("train", "val", "test"):
         for field in ("tokens", "lengths", "labels"):
-            changed = {k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels")))
-                       for k, v in base.items()}
+            changed = {
+                k: Split(*(np.array(getattr(v, f)) for f in ("tokens", "lengths", "labels"))) for k, v in base.items()
+            }
             a = getattr(changed[split], field)
             a.flat[-1] += 1
             assert fingerprint(changed) != fp, (split, field)

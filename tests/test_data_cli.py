@@ -11,9 +11,12 @@ def test_help_lists_usage_and_examples_and_exits_0(capsys):
     assert data_main.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m lra.data task=<task> [hydra overrides ...]   (make data task=<task>)")
-    for needle in ("Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/).",
-                   "python -m lra.data task=listops ", "python -m lra.data task=pathfinder experiment=quick",
-                   "IMDB: says where to put aclImdb_v1.tar.gz"):
+    for needle in (
+        "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/).",
+        "python -m lra.data task=listops ",
+        "python -m lra.data task=pathfinder experiment=quick",
+        "IMDB: says where to put aclImdb_v1.tar.gz",
+    ):
         assert needle in out, needle
 
 

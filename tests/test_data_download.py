@@ -7,8 +7,8 @@ wrong sizes fail in one line, the user's folders are never replaced."""
 
 import hashlib
 import io
-import logging
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,12 +22,19 @@ from lra.config import ConfigError  # noqa: E402
 from lra.data import DataError, data_record, download, load_task  # noqa: E402
 from lra.data import __main__ as data_main  # noqa: E402
 
-IMDB = {"train": [("A fine film.<br />Loved it.", 1), ("Bad \"quoted\" plot.", 0), ("Great.", 1)],
-        "test": [("Dull.", 0), ("Superb acting, é☃.", 1)]}
-AAN = {"train": [b"1\tid1\tid2\tb'first \"paper\" text'\tb'second text'", b"0.0\tid3\tid4\tb'alpha'\tb'beta, gamma'",
-                 b"1.0\tid5\tid6\tb'x'\tb'y'"],
-       "val": [b"0\tid7\tid8\tb'eval one'\tb'eval two'"],
-       "test": [b"1\tid9\tid10\tb'test one'\tb'test two'", b"0\tid11\tid12\tb'3'\tb'4'"]}
+IMDB = {
+    "train": [("A fine film.<br />Loved it.", 1), ('Bad "quoted" plot.', 0), ("Great.", 1)],
+    "test": [("Dull.", 0), ("Superb acting, é☃.", 1)],
+}
+AAN = {
+    "train": [
+        b"1\tid1\tid2\tb'first \"paper\" text'\tb'second text'",
+        b"0.0\tid3\tid4\tb'alpha'\tb'beta, gamma'",
+        b"1.0\tid5\tid6\tb'x'\tb'y'",
+    ],
+    "val": [b"0\tid7\tid8\tb'eval one'\tb'eval two'"],
+    "test": [b"1\tid9\tid10\tb'test one'\tb'test two'", b"0\tid11\tid12\tb'3'\tb'4'"],
+}
 AAN_NAMES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
 N_IMAGES = {"train": 10, "test": 4}
 
@@ -55,16 +62,22 @@ def hub(tmp_path_factory) -> Path:
     d.mkdir(parents=True)
     for s, rows in IMDB.items():
         datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [y for _, y in rows]}).to_parquet(
-            str(d / f"{s}-00000-of-00001.parquet"))
+            str(d / f"{s}-00000-of-00001.parquet")
+        )
     datasets.Dataset.from_dict({"text": ["unlabelled"], "label": [-1]}).to_parquet(
-        str(d / "unsupervised-00000-of-00001.parquet"))
+        str(d / "unsupervised-00000-of-00001.parquet")
+    )
     d = h / "uoft-cs" / "cifar10" / "plain_text"
     d.mkdir(parents=True)
     feats = datasets.Features(img=datasets.Image(), label=datasets.ClassLabel(names=[str(i) for i in range(10)]))
     for k, (s, n) in enumerate(N_IMAGES.items()):
-        datasets.Dataset.from_dict({"img": [{"bytes": _png(100 * k + i), "path": None} for i in range(n)],
-                                    "label": [i % 10 for i in range(n)]}, features=feats).to_parquet(
-            str(d / f"{s}-00000-of-00001.parquet"))
+        datasets.Dataset.from_dict(
+            {
+                "img": [{"bytes": _png(100 * k + i), "path": None} for i in range(n)],
+                "label": [i % 10 for i in range(n)],
+            },
+            features=feats,
+        ).to_parquet(str(d / f"{s}-00000-of-00001.parquet"))
     d = h / "OpenNLPLab" / "lra" / "data" / "aan"
     d.mkdir(parents=True)
     for s, lines in AAN.items():
@@ -76,8 +89,11 @@ def hub(tmp_path_factory) -> Path:
 def tiny(monkeypatch, hub):
     """Point the module at the local hub, with the fixture's row counts as the expected sizes."""
     monkeypatch.setenv(download.HUB_ENV, str(hub))
-    rows = {"text": {s: len(r) for s, r in IMDB.items()}, "image": dict(N_IMAGES),
-            "retrieval": {s: len(r) for s, r in AAN.items()}}
+    rows = {
+        "text": {s: len(r) for s, r in IMDB.items()},
+        "image": dict(N_IMAGES),
+        "retrieval": {s: len(r) for s, r in AAN.items()},
+    }
     for task, r in rows.items():
         monkeypatch.setitem(download.SOURCES, task, replace(download.SOURCES[task], rows=r))
     return hub
@@ -85,8 +101,11 @@ def tiny(monkeypatch, hub):
 
 def _fixture_splits(task: str, hub: Path, tmp_path: Path):
     """What the reader gives for the hub's own files (task.path): the downloaded copy must equal it."""
-    path = {"text": hub / "stanfordnlp" / "imdb" / "plain_text", "image": hub / "uoft-cs" / "cifar10" / "plain_text",
-            "retrieval": hub / "OpenNLPLab" / "lra" / "data" / "aan"}[task]
+    path = {
+        "text": hub / "stanfordnlp" / "imdb" / "plain_text",
+        "image": hub / "uoft-cs" / "cifar10" / "plain_text",
+        "retrieval": hub / "OpenNLPLab" / "lra" / "data" / "aan",
+    }[task]
     return load_task({**TASKS[task], "path": str(path)}, tmp_path / "reference-root")
 
 
@@ -152,13 +171,19 @@ def fake_hub(monkeypatch, tiny):
     class Api:
         def get_paths_info(self, repo_id, paths, *, revision=None, repo_type=None, **kw):
             state["info"].append((repo_id, tuple(paths), revision, repo_type))
-            return [SimpleNamespace(path=p, size=(base / p).stat().st_size + state["size_delta"],
-                                    lfs={"sha256": state["sha"] or hashlib.sha256((base / p).read_bytes()).hexdigest()})
-                    for p in paths]
+            return [
+                SimpleNamespace(
+                    path=p,
+                    size=(base / p).stat().st_size + state["size_delta"],
+                    lfs={"sha256": state["sha"] or hashlib.sha256((base / p).read_bytes()).hexdigest()},
+                )
+                for p in paths
+            ]
 
     def hf_hub_download(repo_id, filename, *, repo_type=None, revision=None, local_dir=None, **kw):
-        state["downloads"].append({"repo": repo_id, "file": filename, "repo_type": repo_type, "revision": revision,
-                                   "local_dir": local_dir})
+        state["downloads"].append(
+            {"repo": repo_id, "file": filename, "repo_type": repo_type, "revision": revision, "local_dir": local_dir}
+        )
         if filename in state["fail"]:
             state["fail"].discard(filename)
             raise ConnectionResetError("connection reset by peer")
@@ -207,15 +232,14 @@ def test_interrupted_hub_download_leaves_nothing_readable_and_resumes(tmp_path, 
         load_task(dict(TASKS["retrieval"]), root)
     first = fake_hub["downloads"][:]
     load_task({**TASKS["retrieval"], "download": True}, root)
-    again = fake_hub["downloads"][len(first):]
+    again = fake_hub["downloads"][len(first) :]
     assert [d["file"] for d in again] == [val, src.files["test"]]  # the whole train file is kept
     assert {d["local_dir"] for d in first + again} == {str(root / f".download-{folder.name}" / "hub")}
     assert _left_over(root) == [] and (folder / download.STAMP).is_file()
 
 
 @pytest.mark.parametrize("damage,message", [("size", "expected"), ("sha", "SHA-256 differs")])
-def test_a_hub_file_of_the_wrong_size_or_checksum_is_one_line_and_removed(tmp_path, tiny, fake_hub, damage,
-                                                                         message):
+def test_a_hub_file_of_the_wrong_size_or_checksum_is_one_line_and_removed(tmp_path, tiny, fake_hub, damage, message):
     if damage == "size":
         fake_hub["size_delta"] = 1
     else:
@@ -311,8 +335,18 @@ def test_a_damaged_download_of_ours_is_replaced(tmp_path, tiny):
 
 
 # ------------------------------------------------------------------------------ issue 19: no network
-NETWORK_ENV = ("LRA_HUB", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy",
-               "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy")
+NETWORK_ENV = (
+    "LRA_HUB",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "HF_ENDPOINT",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
 
 
 @pytest.fixture
@@ -338,10 +372,13 @@ def no_network(monkeypatch):
 
 
 @pytest.mark.parametrize("failure", ["name resolution", "connection refused"])
-@pytest.mark.parametrize("task,by_hand", [("text", "aclImdb_v1.tar.gz"), ("retrieval", "lra_release.gz"),
-                                          ("image", "cifar-10-python.tar.gz")])
-def test_download_with_no_network_is_one_clear_line_at_once_without_retries(tmp_path, no_network, task, by_hand,
-                                                                             failure):
+@pytest.mark.parametrize(
+    "task,by_hand",
+    [("text", "aclImdb_v1.tar.gz"), ("retrieval", "lra_release.gz"), ("image", "cifar-10-python.tar.gz")],
+)
+def test_download_with_no_network_is_one_clear_line_at_once_without_retries(
+    tmp_path, no_network, task, by_hand, failure
+):
     if failure == "connection refused":
         no_network["error"] = ConnectionRefusedError(111, "Connection refused")
     with pytest.raises(DataError) as e:

@@ -20,13 +20,22 @@ YTR, YTE = RNG.integers(0, 10, 50), RNG.integers(0, 10, 10)
 
 def batch_bytes(x, y, name) -> bytes:
     planar = x.transpose(0, 3, 1, 2).reshape(len(x), 3072)  # the CIFAR layout: R plane, G plane, B plane
-    return pickle.dumps({b"batch_label": name.encode(), b"labels": [int(v) for v in y], b"data": planar,
-                         b"filenames": [b"f.png"] * len(x)}, protocol=2)
+    return pickle.dumps(
+        {
+            b"batch_label": name.encode(),
+            b"labels": [int(v) for v in y],
+            b"data": planar,
+            b"filenames": [b"f.png"] * len(x),
+        },
+        protocol=2,
+    )
 
 
 def batches():
-    out = {f"data_batch_{i + 1}": batch_bytes(TRAIN[10 * i:10 * i + 10], YTR[10 * i:10 * i + 10], f"b{i}")
-           for i in range(5)}
+    out = {
+        f"data_batch_{i + 1}": batch_bytes(TRAIN[10 * i : 10 * i + 10], YTR[10 * i : 10 * i + 10], f"b{i}")
+        for i in range(5)
+    }
     out["test_batch"] = batch_bytes(TEST, YTE, "test")
     return out
 
@@ -65,7 +74,8 @@ def write_parquet(root: Path) -> Path:
     d.mkdir(parents=True)
     for split, x, y in (("train", TRAIN, YTR), ("test", TEST, YTE)):
         pd.DataFrame({"img": [{"bytes": png(a), "path": None} for a in x], "label": y}).to_parquet(
-            d / f"{split}-00000-of-00001.parquet")
+            d / f"{split}-00000-of-00001.parquet"
+        )
     return d
 
 
@@ -74,24 +84,30 @@ def write_hf_disk(root: Path) -> Path:
     from PIL import Image
 
     feats = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
-    dd = datasets.DatasetDict({
-        s: datasets.Dataset.from_dict({"img": [Image.fromarray(a) for a in x], "label": [int(v) for v in y]},
-                                      features=feats)
-        for s, x, y in (("train", TRAIN, YTR), ("test", TEST, YTE))})
+    dd = datasets.DatasetDict(
+        {
+            s: datasets.Dataset.from_dict(
+                {"img": [Image.fromarray(a) for a in x], "label": [int(v) for v in y]}, features=feats
+            )
+            for s, x, y in (("train", TRAIN, YTR), ("test", TEST, YTE))
+        }
+    )
     dd.save_to_disk(str(root / "cifar10_saved"))
     return root / "cifar10_saved"
 
 
 def cfg(**kw):
     """The typed spec of an image node (what the reader takes)."""
-    return task_spec({"name": "image", "seq_len": 1024, "grayscale": "luminance", "val_fraction": 0.1, "path": None,
-                      **kw})
+    return task_spec(
+        {"name": "image", "seq_len": 1024, "grayscale": "luminance", "val_fraction": 0.1, "path": None, **kw}
+    )
 
 
 @pytest.mark.parametrize("fmt", ["pickles", "tar", "parquet", "hf_disk"])
 def test_every_format_gives_the_same_arrays(tmp_path, fmt):
     {"pickles": write_pickles, "tar": write_tar, "parquet": write_parquet, "hf_disk": write_hf_disk}[fmt](
-        tmp_path / "data")
+        tmp_path / "data"
+    )
     s = im.load(cfg(), tmp_path / "data", progress=False)
     assert (len(s["train"]), len(s["val"]), len(s["test"])) == (45, 5, 10)  # 90/10 of train, then test
     gray = np.rint(TRAIN @ np.array([0.299, 0.587, 0.114])).astype(np.uint8).reshape(50, 1024)
@@ -140,8 +156,13 @@ def test_incomplete_folder_and_missing_data(tmp_path):
         im.load(cfg(), tmp_path, progress=False)
     msg = str(e.value)
     assert f"{d} is incomplete" in msg
-    for needle in ("cifar-10-python.tar.gz", "uoft-cs/cifar10", str(tmp_path / "cifar-10-batches-py"),
-                   "make data task=image", "cannot be generated"):
+    for needle in (
+        "cifar-10-python.tar.gz",
+        "uoft-cs/cifar10",
+        str(tmp_path / "cifar-10-batches-py"),
+        "make data task=image",
+        "cannot be generated",
+    ):
         assert needle in msg, needle
 
 

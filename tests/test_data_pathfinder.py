@@ -19,7 +19,6 @@ from scipy import ndimage
 from lra.data import DataError
 from lra.data import pathfinder as pf
 from lra.data import pathfinder_gen as gen
-from lra.data import load_task
 from lra.tasks import task_spec
 from tests.test_listops import snapshot, spy_generation
 
@@ -63,7 +62,7 @@ def test_two_marker_disks_are_the_brightest_objects(pf32):
         for _ in range(2):
             y, x = np.unravel_index(mass.argmax(), mass.shape)
             peaks.append((y, x))
-            mass[max(0, y - 3):y + 4, max(0, x - 3):x + 4] = -1
+            mass[max(0, y - 3) : y + 4, max(0, x - 3) : x + 4] = -1
         r = painter.s.marker_radius + 1
         hits += all(any((py - my) ** 2 + (px - mx) ** 2 <= r * r for py, px in peaks) for my, mx in info["markers"])
     assert hits / len(data) >= 0.95
@@ -79,7 +78,11 @@ def test_larger_images_match_the_official_example_tiles(res):
     comps, extents = [], []
     for _ in range(3):
         info = {}
-        img, _, _, = painter.draw(rng, info)
+        (
+            img,
+            _,
+            _,
+        ) = painter.draw(rng, info)
         near = near_markers(info, res, painter.s.marker_radius)
         assert all(img[m].max() == 255 for m in near)
         assert img[~(near[0] | near[1])].max() <= (210 if res == 64 else 235)
@@ -131,8 +134,9 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     lines = (a / "metadata" / "1.npy").read_text().splitlines()
     assert len(lines) == 10 and lines[0].startswith("imgs/1 sample_0.png 0 ") and lines[0].split()[5] == "6"
-    c = gen.write_dataset(tmp_path / "c" / "curv_baseline", gen.GeneratorParams(**{**gen.asdict(p), "seed": 4}),
-                          workers=1, progress=False)
+    c = gen.write_dataset(
+        tmp_path / "c" / "curv_baseline", gen.GeneratorParams(**{**gen.asdict(p), "seed": 4}), workers=1, progress=False
+    )
     assert (a / "imgs" / "0" / "sample_0.png").read_bytes() != (c / "imgs" / "0" / "sample_0.png").read_bytes()
     assert json.loads((a / "GENERATED.json").read_text())["params"] == gen.asdict(p)
     assert not list(tmp_path.glob("*/.tmp-*"))
@@ -141,9 +145,21 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
 # ------------------------------------------------------------------------------ reader
 def cfg(**kw):
     """The typed spec of a pathfinder node (what the reader takes)."""
-    return task_spec({"name": "pathfinder", "resolution": 32, "difficulty": "hard", "seq_len": 1024, "n_images": 200000,
-                      "generate": False, "gen_dir": ".", "generator": {"seed": 0, "chunk": 1000}, "split_seed": 0,
-                      "path": None, **kw})
+    return task_spec(
+        {
+            "name": "pathfinder",
+            "resolution": 32,
+            "difficulty": "hard",
+            "seq_len": 1024,
+            "n_images": 200000,
+            "generate": False,
+            "gen_dir": ".",
+            "generator": {"seed": 0, "chunk": 1000},
+            "split_seed": 0,
+            "path": None,
+            **kw,
+        }
+    )
 
 
 def png(img) -> bytes:
@@ -165,7 +181,9 @@ def official_files(n=40, npy_metadata=False, seed=0):
             if j >= n:
                 break
             files[f"imgs/{k}/sample_{i}.png"] = png(imgs[j])
-            rows.append([f"imgs/{k}", f"sample_{i}.png", str(i), str(labels[j]), "1.0", "14", "4", "2", "0.5", "1", "1"])
+            rows.append(
+                [f"imgs/{k}", f"sample_{i}.png", str(i), str(labels[j]), "1.0", "14", "4", "2", "0.5", "1", "1"]
+            )
         if npy_metadata:
             buf = io.BytesIO()
             np.save(buf, np.array(rows))
@@ -235,8 +253,10 @@ def test_empty_and_unreadable_pngs_are_skipped_and_counted(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         s = pf.load(cfg(), tmp_path, progress=False)
     assert sum(len(x) for x in s.values()) == 198  # 2 of 200 = 1%: the most tolerated
-    assert "skipped 2 of 200 images: 1 empty (e.g. imgs/0/sample_3.png), 1 unreadable (e.g. imgs/1/sample_5.png)" \
+    assert (
+        "skipped 2 of 200 images: 1 empty (e.g. imgs/0/sample_3.png), 1 unreadable (e.g. imgs/1/sample_5.png)"
         in caplog.text
+    )
 
 
 def test_more_than_one_percent_unreadable_is_an_error(tmp_path):
@@ -259,10 +279,13 @@ def test_many_missing_images_is_an_error_naming_the_folder(tmp_path):
     assert str(folder) in str(e.value) and "20 missing (e.g. imgs/1/sample_0.png)" in str(e.value)
 
 
-@pytest.mark.parametrize("line,needle", [
-    ("imgs/0 sample_0.png 0", "expected at least 4 fields"),
-    ("imgs/0 sample_0.png 0 7 1.0", "label (field 4) must be 0 or 1"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("imgs/0 sample_0.png 0", "expected at least 4 fields"),
+        ("imgs/0 sample_0.png 0 7 1.0", "label (field 4) must be 0 or 1"),
+    ],
+)
 def test_malformed_metadata_names_file_and_line(tmp_path, line, needle):
     files, _, _ = official_files(n=20)
     files["metadata/0.npy"] = files["metadata/0.npy"] + line.encode() + b"\n"
@@ -354,23 +377,48 @@ def test_config_keys():
     c = compose(["task=pathfinder", "semantics=clean"])
     assert (c.task.resolution, c.task.difficulty, c.task.seq_len, c.task.vocab_size) == (32, "hard", 1024, 256)
     assert compose(["task=pathfinder"]).task.vocab_size == 512  # semantics=paper: the public config's table
-    c = compose(["task=pathfinder", "experiment=quick", "++protocol.pathfinder.data.resolution=128",
-                 "++protocol.pathfinder.data.difficulty=easy"])
-    assert (c.task.seq_len, c.task.difficulty, c.task.n_images, c.task.gen_dir) == (16384, "easy", 2000,
-                                                                                      "pathfinder-quick")
+    c = compose(
+        [
+            "task=pathfinder",
+            "experiment=quick",
+            "++protocol.pathfinder.data.resolution=128",
+            "++protocol.pathfinder.data.difficulty=easy",
+        ]
+    )
+    assert (c.task.seq_len, c.task.difficulty, c.task.n_images, c.task.gen_dir) == (
+        16384,
+        "easy",
+        2000,
+        "pathfinder-quick",
+    )
 
 
 def test_end_to_end_quick_run_on_a_tiny_generated_set(tmp_path):
-    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
-           "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    args = ["task=pathfinder", "experiment=quick", "protocol.pathfinder.data.n_images=60",
-            "protocol.pathfinder.batch_size=4", "train.max_steps=2", "train.eval_every=2", "num_threads=1",
-            "trainer.progress=false"]
-    proc = subprocess.run([sys.executable, "-m", "lra.train", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    args = [
+        "task=pathfinder",
+        "experiment=quick",
+        "protocol.pathfinder.data.n_images=60",
+        "protocol.pathfinder.batch_size=4",
+        "train.max_steps=2",
+        "train.eval_every=2",
+        "num_threads=1",
+        "trainer.progress=false",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.train", *args], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
     assert rec["status"] == "completed" and rec["task"] == "pathfinder" and rec["steps"] == 2
     assert rec["split_sizes"] == {"train": 48, "val": 6, "test": 6} and 0 <= rec["test_acc"] <= 1
     assert rec["config"]["task"]["seq_len"] == 1024
-    assert len(list((tmp_path / "data" / "generated").glob(f"pathfinder-quick-*/pathfinder32/{HARD}/GENERATED.json"))) == 1
+    assert (
+        len(list((tmp_path / "data" / "generated").glob(f"pathfinder-quick-*/pathfinder32/{HARD}/GENERATED.json"))) == 1
+    )

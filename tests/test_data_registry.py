@@ -8,16 +8,20 @@ import numpy as np
 import pytest
 
 import lra.data
-from lra.data import registry
 from lra import tasks
-from lra.data import image, listops, pathfinder_gen
+from lra.data import image, listops, pathfinder_gen, registry
 from lra.tasks import TASK_SPECS, ImageSpec, ListOpsSpec
 
 
 def test_each_task_is_registered_by_its_own_module():
     owners = {name: fn.__module__ for name, fn in registry.LOADERS.items()}
-    assert owners == {"listops": "lra.data.listops", "text": "lra.data.text", "retrieval": "lra.data.retrieval",
-                      "pathfinder": "lra.data.pathfinder", "image": "lra.data.image"}
+    assert owners == {
+        "listops": "lra.data.listops",
+        "text": "lra.data.text",
+        "retrieval": "lra.data.retrieval",
+        "pathfinder": "lra.data.pathfinder",
+        "image": "lra.data.image",
+    }
     assert lra.data.available_tasks() == sorted(owners)
 
 
@@ -36,8 +40,9 @@ def test_the_specs_choices_are_the_readers_own():
 
 def test_registry_imports_no_task_module():
     tree = ast.parse(inspect.getsource(registry))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
-        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
     # provenance: the origin of a seeded subset (no task module either)
     assert {m for m in imported if m and m.startswith("lra.")} == {"lra.data.base", "lra.data.provenance", "lra.tasks"}
 

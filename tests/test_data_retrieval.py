@@ -10,14 +10,16 @@ import torch
 
 from lra.data import DataError
 from lra.data import retrieval as rv
-from lra.tasks import task_spec
 from lra.data.text import decode_bytes
+from lra.tasks import task_spec
 
 LONG = "b'" + "y" * 4500 + "'"
 ROWS = {
-    "train": [("1", "p1", "p2", "b'Says \"hi\" and leaves'", "b'Other \"quoted text'"),
-              ("0.0", "p3", "p4", LONG, "b'short'"),
-              ("1.0", "p5", "p6", "b'caf\\xc3\\xa9'", "b'\u2603 snow'")],
+    "train": [
+        ("1", "p1", "p2", "b'Says \"hi\" and leaves'", "b'Other \"quoted text'"),
+        ("0.0", "p3", "p4", LONG, "b'short'"),
+        ("1.0", "p5", "p6", "b'caf\\xc3\\xa9'", "b'\u2603 snow'"),
+    ],
     "val": [("0", "p7", "p8", "b'x'", "b'y'")],
     "test": [("1", "p9", "p1", "b'left'", "b'right'"), ("0", "p2", "p3", "b'l'", "b'r'")],
 }
@@ -98,15 +100,20 @@ def test_two_document_batches_reach_the_dual_head(tmp_path):
     assert batch["tokens"].shape == (3, 2, 16) and batch["mask"].shape == (3, 2, 16)
     assert batch["mask"].sum(-1).tolist() == splits["train"].lengths.tolist()  # the whole split, in order
     model = LRAClassifier(vocab_size=257, seq_len=16, num_classes=2, attn_name="softmax", dual=True)
-    assert model(batch["tokens"], batch["mask"]).shape == (3, 2) and torch.isfinite(
-        model(batch["tokens"], batch["mask"])).all()
+    assert (
+        model(batch["tokens"], batch["mask"]).shape == (3, 2)
+        and torch.isfinite(model(batch["tokens"], batch["mask"])).all()
+    )
 
 
-@pytest.mark.parametrize("line,needle", [
-    ("1\tp1\tp2\tb'only four fields'", "expected 5 tab-separated fields"),
-    ("2\tp1\tp2\tb'a'\tb'b'", "label must be 0 or 1"),
-    ("yes\tp1\tp2\tb'a'\tb'b'", "label must be 0 or 1"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("1\tp1\tp2\tb'only four fields'", "expected 5 tab-separated fields"),
+        ("2\tp1\tp2\tb'a'\tb'b'", "label must be 0 or 1"),
+        ("yes\tp1\tp2\tb'a'\tb'b'", "label must be 0 or 1"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, line, needle):
     folder = write_folder(tmp_path / "tsv_data")
     (folder / rv.FILES["test"]).write_bytes(tsv("test") + line.encode() + b"\n")
@@ -139,6 +146,10 @@ def test_config():
     from lra.config import compose
 
     c = compose(["task=retrieval"])  # the default preset, semantics=paper
-    assert c.task.dual and (c.task.max_length, c.task.seq_len, c.task.vocab_size) == (4000, 4096, 512)  # paper: 512 rows
+    assert c.task.dual and (c.task.max_length, c.task.seq_len, c.task.vocab_size) == (
+        4000,
+        4096,
+        512,
+    )  # paper: 512 rows
     q = compose(["task=retrieval", "experiment=quick"])
     assert (q.task.max_length, q.task.seq_len) == (512, 512)

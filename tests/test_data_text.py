@@ -29,8 +29,15 @@ REVIEWS = {
 
 def cfg(**kw):
     """The typed spec of a text node (what the reader takes)."""
-    base = {"name": "text", "max_length": 4000, "seq_len": 4096, "dev_split": "carve", "val_fraction": 0.34,
-            "split_seed": 0, "path": None}
+    base = {
+        "name": "text",
+        "max_length": 4000,
+        "seq_len": 4096,
+        "dev_split": "carve",
+        "val_fraction": 0.34,
+        "split_seed": 0,
+        "path": None,
+    }
     return task_spec({**base, **kw})
 
 
@@ -70,9 +77,12 @@ def write_parquet(root: Path) -> Path:
 def write_hf_disk(root: Path) -> Path:
     datasets = pytest.importorskip("datasets")  # the `data` extra; absent on some machines
 
-    dd = datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": [t for t, _ in rows(s)],
-                                                              "label": [l for _, l in rows(s)]})
-                               for s in ("train", "test")})
+    dd = datasets.DatasetDict(
+        {
+            s: datasets.Dataset.from_dict({"text": [t for t, _ in rows(s)], "label": [l for _, l in rows(s)]})
+            for s in ("train", "test")
+        }
+    )
     dd.save_to_disk(str(root / "imdb_saved"))
     return root / "imdb_saved"
 
@@ -126,8 +136,9 @@ def test_carved_validation_is_seeded_and_disjoint(tmp_path):
 def test_config_keys_for_presets():
     c = compose(["task=text", "experiment=quick"])
     assert (c.task.max_length, c.task.seq_len, c.task.dev_split) == (512, 512, "carve")
-    c = compose(["task=text", "experiment=quick", "++protocol.text.data.max_length=1000",
-                 "++protocol.text.data.dev_split=test"])
+    c = compose(
+        ["task=text", "experiment=quick", "++protocol.text.data.max_length=1000", "++protocol.text.data.dev_split=test"]
+    )
     assert (c.task.max_length, c.task.seq_len, c.task.dev_split, c.task.vocab_size) == (1000, 1024, "test", 257)
     c = compose(["task=text", "experiment=quick", "++protocol.text.data.max_length=4000"])
     assert c.task.seq_len == 4096
@@ -139,8 +150,13 @@ def test_missing_data_says_where_to_get_it_and_where_to_put_it(tmp_path):
     with pytest.raises(DataError) as e:
         tx.load(cfg(), tmp_path, progress=False)
     msg = str(e.value)
-    for needle in (str(tmp_path / "aclImdb_v1.tar.gz"), str(tmp_path / "aclImdb"), "stanfordnlp/imdb",
-                   "make data task=text", "not inside lra_release.gz"):
+    for needle in (
+        str(tmp_path / "aclImdb_v1.tar.gz"),
+        str(tmp_path / "aclImdb"),
+        "stanfordnlp/imdb",
+        "make data task=text",
+        "not inside lra_release.gz",
+    ):
         assert needle in msg, needle
 
 
@@ -231,7 +247,7 @@ def test_plain_tar_cut_at_any_block_boundary_is_named(tmp_path):
             assert str(bad) in str(e.value) and "download it again" in str(e.value), cut
         else:
             assert tx.read_tar(bad, progress=False) == full
-    bad.write_bytes(data[:members_end + 512])
+    bad.write_bytes(data[: members_end + 512])
     assert tx.load(cfg(path=str(bad)), tmp_path / "root", progress=False)["train"].labels.size > 0
     bad.write_bytes(data[:members_end])
     with pytest.raises(DataError, match="without the end-of-archive block"):

@@ -4,14 +4,24 @@ processes, gloo). The effective batch stays the preset's: micro-batch x accumula
 import json
 
 import pytest
+from test_sweep import TINY, manifest, run_sweep
 
 from lra.config import compose
-from test_sweep import TINY, manifest, run_sweep
 
 
 def test_ddp_two_cpu_processes_keep_the_effective_batch(tmp_path):
-    out = run_sweep(tmp_path, "grid=quick", "task=listops", "attn=softmax", "seed=0", "hydra/launcher=basic",
-                    "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp", *TINY)
+    out = run_sweep(
+        tmp_path,
+        "grid=quick",
+        "task=listops",
+        "attn=softmax",
+        "seed=0",
+        "hydra/launcher=basic",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        *TINY,
+    )
     text = out.stdout + out.stderr
     assert "distributed_backend=gloo" in text and "Starting with 2 processes" in text
     (job,) = manifest(tmp_path)["jobs"]
@@ -25,7 +35,8 @@ def test_ddp_two_cpu_processes_keep_the_effective_batch(tmp_path):
     assert rec["effective_batch"] == single == 32
     assert rec["micro_batch"] * rec["accum_steps"] * devices == single, (
         f"micro {rec['micro_batch']} x accum {rec['accum_steps']} x devices {devices} != {single}: "
-        "lra/fit.py plan() must divide the effective batch over the devices")
+        "lra/fit.py plan() must divide the effective batch over the devices"
+    )
     # what each process did up to the best checkpoint: optimizer steps x accumulation micro-batches
     torch = pytest.importorskip("torch")
     ckpt = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)

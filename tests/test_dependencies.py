@@ -11,10 +11,10 @@ docs/dependencies.md: widen the bound first, then run the suite.
 import ast
 import re
 import sys
-import tomllib
 from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
 import pytest
+import tomllib
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -47,8 +47,11 @@ def _pins() -> list[tuple[int, str]]:
 
 
 def _pinned() -> dict[str, Version]:
-    return {canonicalize_name(Requirement(line).name): Version(next(iter(Requirement(line).specifier)).version)
-            for _, line in _pins() if line and not line.startswith("#")}
+    return {
+        canonicalize_name(Requirement(line).name): Version(next(iter(Requirement(line).specifier)).version)
+        for _, line in _pins()
+        if line and not line.startswith("#")
+    }
 
 
 def test_every_dependency_declares_a_range_and_the_private_apis_are_capped_at_a_minor():
@@ -76,8 +79,9 @@ def test_constraints_holds_only_pins_of_final_releases():
         except InvalidRequirement:
             pytest.fail(f"constraints.txt:{i}: not a requirement: {line!r}")
         (spec,) = list(r.specifier) or [None]
-        assert spec is not None and spec.operator == "==" and not r.extras and r.marker is None and r.url is None, \
-            f"constraints.txt:{i}: {line!r} is not a plain name==version pin"
+        assert (
+            spec is not None and spec.operator == "==" and not r.extras and r.marker is None and r.url is None
+        ), f"constraints.txt:{i}: {line!r} is not a plain name==version pin"
         v = Version(spec.version)
         assert not (v.is_prerelease or v.is_devrelease), f"constraints.txt:{i}: {line} is a pre-release"
         assert v.local is None, f"constraints.txt:{i}: {line}: drop the local label (it would not match the CUDA build)"
@@ -92,8 +96,11 @@ def test_every_pin_lies_inside_the_declared_range():
     declared = _declared()
     missing = sorted(n for n in declared if n not in pinned and n != canonicalize_name("torchvision"))
     assert missing == [], f"declared but not pinned in constraints.txt (the tested release): {missing}"
-    outside = {n: f"{pinned[n]} not in {spec} ({where})" for n, (spec, where) in declared.items()
-               if n in pinned and not spec.contains(pinned[n], prereleases=True)}
+    outside = {
+        n: f"{pinned[n]} not in {spec} ({where})"
+        for n, (spec, where) in declared.items()
+        if n in pinned and not spec.contains(pinned[n], prereleases=True)
+    }
     assert outside == {}, outside
 
 
@@ -107,8 +114,10 @@ def test_installed_releases_lie_inside_the_declared_range():
             continue
         if not spec.contains(have, prereleases=True):  # a local label (2.13.0+cpu) matches 2.13.0's range
             outside[name] = f"{have} installed, pyproject declares {spec} ({where})"
-    assert outside == {}, (f"untested releases: {outside}; run `make setup` to install the pinned ones, or "
-                           f"follow docs/dependencies.md to test a new release")
+    assert outside == {}, (
+        f"untested releases: {outside}; run `make setup` to install the pinned ones, or "
+        f"follow docs/dependencies.md to test a new release"
+    )
 
 
 def _third_party_imports(*folders: str) -> dict[str, set[str]]:
@@ -159,8 +168,12 @@ def test_download_extra_declares_the_hub_client():
 
 
 # pre-releases constraints.txt leaves to the package that requires each exactly (its header says why)
-LEFT_TO_PARENTS = ("cwevals", "opentelemetry-exporter-http-transport", "opentelemetry-exporter-otlp-common",
-                   "opentelemetry-semantic-conventions")
+LEFT_TO_PARENTS = (
+    "cwevals",
+    "opentelemetry-exporter-http-transport",
+    "opentelemetry-exporter-otlp-common",
+    "opentelemetry-semantic-conventions",
+)
 
 
 def test_pre_releases_left_out_are_fixed_by_a_pinned_package():

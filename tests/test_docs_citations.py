@@ -19,19 +19,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The names are split so this file does not match its own patterns.
 RULES = [
-    ("absolute local path",                                # a home or work directory; /tmp/out, /dev/null pass
-     re.compile(r"(?<![\w.:/~-])/(?:work|home|Users|root)/")),
-    ("document in a temporary folder",
-     re.compile(r"(?<![\w.:/~-])/tmp/\S*\.(?:md|txt|pdf|rst)\b")),
-    ("path into the shared folder",
-     re.compile(r"(?<![\w-])" + "shared" + r"/(?:docs|papers|data)\b")),
-    ("cites notes the repository does not contain",
-     re.compile("|".join([
-         "LRA_" + "FACTS", "GPU_" + "NOTES", "seed" + "_code",
-         r"(?<![\w/])" + "DES" + r"IGN\.md",                 # docs/design.md (lower case) is the in-tree one
-         r"(?<![\w-])" + "research" + r"/[\w.-]+\.md",        # the research notes
-         r"\b" + "peers" + r"(?:\.md|\s§)",
-     ]))),
+    (
+        "absolute local path",  # a home or work directory; /tmp/out, /dev/null pass
+        re.compile(r"(?<![\w.:/~-])/(?:work|home|Users|root)/"),
+    ),
+    ("document in a temporary folder", re.compile(r"(?<![\w.:/~-])/tmp/\S*\.(?:md|txt|pdf|rst)\b")),
+    ("path into the shared folder", re.compile(r"(?<![\w-])" + "shared" + r"/(?:docs|papers|data)\b")),
+    (
+        "cites notes the repository does not contain",
+        re.compile(
+            "|".join(
+                [
+                    "LRA_" + "FACTS",
+                    "GPU_" + "NOTES",
+                    "seed" + "_code",
+                    r"(?<![\w/])" + "DES" + r"IGN\.md",  # docs/design.md (lower case) is the in-tree one
+                    r"(?<![\w-])" + "research" + r"/[\w.-]+\.md",  # the research notes
+                    r"\b" + "peers" + r"(?:\.md|\s§)",
+                ]
+            )
+        ),
+    ),
 ]
 DOC_CITATION = re.compile(r"(?<![\w/.-])docs/([\w-]+\.md)((?:\s*(?:,|;|/|and|or)?\s*§\s?\d+(?:\.\d+)*)*)")
 SECTION = re.compile(r"§\s?(\d+(?:\.\d+)*)")
@@ -41,8 +49,13 @@ HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
 def text_files() -> list[Path]:
     """Every file git knows of (tracked, or new and not ignored), but this one: it spells out the rules."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True, timeout=60).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: nothing to list")
     files = []
@@ -89,14 +102,33 @@ def problems(rel: str, text: str) -> list[str]:
 
 
 def test_rules_catch_what_they_should_and_nothing_else():
-    bad = ["see /work/" + "shared/docs/x.md", 'Path("/home/me/notes")', "(" + "shared" + "/docs/GPU.md)",
-           "LRA_" + "FACTS §3", "research" + "/data.md Q2b", "peers" + " §5.4", "DES" + "IGN.md",
-           "docs/nosuch.md", "docs/facts.md §99", "docs/facts.md §3, §42", "/tmp/notes.md"]
+    bad = [
+        "see /work/" + "shared/docs/x.md",
+        'Path("/home/me/notes")',
+        "(" + "shared" + "/docs/GPU.md)",
+        "LRA_" + "FACTS §3",
+        "research" + "/data.md Q2b",
+        "peers" + " §5.4",
+        "DES" + "IGN.md",
+        "docs/nosuch.md",
+        "docs/facts.md §99",
+        "docs/facts.md §3, §42",
+        "/tmp/notes.md",
+    ]
     for line in bad:
         assert problems("x", line), line
-    good = ["--out /tmp/tables", "> /dev/null", "!/data/README.md", "--runs /scratch/runs", "https://github.com/pkuzengqi/Skeinformer/blob/main/README.md",
-            "docs/facts.md §3 and docs/design.md", "docs/facts.md §6.2, §6.3", "LRA_DATA=/shared/lra/data",
-            "https://huggingface.co/docs/transformers/model_doc/yoso", "google-research/long-range-arena"]
+    good = [
+        "--out /tmp/tables",
+        "> /dev/null",
+        "!/data/README.md",
+        "--runs /scratch/runs",
+        "https://github.com/pkuzengqi/Skeinformer/blob/main/README.md",
+        "docs/facts.md §3 and docs/design.md",
+        "docs/facts.md §6.2, §6.3",
+        "LRA_DATA=/shared/lra/data",
+        "https://huggingface.co/docs/transformers/model_doc/yoso",
+        "google-research/long-range-arena",
+    ]
     for line in good:
         assert problems("x", line) == [], line
 

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from attention import AttentionBackend, Capabilities
-from lra.doctor import Options, overhead, resume
+from lra.doctor import Options, checks, overhead, resume
 from lra.doctor.__main__ import main
 from lra.doctor.base import Budget
-from lra.doctor import checks
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,23 @@ def _report(folder) -> dict:
 
 
 def test_a_failing_backend_is_named_and_the_other_backends_and_checks_complete(tmp_path, capsys):
-    code = main(["--quick", "--device", "cpu", "--checks", "backends", "fit", "--tasks", "listops", "--backends",
-                 "softmax", "tests.test_doctor:Exploding", "--out", str(tmp_path)])
+    code = main(
+        [
+            "--quick",
+            "--device",
+            "cpu",
+            "--checks",
+            "backends",
+            "fit",
+            "--tasks",
+            "listops",
+            "--backends",
+            "softmax",
+            "tests.test_doctor:Exploding",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     rep = _report(tmp_path)
     by = {(r["check"], r["item"].split(" ")[0]): r for r in rep["results"]}
@@ -61,8 +75,15 @@ def test_a_failing_backend_is_named_and_the_other_backends_and_checks_complete(t
     assert rep["environment"]["torch"] == torch.__version__ and "extras" in rep["environment"]
 
 
-@pytest.mark.parametrize("args,says", [(["--backends", "nosuch"], "available"), (["--preset", "nosuch"], "--preset nosuch"),
-                                       (["--hardware", "nosuch"], "--hardware nosuch"), (["--budget-s", "nan"], "nan")])
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["--backends", "nosuch"], "available"),
+        (["--preset", "nosuch"], "--preset nosuch"),
+        (["--hardware", "nosuch"], "--hardware nosuch"),
+        (["--budget-s", "nan"], "nan"),
+    ],
+)
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as stop:
         main([*args, "--out", str(tmp_path / "r")])
@@ -111,8 +132,19 @@ def test_overhead_interleaves_bare_blocks_between_harness_blocks_at_optimizer_st
         seen["harness"], seen["bare"] = len(self.harness_s), len(self.bare_s)
 
     monkeypatch.setattr(overhead.Interleave, "on_train_batch_end", spy)
-    o = overhead.measure(["task=listops", "attn=none", "experiment=quick", "hardware.micro_batch=16",
-                          "trainer.progress=false", "trainer.accelerator=cpu"], blocks=3, block=2, warmup=1)
+    o = overhead.measure(
+        [
+            "task=listops",
+            "attn=none",
+            "experiment=quick",
+            "hardware.micro_batch=16",
+            "trainer.progress=false",
+            "trainer.accelerator=cpu",
+        ],
+        blocks=3,
+        block=2,
+        warmup=1,
+    )
     assert seen == {"steps": 1 + 3 * 2, "harness": 3, "bare": 4}
     assert calls == [2] * (2 * 4)  # 4 bare blocks of 2 optimizer steps, each of accumulation 2
     assert (o.blocks, o.block, o.micro_batch, o.accum_steps) == (3, 2, 16, 2)
@@ -121,8 +153,18 @@ def test_overhead_interleaves_bare_blocks_between_harness_blocks_at_optimizer_st
 
 # ----------------------------------------------------------------------------- check 5
 def test_resume_comparison_names_what_differs():
-    ref = {"status": "completed", "steps": 30, "steps_to_best": 24, "stop_reason": "max_steps", "micro_batch": 16,
-           "accum_steps": 2, "tested_ckpt": "best", "test_acc": 0.25, "test_loss": 2.1, "best_val_acc": 0.3}
+    ref = {
+        "status": "completed",
+        "steps": 30,
+        "steps_to_best": 24,
+        "stop_reason": "max_steps",
+        "micro_batch": 16,
+        "accum_steps": 2,
+        "tested_ckpt": "best",
+        "test_acc": 0.25,
+        "test_loss": 2.1,
+        "best_val_acc": 0.3,
+    }
     curve = [(8, 2.3, 0.2), (16, 2.2, 0.3)]
     assert resume.compare(ref, dict(ref), curve, list(curve)) == ([], 0.0)
     diffs, largest = resume.compare(ref, {**ref, "test_loss": 2.1 + 1e-6}, curve, curve)
@@ -134,8 +176,16 @@ def test_resume_comparison_names_what_differs():
 # ----------------------------------------------------------------------------- check 6
 def test_cost_is_the_optimizer_step_time_times_the_presets_steps(monkeypatch):
     """A step of micro-batch 2 at 5 ms on the quick preset's ListOps (batch 32: 16 micro-batches, 600 steps)."""
-    row = {"task": "listops", "backend": "softmax", "mode": "eager", "status": "ok", "time_ms": 5.0, "micro_batch": 2,
-           "accum_steps": 1, "peak_mem_bytes": ""}
+    row = {
+        "task": "listops",
+        "backend": "softmax",
+        "mode": "eager",
+        "status": "ok",
+        "time_ms": 5.0,
+        "micro_batch": 2,
+        "accum_steps": 1,
+        "peak_mem_bytes": "",
+    }
     monkeypatch.setattr(checks, "_measure", lambda cfg, task, backend: [dict(row, backend=backend)])
     opts = Options(checks=("cost",), quick=True, tasks=("listops",), backends=("softmax",))
     (r,) = checks.cost(opts, Budget(60))
@@ -149,9 +199,13 @@ def test_cost_is_the_optimizer_step_time_times_the_presets_steps(monkeypatch):
 def test_quick_doctor_passes_on_the_cpu_within_five_minutes(tmp_path):
     """What CI runs on its CPU (on a GPU machine too: the CPU is what is checked here)."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "lra.doctor", "--quick", "--device", "cpu", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env={"LRA_RUNS": str(tmp_path / "runs"),
-                                                                             **_env()})
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.doctor", "--quick", "--device", "cpu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"LRA_RUNS": str(tmp_path / "runs"), **_env()},
+    )
     took = time.time() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = _report(tmp_path)
@@ -170,7 +224,6 @@ def _env() -> dict:
 def test_the_extras_the_doctor_checks_are_pyprojects():
     """The doctor's "extras installed" line reads the installed metadata, so it cannot drift from pyproject."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     from lra import REPO_ROOT

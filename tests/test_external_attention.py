@@ -80,9 +80,14 @@ def user_package(tmp_path, monkeypatch):
 
 
 def _env(tmp_path, site):
-    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
-            "WANDB_MODE": "disabled"}
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
 
 
 def test_public_contract_checks_pass_a_good_backend_and_catch_a_bad_one(user_package):
@@ -98,27 +103,58 @@ def test_public_contract_checks_pass_a_good_backend_and_catch_a_bad_one(user_pac
 def test_bad_targets_are_one_line(user_package):
     from lra.config import ConfigError, load
 
-    for target, what in [("my_pkg.attn", "expected 'package.module:ClassName'"),
-                         ("my_pkg.nope:X", "cannot be imported"), ("my_pkg.attn:Options", "not a subclass")]:
+    for target, what in [
+        ("my_pkg.attn", "expected 'package.module:ClassName'"),
+        ("my_pkg.nope:X", "cannot be imported"),
+        ("my_pkg.attn:Options", "not a subclass"),
+    ]:
         with pytest.raises(ConfigError, match=what):
             load(["experiment=quick", "attn=external", f"attn.target={target}"])
     with pytest.raises(ConfigError, match="'temperature'=0"):
-        load(["experiment=quick", "attn=external", "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=0"])
+        load(
+            ["experiment=quick", "attn=external", "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=0"]
+        )
 
 
 def test_external_backend_trains_and_appears_in_the_tables(tmp_path, user_package):
     env = _env(tmp_path, user_package)
-    run = subprocess.run([sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", "attn=external",
-                          "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=2.0"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lra.train",
+            *TINY,
+            "trainer.progress=false",
+            "attn=external",
+            "attn.target=my_pkg.attn:TempSoftmax",
+            "+attn.options.temperature=2.0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rec = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
     assert rec["status"] == "completed" and rec["attn"] == rec["attn_backend"] == "temp_softmax"
     assert rec["attn_options"] == {"temperature": 2.0}
     assert rec["peak_mem_estimate_bytes"] > 0  # the memory fit estimated it like any backend
-    tables = subprocess.run([sys.executable, "-m", "lra.collect", "--runs", str(tmp_path / "runs"), "--out",
-                             str(tmp_path / "tables"), "--no-plots"], env=env, capture_output=True, text=True,
-                            timeout=300)
+    tables = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lra.collect",
+            "--runs",
+            str(tmp_path / "runs"),
+            "--out",
+            str(tmp_path / "tables"),
+            "--no-plots",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert tables.returncode == 0, tables.stderr[-3000:]
     assert any("temp_softmax" in p.read_text() for p in (tmp_path / "tables").rglob("*.md"))
 
@@ -131,8 +167,13 @@ def test_entry_point_gives_a_typed_config_node(tmp_path, user_package):
     env = _env(tmp_path, user_package)
 
     def fit(*args):
-        return subprocess.run([sys.executable, "-m", "lra.fit", "experiment=quick", "hardware=cpu", *args], env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "lra.fit", "experiment=quick", "hardware=cpu", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     ok = fit("attn=temp_softmax", "attn.options.temperature=3")  # no '+': its node is typed
     assert ok.returncode == 0 and "'temperature': 3.0" in ok.stdout, ok.stderr[-2000:]
@@ -145,8 +186,9 @@ def tiny_classifier(name):
     from lra.model import LRAClassifier
 
     torch.manual_seed(0)
-    return LRAClassifier(vocab_size=16, seq_len=12, num_classes=2, attn_name=name, dim=16, hidden=16, head_dim=8,
-                         head_hidden=8)
+    return LRAClassifier(
+        vocab_size=16, seq_len=12, num_classes=2, attn_name=name, dim=16, hidden=16, head_dim=8, head_hidden=8
+    )
 
 
 def tokens_and_mask():
@@ -160,8 +202,12 @@ def fit_estimate(name):
     from lra.config import AttnSpec, ModelSpec
     from lra.fit import train_step_peak
 
-    return train_step_peak(ModelSpec(vocab_size=16, seq_len=12, num_classes=2, attn=AttnSpec(name), dim=16,
-                                     hidden=16, head_dim=8, head_hidden=8), 2)
+    return train_step_peak(
+        ModelSpec(
+            vocab_size=16, seq_len=12, num_classes=2, attn=AttnSpec(name), dim=16, hidden=16, head_dim=8, head_hidden=8
+        ),
+        2,
+    )
 
 
 def test_external_backend_returning_the_wrong_shape_names_the_backend(user_package):
@@ -169,8 +215,10 @@ def test_external_backend_returning_the_wrong_shape_names_the_backend(user_packa
     naming it, its import path and the contract: in the memory fit (fake tensors, before training),
     in the model, and in the public contract checks (as AssertionError)."""
     name = attention.load_external("my_pkg.attn:WrongShape")
-    said = (r"attention 'wrong_shape' \(my_pkg\.attn:WrongShape\) returned shape \(2, 2, 12, 7\) for q \(2, 2, 12, 8\) "
-            r"and v \(2, 2, 12, 8\): the contract is out of shape \(batch, heads, n, head_dim\)")
+    said = (
+        r"attention 'wrong_shape' \(my_pkg\.attn:WrongShape\) returned shape \(2, 2, 12, 7\) for q \(2, 2, 12, 8\) "
+        r"and v \(2, 2, 12, 8\): the contract is out of shape \(batch, heads, n, head_dim\)"
+    )
     with pytest.raises(attention.BackendContractError, match=said):
         fit_estimate(name)
     with pytest.raises(attention.BackendContractError, match=said):
@@ -187,9 +235,11 @@ def test_external_backend_returning_nan_names_the_backend(user_package):
     name = attention.load_external("my_pkg.attn:NanOut")
     assert fit_estimate(name) > 0
     model = tiny_classifier(name)
-    with pytest.raises(attention.BackendContractError,
-                       match=r"attention 'nan_out' \(my_pkg\.attn:NanOut\) returned NaN or inf at real \(unmasked\) "
-                             r"positions for finite q, k, v on its first call"):
+    with pytest.raises(
+        attention.BackendContractError,
+        match=r"attention 'nan_out' \(my_pkg\.attn:NanOut\) returned NaN or inf at real \(unmasked\) "
+        r"positions for finite q, k, v on its first call",
+    ):
         model(*tokens_and_mask())
     assert torch.isnan(model(*tokens_and_mask())).all()  # once: the second call is not checked again
 
@@ -217,8 +267,11 @@ def fresh_registry(monkeypatch):
     """The built-in backends only, and no ``my_pkg`` imported yet: the README's steps as a user
     runs them in a fresh process (this file's own my_pkg is put back afterwards)."""
     attention.available()
-    monkeypatch.setattr(registry, "_REGISTRY", {k: e for k, e in registry._REGISTRY.items()
-                                                if e.cls.__module__.startswith("attention.")})
+    monkeypatch.setattr(
+        registry,
+        "_REGISTRY",
+        {k: e for k, e in registry._REGISTRY.items() if e.cls.__module__.startswith("attention.")},
+    )
     ours = {m: sys.modules.pop(m) for m in list(sys.modules) if m.partition(".")[0] == "my_pkg"}
     yield
     for m in [m for m in sys.modules if m.partition(".")[0] == "my_pkg"]:
@@ -268,8 +321,7 @@ def _labels(tmp_path, site, routes, entry_point=None, modules=None):
         (dist / "entry_points.txt").write_text(f"[lra_harness.attention]\n{entry_point}\n")
     if modules:
         env["LRA_ATTENTION_MODULES"] = modules
-    proc = subprocess.run([sys.executable, "-c", LABELS, *routes], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", LABELS, *routes], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {k: tuple(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
@@ -282,17 +334,22 @@ def test_one_external_class_is_one_record_attn_whatever_route_loads_it(tmp_path,
     (temp_softmax): one backend, two table rows. Now every route gives the registered name, else the class
     name in snake_case, as both the label (attn) and the backend (attn_backend)."""
     (user_package / "my_pkg" / "reg.py").write_text(
-        "import attention\nfrom my_pkg.attn import TempSoftmax\nattention.register('temp_softmax')(TempSoftmax)\n")
+        "import attention\nfrom my_pkg.attn import TempSoftmax\nattention.register('temp_softmax')(TempSoftmax)\n"
+    )
     one = ("temp_softmax", "temp_softmax")
     assert _labels(tmp_path, user_package, [TARGET]) == {TARGET: one}
-    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"],
-                   entry_point="temp_softmax = my_pkg.attn:TempSoftmax") == {TARGET: one, "attn=temp_softmax": one}
-    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"],
-                   modules="my_pkg.reg") == {TARGET: one, "attn=temp_softmax": one}
+    assert _labels(
+        tmp_path, user_package, [TARGET, "attn=temp_softmax"], entry_point="temp_softmax = my_pkg.attn:TempSoftmax"
+    ) == {TARGET: one, "attn=temp_softmax": one}
+    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"], modules="my_pkg.reg") == {
+        TARGET: one,
+        "attn=temp_softmax": one,
+    }
     # an entry point under another name: attn.target finds that registration, not the snake_case
     tempered = ("tempered", "tempered")
-    assert _labels(tmp_path, user_package, [TARGET, "attn=tempered"],
-                   entry_point="tempered = my_pkg.attn:TempSoftmax") == {TARGET: tempered, "attn=tempered": tempered}
+    assert _labels(
+        tmp_path, user_package, [TARGET, "attn=tempered"], entry_point="tempered = my_pkg.attn:TempSoftmax"
+    ) == {TARGET: tempered, "attn=tempered": tempered}
 
 
 def test_external_label_rules_and_the_run_folder(user_package):
@@ -304,8 +361,9 @@ def test_external_label_rules_and_the_run_folder(user_package):
     from lra.naming import run_tag
 
     # a top-level module: my_pkg may be an earlier test's, imported from another folder
-    (user_package / "my_clash.py").write_text("from my_pkg.attn import TempSoftmax\n\n\n"
-                                              "class Linformer(TempSoftmax):\n    pass\n")
+    (user_package / "my_clash.py").write_text(
+        "from my_pkg.attn import TempSoftmax\n\n\n" "class Linformer(TempSoftmax):\n    pass\n"
+    )
     spec = load(["experiment=quick", *TARGET.split(), "attn.label=mine"])
     assert (spec.attn.label, spec.attn.name) == ("mine", "temp_softmax")
     spec = load(["experiment=quick", "attn=external", "attn.target=my_clash:Linformer"])

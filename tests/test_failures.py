@@ -20,14 +20,26 @@ from tests.test_train import TINY
 
 
 def _env(tmp_path, runs):
-    return {**os.environ, "LRA_DATA": str(tmp_path / f"data-{runs}"), "LRA_RUNS": str(tmp_path / runs),
-            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / f"data-{runs}"),
+        "LRA_RUNS": str(tmp_path / runs),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _popen(tmp_path, runs, *extra):
     # a session of its own: the signal goes to the whole process group, as timeout/SLURM/Kubernetes send it
-    return subprocess.Popen([sys.executable, "-m", "lra.train", *RESUME, *extra], env=_env(tmp_path, runs),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lra.train", *RESUME, *extra],
+        env=_env(tmp_path, runs),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _record(tmp_path, runs):
@@ -82,9 +94,15 @@ def test_worker_count_does_not_change_the_run(tmp_path):
     """Every loader has its own generator: 0 and 2 workers draw the same dropout and give one record."""
     runs = {}
     for w in (0, 2):
-        rc, out = _finish(subprocess.Popen([sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false",
-                                            f"trainer.num_workers={w}"], env=_env(tmp_path, f"w{w}"),
-                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        rc, out = _finish(
+            subprocess.Popen(
+                [sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", f"trainer.num_workers={w}"],
+                env=_env(tmp_path, f"w{w}"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
         assert rc == 0, out[-3000:]
         runs[w] = _record(tmp_path, f"w{w}")
     for k in ("test_acc", "test_loss", "best_val_acc", "steps", "steps_to_best"):
@@ -92,8 +110,9 @@ def test_worker_count_does_not_change_the_run(tmp_path):
 
 
 def test_sigint_to_process_group_is_interrupted_130(tmp_path):
-    rc, out = _signal_group_at_checkpoint(tmp_path, "runs", _popen(tmp_path, "runs", "trainer.num_workers=2"),
-                                          signal.SIGINT)
+    rc, out = _signal_group_at_checkpoint(
+        tmp_path, "runs", _popen(tmp_path, "runs", "trainer.num_workers=2"), signal.SIGINT
+    )
     assert rc == 130 and "Traceback" not in out, out[-3000:]
     assert _record(tmp_path, "runs")["status"] == "interrupted"
     # the console says so, and the command that resumes it (without the harness's own run_tag)
@@ -103,13 +122,23 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
 
 def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
     log = open(tmp_path / "first.log", "w")  # not a pipe: nobody reads it while the second command runs
-    first = subprocess.Popen([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-                             env=_env(tmp_path, "runs"), stdout=log, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
+        env=_env(tmp_path, "runs"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list((tmp_path / "runs").rglob("last.ckpt")):  # training, lock held
         time.sleep(0.05)
-    second = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-                            env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
+        env=_env(tmp_path, "runs"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 75, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"pid {first.pid}" in second.stdout + second.stderr and "in use by" in second.stdout + second.stderr
     assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
@@ -118,17 +147,32 @@ def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
         rows = [tuple(r.items()) for r in csv.DictReader(f)]
     assert len(rows) == len(set(rows)) and rows
     # the lock does not outlive its holder: the same command now reports the finished run
-    again = subprocess.run([sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-                           env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
+        env=_env(tmp_path, "runs"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0 and "already holds a finished run" in again.stdout + again.stderr
 
 
 def _train(tmp_path, *overrides):
     from lra.train import run
 
-    return run(load([*TINY, "trainer.progress=false", f"data_root={tmp_path / 'data'}",
-                     f"runs_root={tmp_path / 'runs'}", f"fit.cache_dir={tmp_path / 'cache'}", *overrides],
-                    run_dir=tmp_path / "run"))
+    return run(
+        load(
+            [
+                *TINY,
+                "trainer.progress=false",
+                f"data_root={tmp_path / 'data'}",
+                f"runs_root={tmp_path / 'runs'}",
+                f"fit.cache_dir={tmp_path / 'cache'}",
+                *overrides,
+            ],
+            run_dir=tmp_path / "run",
+        )
+    )
 
 
 def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tmp_path, monkeypatch):
@@ -155,8 +199,13 @@ def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tm
 
 
 def _cli(tmp_path, *extra):
-    return subprocess.run([sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", *extra],
-                          env=_env(tmp_path, "runs"), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", *extra],
+        env=_env(tmp_path, "runs"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_damaged_record_and_checkpoint_are_one_line_errors(tmp_path):
@@ -233,8 +282,14 @@ def test_worker_hides_only_the_fd_servers_hangup(capsys):
     from lra.data.module import _quiet_hangup
 
     ns: dict = {}
-    exec(compile("def serve():\n    raise ConnectionResetError('reset by peer')\n",
-                 "/py/multiprocessing/resource_sharer.py", "exec"), ns)
+    exec(
+        compile(
+            "def serve():\n    raise ConnectionResetError('reset by peer')\n",
+            "/py/multiprocessing/resource_sharer.py",
+            "exec",
+        ),
+        ns,
+    )
     for fail in (ns["serve"], lambda: 1 / 0):
         try:
             fail()

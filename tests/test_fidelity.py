@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_train import TINY, run_train
 
 import attention
 from lra.config import ConfigError, compose, load
@@ -26,7 +27,6 @@ from lra.data.registry import LOADERS
 from lra.fit import plan
 from lra.model import build_model, pool
 from lra.record import new_record
-from test_train import TINY, run_train
 
 PRESETS = ("skeinformer_paper", "skyformer_paper", "nystromformer_paper")
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -61,18 +61,30 @@ def test_every_quirk_differs_from_clean_and_paper_turns_on_each(preset):
         assert set(paper.quirks) == want, (task, backend)
         for key, value in paper.quirks.items():  # what the record lists is what runs
             where, _, name = key.rpartition(".")
+
             def of(spec):
-                return {"model": lambda: getattr(spec.model, name), "task": lambda: spec.data.options[name],
-                        "attn.options": lambda: spec.attn.options[name],
-                        "train": lambda: getattr(spec.train, name)}[where]()
+                return {
+                    "model": lambda: getattr(spec.model, name),
+                    "task": lambda: spec.data.options[name],
+                    "attn.options": lambda: spec.attn.options[name],
+                    "train": lambda: getattr(spec.train, name),
+                }[where]()
+
             assert of(paper) == value and of(paper) != of(clean)
 
 
 def test_a_single_quirk_is_an_option_and_the_command_line_wins():
     spec = load(["task=listops", "attn=skeinformer", "semantics=paper", "model.pooling=mean"])
     assert spec.model.pooling == "mean" and "model.pooling" not in spec.quirks and "task.tokenizer" in spec.quirks
-    spec = load(["task=listops", "attn=skeinformer", "semantics=clean", "attn.options.pilot_heads=shared",
-                 "task.tokenizer=alnum"])
+    spec = load(
+        [
+            "task=listops",
+            "attn=skeinformer",
+            "semantics=clean",
+            "attn.options.pilot_heads=shared",
+            "task.tokenizer=alnum",
+        ]
+    )
     assert spec.quirks == {"attn.options.pilot_heads": "shared", "task.tokenizer": "alnum"}
     spec = load(["experiment=quick", "semantics=paper", "quirks=skyformer", "attn=skyformer"])
     assert spec.quirks["attn.options.ns_init"] == "colsum_batch" and spec.model.pooling == "padded_mean"
@@ -84,13 +96,24 @@ ATTNS = ("softmax", "skeinformer", "skeinformer_no_rownorm", "informer", "kernel
 # Their configs' accumulation chunks above 1 (Skeinformer / Skyformer src/config.py bz_rate; Nyströmformer
 # LRA/code/lra_config.py batch // gpu_memory on one GPU, for every attention), read off the public code.
 THEIR_CHUNKS = {
-    "skeinformer_paper": {("listops", "skeinformer"): 2, ("listops", "skeinformer_no_rownorm"): 4,
-                          ("text", "skeinformer"): 2, ("text", "skeinformer_no_rownorm"): 8,
-                          ("retrieval", "skeinformer_no_rownorm"): 16, ("pathfinder", "skeinformer"): 2,
-                          ("pathfinder", "skeinformer_no_rownorm"): 2, ("pathfinder", "informer"): 2,
-                          ("image", "skeinformer_no_rownorm"): 2, ("image", "informer"): 2},
-    "skyformer_paper": {("text", "kernelized"): 2, ("retrieval", "kernelized"): 2,
-                        ("pathfinder", "informer"): 2, ("image", "informer"): 2},
+    "skeinformer_paper": {
+        ("listops", "skeinformer"): 2,
+        ("listops", "skeinformer_no_rownorm"): 4,
+        ("text", "skeinformer"): 2,
+        ("text", "skeinformer_no_rownorm"): 8,
+        ("retrieval", "skeinformer_no_rownorm"): 16,
+        ("pathfinder", "skeinformer"): 2,
+        ("pathfinder", "skeinformer_no_rownorm"): 2,
+        ("pathfinder", "informer"): 2,
+        ("image", "skeinformer_no_rownorm"): 2,
+        ("image", "informer"): 2,
+    },
+    "skyformer_paper": {
+        ("text", "kernelized"): 2,
+        ("retrieval", "kernelized"): 2,
+        ("pathfinder", "informer"): 2,
+        ("image", "informer"): 2,
+    },
     "nystromformer_paper": {(t, a): 2 for t in ("image", "pathfinder") for a in ATTNS},
 }
 
@@ -122,12 +145,15 @@ def test_chunks_are_a_quirk_option_of_their_own():
     assert rec["quirks"]["train.chunks"] == 2 and rec["config"]["train"]["chunks"] == 2
 
 
-@pytest.mark.parametrize("bad, says", [
-    (["semantics=papers"], "semantics='papers' is not allowed: one of clean, paper"),
-    (["experiment=quick", "semantics=paper"], "quirks=skeinformer|skyformer|nystromformer"),
-    (["task=listops", "task.tokenizer=words"], "task.tokenizer='words' is not allowed: one of brackets, alnum"),
-    (["task=image", "task.mask=black"], "task.mask='black' is not allowed: one of all, nonzero"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (["semantics=papers"], "semantics='papers' is not allowed: one of clean, paper"),
+        (["experiment=quick", "semantics=paper"], "quirks=skeinformer|skyformer|nystromformer"),
+        (["task=listops", "task.tokenizer=words"], "task.tokenizer='words' is not allowed: one of brackets, alnum"),
+        (["task=image", "task.mask=black"], "task.mask='black' is not allowed: one of all, nonzero"),
+    ],
+)
 def test_bad_semantics_values_are_one_line(bad, says):
     with pytest.raises(ConfigError) as e:
         load(bad)
@@ -149,8 +175,10 @@ def test_listops_tokens_under_each_semantics(tmp_path):
         (folder / f"basic_{split}.tsv").write_text(f"Source\tTarget\n( ( [MAX 2 ) 9 ] )\t9\n{source}\t7\n")
     for semantics, want in (("clean", "[MAX 2 9 [MIN 4 7 X 0 X"), ("paper", "MAX 2 9 MIN 4 7 0")):
         spec = load([f"semantics={semantics}", "task=listops", f"+task.path={folder}", f"data_root={tmp_path}"])
-        vocab = {"clean": ("<pad>", "[MIN", "[MAX", "[MED", "[SM", *"0123456789", "X"),
-                 "paper": ("<pad>", "MIN", "MAX", "MED", "SM", *"0123456789")}[semantics]
+        vocab = {
+            "clean": ("<pad>", "[MIN", "[MAX", "[MED", "[SM", *"0123456789", "X"),
+            "paper": ("<pad>", "MIN", "MAX", "MED", "SM", *"0123456789"),
+        }[semantics]
         row = load_task(spec.data.options, spec.data.root)["train"].tokens[1]
         assert " ".join(vocab[i] for i in row if i) == want
         assert len(tokenize(source, spec.data.options["tokenizer"])) == len(want.split())
@@ -160,8 +188,14 @@ def test_listops_tokens_under_each_semantics(tmp_path):
 @pytest.fixture
 def pixel_task(monkeypatch):
     """The image task with a stand-in reader: one 4-pixel image with two zero pixels."""
-    monkeypatch.setitem(LOADERS, "image", lambda spec, root: {
-        s: Split(np.array([[0, 5, 0, 7]], dtype=np.uint8), np.array([4]), np.array([1])) for s in ("train", "val", "test")})
+    monkeypatch.setitem(
+        LOADERS,
+        "image",
+        lambda spec, root: {
+            s: Split(np.array([[0, 5, 0, 7]], dtype=np.uint8), np.array([4]), np.array([1]))
+            for s in ("train", "val", "test")
+        },
+    )
     return load(["experiment=quick", "task=image"]).data.spec
 
 
@@ -206,8 +240,15 @@ def test_paper_classifier_is_the_public_model(preset):
     mask = tokens != 0
     out = {}
     for semantics in ("paper", "clean"):
-        spec = load([f"experiment={preset}", "task=listops", "attn=softmax", f"semantics={semantics}",
-                     f"task.seq_len={seq_len}"])
+        spec = load(
+            [
+                f"experiment={preset}",
+                "task=listops",
+                "attn=softmax",
+                f"semantics={semantics}",
+                f"task.seq_len={seq_len}",
+            ]
+        )
         model = build_model(spec.model).double().eval()
         with torch.no_grad():
             out[semantics] = (model(tokens, mask), _reference_logits(model, tokens, mask))
@@ -223,8 +264,12 @@ def test_paper_run_records_semantics_and_its_folder(tmp_path):
     run_train(tmp_path, *TINY, "semantics=paper", "quirks=skeinformer", "attn=skeinformer")
     run_train(tmp_path, *TINY)
     runs = tmp_path / "runs" / "quick"
-    paper, = [json.loads(p.read_text()) for p in (runs / "paper" / "listops" / "skeinformer" / "seed0").rglob("result.json")]
-    clean, = [json.loads(p.read_text()) for p in (runs / "clean" / "listops" / "softmax" / "seed0").rglob("result.json")]
+    (paper,) = [
+        json.loads(p.read_text()) for p in (runs / "paper" / "listops" / "skeinformer" / "seed0").rglob("result.json")
+    ]
+    (clean,) = [
+        json.loads(p.read_text()) for p in (runs / "clean" / "listops" / "softmax" / "seed0").rglob("result.json")
+    ]
     assert paper["status"] == "completed" and paper["semantics"] == "paper" and clean["semantics"] == "clean"
     assert paper["quirks"]["task.tokenizer"] == "alnum" and paper["quirks"]["attn.options.pilot_batch"] == "shared"
     assert paper["config"]["task"]["vocab_size"] == 32 and clean["quirks"] == {}

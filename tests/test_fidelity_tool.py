@@ -16,20 +16,37 @@ import attention
 import attention.skeinformer as skein
 from lra import REPO_ROOT
 from lra.config import load
-from lra.fidelity import (ROWS, DrawMismatch, DrawReplay, copy_weights, markdown, pad_distinct, parse_args,
-                          public_code, weight_map)
+from lra.fidelity import (
+    ROWS,
+    DrawMismatch,
+    DrawReplay,
+    copy_weights,
+    markdown,
+    pad_distinct,
+    parse_args,
+    public_code,
+    weight_map,
+)
 from lra.model import build_model
 
 
 # ----------------------------------------------------------------------------- command line
 def test_missing_checkout_is_one_line_and_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "lra.fidelity", "--skeinformer", "/nonexistent"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.fidelity", "--skeinformer", "/nonexistent"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and not proc.stdout, proc.stderr
-    assert ("--skeinformer /nonexistent: no src/models/model_LRA.py there; "
-            "clone https://github.com/pkuzengqi/Skeinformer") in lines[0]
+    assert (
+        "--skeinformer /nonexistent: no src/models/model_LRA.py there; "
+        "clone https://github.com/pkuzengqi/Skeinformer"
+    ) in lines[0]
 
 
 @pytest.fixture
@@ -53,8 +70,14 @@ def test_rows_need_their_checkout_and_performer_needs_a_fastattention(fake_check
 
 def test_each_code_base_has_its_own_tolerance_and_a_failed_row_fails():
     row = {r.repo: r for r in ROWS}
-    result = lambda repo, paper: {"row": row[repo], "paper": paper, "clean": 0.1, "unforced": math.nan,
-                                  "scale": 0.4, "notes": ""}
+    result = lambda repo, paper: {
+        "row": row[repo],
+        "paper": paper,
+        "clean": 0.1,
+        "unforced": math.nan,
+        "scale": 0.4,
+        "notes": "",
+    }
     _, bad = markdown([result("skeinformer", 9e-6), result("skyformer", 9e-5), result("nystromformer", 0.0)], [])
     assert bad == 0
     text, bad = markdown([result("skeinformer", 2e-5), result("skyformer", math.nan)], [])
@@ -62,8 +85,9 @@ def test_each_code_base_has_its_own_tolerance_and_a_failed_row_fails():
 
 
 # ----------------------------------------------------------------------------- weights
-@pytest.mark.parametrize("preset,task,attn", [("skeinformer_paper", "listops", "softmax"),
-                                              ("nystromformer_paper", "pathfinder", "nystrom")])  # with its conv
+@pytest.mark.parametrize(
+    "preset,task,attn", [("skeinformer_paper", "listops", "softmax"), ("nystromformer_paper", "pathfinder", "nystrom")]
+)  # with its conv
 def test_weight_map_is_a_bijection_onto_our_parameters(preset, task, attn):
     model = build_model(load([f"experiment={preset}", f"task={task}", f"attn={attn}"]).model)
     names = [n for n, _ in model.named_parameters()]
@@ -91,8 +115,9 @@ def test_copy_weights_stacks_qkv_in_order_and_keeps_our_vocabulary():
             node.register_buffer(leaf, torch.randn(shape))
     copy_weights(model, theirs, draws=True)
     w = theirs.model.transformer_0.mha
-    torch.testing.assert_close(ours["encoder.blocks.0.mha.qkv.weight"], torch.cat([w.W_q.weight, w.W_k.weight,
-                                                                                   w.W_v.weight]), rtol=0, atol=0)
+    torch.testing.assert_close(
+        ours["encoder.blocks.0.mha.qkv.weight"], torch.cat([w.W_q.weight, w.W_k.weight, w.W_v.weight]), rtol=0, atol=0
+    )
     emb = theirs.model.embeddings.word_embeddings.weight
     torch.testing.assert_close(ours["encoder.tok.weight"], emb[: emb.shape[0] - 3], rtol=0, atol=0)
 
@@ -146,9 +171,19 @@ def test_replay_feeds_exactly_the_recorded_draws_in_order():
     assert torch.rand is rand and torch.multinomial is multinomial
     assert [tuple(u.shape) for u in replay.uniforms] == [(1, 6)] * 2
     assert [tuple(c.shape) for c in replay.columns] == [(len(LENGTHS) * H, 6)] * 2
-    ours = attention.build("skeinformer", num_heads=H, head_dim=P, max_len=N, num_features=BUDGET,
-                           pilot_sampling="with_replacement", pilot_heads="shared", pilot_batch="shared",
-                           draw_from="prefix", budget="batch_shortest", row_norm="simple")
+    ours = attention.build(
+        "skeinformer",
+        num_heads=H,
+        head_dim=P,
+        max_len=N,
+        num_features=BUDGET,
+        pilot_sampling="with_replacement",
+        pilot_heads="shared",
+        pilot_batch="shared",
+        draw_from="prefix",
+        budget="batch_shortest",
+        row_norm="simple",
+    )
     qkv = [torch.randn(3, len(LENGTHS), H, N, P) for _ in range(2)]
     with replay.replaying():
         outs = [ours(*x, mask) for x in qkv]
@@ -156,8 +191,12 @@ def test_replay_feeds_exactly_the_recorded_draws_in_order():
         u, cols = replay.uniforms[layer][0], replay.columns[layer].view(len(LENGTHS), H, 6)
         for b, m in enumerate(LENGTHS):
             for h in range(H):
-                torch.testing.assert_close(out[b, h, :m].double(), hand_output(q[b, h], k[b, h], v[b, h], m, u,
-                                                                               cols[b, h]), rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(
+                    out[b, h, :m].double(),
+                    hand_output(q[b, h], k[b, h], v[b, h], m, u, cols[b, h]),
+                    rtol=1e-5,
+                    atol=1e-6,
+                )
     assert (skein.pilot_uniforms, skein.gumbel_topk) == SAMPLERS
 
 
@@ -166,9 +205,18 @@ def test_replay_refuses_a_draw_too_many_or_too_few():
     replay = DrawReplay()
     with replay.recording():
         fake_public_layer(mask, 6)
-    ours = attention.build("skeinformer", num_heads=H, head_dim=P, max_len=N, num_features=BUDGET,
-                           pilot_sampling="with_replacement", pilot_heads="shared", pilot_batch="shared",
-                           draw_from="prefix", budget="batch_shortest")
+    ours = attention.build(
+        "skeinformer",
+        num_heads=H,
+        head_dim=P,
+        max_len=N,
+        num_features=BUDGET,
+        pilot_sampling="with_replacement",
+        pilot_heads="shared",
+        pilot_batch="shared",
+        draw_from="prefix",
+        budget="batch_shortest",
+    )
     q = torch.randn(len(LENGTHS), H, N, P)
     with pytest.raises(DrawMismatch, match="more torch.rand"), replay.replaying():
         ours(q, q, q, mask), ours(q, q, q, mask)
@@ -190,7 +238,8 @@ def _fake_skeinformer(root, bz_rate: int):
         "Config = {'lra-listops': {'training': {'batch_size': 256}, 'extra_attn_config': {\n"
         f"    'softmax': {{'bz_rate': 1}}, 'skeinformer': {{'bz_rate': {bz_rate}}},\n"
         "    'skein_nonorm': {'bz_rate': 4},\n"
-        "    'softmaxRBF32': {'bz_rate': 2}}}}\n")
+        "    'softmaxRBF32': {'bz_rate': 2}}}}\n"
+    )
     return root
 
 

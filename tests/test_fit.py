@@ -5,11 +5,10 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
-
-from dataclasses import replace
 
 from lra.config import AttnSpec, ConfigError, ModelSpec, load
 from lra.fit import GIB, FitError, plan, train_step_peak
@@ -26,12 +25,15 @@ def cfg_for(tmp_path, *overrides):
     return load([f"runs_root={tmp_path}", *overrides])
 
 
-@pytest.mark.parametrize("attn,options,ckpt", [
-    ("softmax", {"impl": "materialized"}, False),
-    ("softmax", {"impl": "materialized"}, True),
-    ("nystrom", {"landmarks": 32}, False),
-    ("skeinformer", {"num_features": 32}, False),
-])
+@pytest.mark.parametrize(
+    "attn,options,ckpt",
+    [
+        ("softmax", {"impl": "materialized"}, False),
+        ("softmax", {"impl": "materialized"}, True),
+        ("nystrom", {"landmarks": 32}, False),
+        ("skeinformer", {"num_features": 32}, False),
+    ],
+)
 def test_fake_estimate_equals_real_tensor_peak(attn, options, ckpt):
     """FakeTensorMode allocates nothing, yet MemTracker's peak equals the one of real CPU tensors."""
     mk = small(attn, options, ckpt)
@@ -129,8 +131,16 @@ def test_paper_runs_the_public_codes_chunks_where_the_whole_batch_fits(tmp_path)
 def test_the_public_codes_chunk_still_shrinks_when_it_does_not_fit(tmp_path):
     """Bug caught: the chunk of the public code taken as the micro-batch whatever the memory (an OOM on a
     small card); where 128 does not fit, the memory fit still walks down to a divisor that does."""
-    p = plan(cfg_for(tmp_path, "fit.cache=false", "task=listops", "attn=skeinformer", "hardware=v100_16gb",
-                     "hardware.total_gib=4"))
+    p = plan(
+        cfg_for(
+            tmp_path,
+            "fit.cache=false",
+            "task=listops",
+            "attn=skeinformer",
+            "hardware=v100_16gb",
+            "hardware.total_gib=4",
+        )
+    )
     assert (p.micro_batch, p.accum_steps) == (64, 4) and p.estimates[128] > p.budget_bytes >= p.estimates[64]
     assert 256 not in p.estimates and "train.chunks=2" in p.source
 
@@ -151,22 +161,31 @@ def test_chunks_without_a_budget_over_devices_and_bad_counts(tmp_path):
 
 
 def test_decision_is_cached(tmp_path):
-    ov = [f"fit.cache_dir={tmp_path}/cache", "attn=skeinformer", "attn.options.num_features=32",
-          "experiment=quick", "hardware=v100_16gb"]
+    ov = [
+        f"fit.cache_dir={tmp_path}/cache",
+        "attn=skeinformer",
+        "attn.options.num_features=32",
+        "experiment=quick",
+        "hardware=v100_16gb",
+    ]
     first = plan(cfg_for(tmp_path, *ov))
     t0 = time.perf_counter()
     second = plan(cfg_for(tmp_path, *ov))
     assert not first.cached and second.cached and time.perf_counter() - t0 < 1.0
     assert (second.micro_batch, second.accum_steps, second.estimate_bytes) == (
-        first.micro_batch, first.accum_steps, first.estimate_bytes)
+        first.micro_batch,
+        first.accum_steps,
+        first.estimate_bytes,
+    )
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
     other = plan(cfg_for(tmp_path, *ov[:-1], "hardware=a100_40gb"))  # another budget: another key
     assert not other.cached and len(list((tmp_path / "cache").glob("*.json"))) == 2
 
 
 def test_micro_batch_one_not_fitting_is_an_error_with_the_estimate(tmp_path):
-    cfg = cfg_for(tmp_path, "fit.cache=false", "task=listops", "attn=softmax", "hardware=v100_16gb",
-                  "hardware.total_gib=0.9")
+    cfg = cfg_for(
+        tmp_path, "fit.cache=false", "task=listops", "attn=softmax", "hardware=v100_16gb", "hardware.total_gib=0.9"
+    )
     with pytest.raises(FitError, match=r"micro-batch 1 does not fit.*Estimated peak training memory \d+\.\d+ GiB"):
         plan(cfg)
 
@@ -175,8 +194,13 @@ def test_train_refuses_before_training_when_nothing_fits(tmp_path):
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     from tests.test_train import TINY
 
-    proc = subprocess.run([sys.executable, "-m", "lra.train", *TINY, "hardware=v100_16gb", "hardware.total_gib=0.75"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.train", *TINY, "hardware=v100_16gb", "hardware.total_gib=0.75"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
     assert "does not fit, not training" in out and "micro-batch 1 does not fit" in out
@@ -190,11 +214,15 @@ def test_effective_batch_constant_across_devices(tmp_path):
     for devices in (1, 2, 4):
         p = plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", f"trainer.devices={devices}"))
         assert p.micro_batch * p.accum_steps * p.devices == p.effective_batch == 32 and p.devices == devices
-        f = plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=4",
-                         f"trainer.devices={devices}"))
+        f = plan(
+            cfg_for(
+                tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=4", f"trainer.devices={devices}"
+            )
+        )
         assert (f.micro_batch, f.accum_steps * devices) == (4, 8)
-    m = plan(cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c", "experiment=quick", "hardware=v100_16gb",
-                     "trainer.devices=2"))
+    m = plan(
+        cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c", "experiment=quick", "hardware=v100_16gb", "trainer.devices=2")
+    )
     assert m.micro_batch * m.accum_steps * 2 == 32 and m.devices == 2
     with pytest.raises(ConfigError, match=r"train.batch_size=32 .*a multiple of the 3 devices"):
         cfg_for(tmp_path, "experiment=quick", "trainer.devices=3")
@@ -219,8 +247,13 @@ def test_profiles(tmp_path):
 
 def test_make_fit_prints_the_decision(tmp_path):
     env = {**os.environ, "LRA_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "lra.fit", "task=listops", "attn=softmax", "hardware=v100_16gb"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.fit", "task=listops", "attn=softmax", "hardware=v100_16gb"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "micro-batch 64 x accumulation 4" in proc.stdout and "materialized" in proc.stdout
     assert "estimates (micro-batch: GiB)" in proc.stdout
@@ -231,8 +264,11 @@ def test_table_lists_every_cell(tmp_path):
 
     ov = [f"runs_root={tmp_path}", "hardware=v100_16gb", "experiment=quick"]
     rows = decision_table(ov, tasks=("listops",), attns=["softmax", "none"], progress=False)
-    assert [(r["attn"], r["task"]) for r in rows] == [("softmax", "listops"), ("none", "listops"),
-                                                      ("softmax_fused", "listops")]
+    assert [(r["attn"], r["task"]) for r in rows] == [
+        ("softmax", "listops"),
+        ("none", "listops"),
+        ("softmax_fused", "listops"),
+    ]
     text = format_table(rows, ("listops",))
     assert text.splitlines()[0] == "| attention | listops |" and "32 (x1)" in text
 
@@ -258,8 +294,18 @@ def test_fit_command_line_takes_flags_between_overrides_and_refuses_bad_ones_in_
 
     level = lra.fit.log.level
     try:
-        code = lra.fit.main(["task=listops", "--table", "attn=none", "hardware=cpu", "--out", str(tmp_path / "t"),
-                             "experiment=quick", f"runs_root={tmp_path}"])
+        code = lra.fit.main(
+            [
+                "task=listops",
+                "--table",
+                "attn=none",
+                "hardware=cpu",
+                "--out",
+                str(tmp_path / "t"),
+                "experiment=quick",
+                f"runs_root={tmp_path}",
+            ]
+        )
     finally:
         lra.fit.log.setLevel(level)
     assert code == 0 and (tmp_path / "t.md").is_file() and (tmp_path / "t.json").is_file()

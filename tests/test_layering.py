@@ -8,7 +8,14 @@ import pytest
 
 from lra import REPO_ROOT
 
-LAYERS = ["lra.config", "lra.model", "lra.fit", "lra.module", "lra.loop", "lra.train"]  # each may import only those before it
+LAYERS = [
+    "lra.config",
+    "lra.model",
+    "lra.fit",
+    "lra.module",
+    "lra.loop",
+    "lra.train",
+]  # each may import only those before it
 
 
 def _module_name(path: Path) -> str:
@@ -65,7 +72,7 @@ def test_no_import_cycle_among_lra_modules():
 def test_layers_import_one_way():
     graph = _imports()
     for i, name in enumerate(LAYERS):
-        later = set(LAYERS[i + 1:])
+        later = set(LAYERS[i + 1 :])
         assert not graph[name] & later, f"{name} imports {sorted(graph[name] & later)}, a later layer"
     for name, deps in graph.items():
         if name != "lra.train":
@@ -96,8 +103,7 @@ def _under(names: set[str], *packages: str) -> list[str]:
 
 
 # What sits above a run: the tools that launch runs or read their records. A run imports none of them.
-ABOVE_THE_RUN = ("lra.sweep", "lra.collect", "lra.doctor", "lra.bench", "lra.approx", "lra.fidelity",
-                 "lra.share_bench")
+ABOVE_THE_RUN = ("lra.sweep", "lra.collect", "lra.doctor", "lra.bench", "lra.approx", "lra.fidelity", "lra.share_bench")
 
 
 def test_a_run_knows_nothing_of_sweeps_or_results():

@@ -15,17 +15,20 @@ from lra.data.listops import load as load_listops
 from lra.tasks import task_spec
 
 
-@pytest.mark.parametrize("src,value", [
-    ("[MAX 2 9 ]", 9),
-    ("[MIN 4 1 7 ]", 1),
-    ("[MED 4 9 ]", 6),          # even count: mean of the middle two (6.5), truncated
-    ("[MED 1 2 8 9 ]", 5),      # (2 + 8) / 2
-    ("[MED 3 1 2 ]", 2),
-    ("[SM 9 9 5 ]", 3),         # 23 mod 10
-    ("[SM 0 0 ]", 0),
-    ("[MAX 1 [MIN 7 3 ] [SM 5 6 ] ]", 3),
-    ("[MED [MAX 1 9 ] [MIN 0 4 ] 5 [SM 2 2 ] ]", 4),  # args 9, 0, 5, 4 -> (4 + 5) / 2 = 4.5 -> 4
-])
+@pytest.mark.parametrize(
+    "src,value",
+    [
+        ("[MAX 2 9 ]", 9),
+        ("[MIN 4 1 7 ]", 1),
+        ("[MED 4 9 ]", 6),  # even count: mean of the middle two (6.5), truncated
+        ("[MED 1 2 8 9 ]", 5),  # (2 + 8) / 2
+        ("[MED 3 1 2 ]", 2),
+        ("[SM 9 9 5 ]", 3),  # 23 mod 10
+        ("[SM 0 0 ]", 0),
+        ("[MAX 1 [MIN 7 3 ] [SM 5 6 ] ]", 3),
+        ("[MED [MAX 1 9 ] [MIN 0 4 ] 5 [SM 2 2 ] ]", 4),  # args 9, 0, 5, 4 -> (4 + 5) / 2 = 4.5 -> 4
+    ],
+)
 def test_evaluate_hand_made(src, value):
     assert lo.evaluate(lo.parse(src)) == value
 
@@ -85,8 +88,9 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
     b = lo.write_dataset(tmp_path / "b", params, workers=2, progress=False)
     for split in lo.SPLITS:
         assert (a / f"basic_{split}.tsv").read_bytes() == (b / f"basic_{split}.tsv").read_bytes()
-    c = lo.write_dataset(tmp_path / "c", lo.GeneratorParams(**{**lo.asdict(params), "seed": 6}), workers=1,
-                         progress=False)
+    c = lo.write_dataset(
+        tmp_path / "c", lo.GeneratorParams(**{**lo.asdict(params), "seed": 6}), workers=1, progress=False
+    )
     assert (a / "basic_train.tsv").read_bytes() != (c / "basic_train.tsv").read_bytes()
     lines = (a / "basic_val.tsv").read_text().splitlines()
     assert lines[0] == "Source\tTarget" and len(lines) == 31
@@ -94,8 +98,14 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
 
 
 def _node(dirname="listops-1000", **gen):
-    return {"name": "listops", "max_length": 2000, "seq_len": 2048, "dirname": dirname, "generate": False,
-            "generator": gen}
+    return {
+        "name": "listops",
+        "max_length": 2000,
+        "seq_len": 2048,
+        "dirname": dirname,
+        "generate": False,
+        "generator": gen,
+    }
 
 
 def _cfg(dirname="listops-1000", **gen):
@@ -129,11 +139,14 @@ def test_missing_data_error_names_path_and_command(tmp_path):
     assert str(tmp_path / "listops-1000") in msg and "make data task=listops" in msg
 
 
-@pytest.mark.parametrize("line,needle", [
-    ("( ( ( [MAX 2 ) 9 ) ] )\t12", "label must be a digit"),
-    ("( ( ( [MAX 2 ) 9 ) ] )", "2 tab-separated fields"),
-    ("( ( ( [BAD 2 ) 9 ) ] )\t3", "unknown ListOps symbol"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("( ( ( [MAX 2 ) 9 ) ] )\t12", "label must be a digit"),
+        ("( ( ( [MAX 2 ) 9 ) ] )", "2 tab-separated fields"),
+        ("( ( ( [BAD 2 ) 9 ) ] )\t3", "unknown ListOps symbol"),
+    ],
+)
 def test_corrupt_line_reports_file_and_line(tmp_path, line, needle):
     good = "( ( ( [MIN 2 ) 9 ) ] )\t2"
     folder = tmp_path / "listops-1000"
@@ -151,8 +164,9 @@ SMALL = dict(seed=1, n_train=256, n_val=5, n_test=5, min_length=10, max_length=6
 
 
 def _gen_cfg(generate=True, **over):
-    return task_spec({**_node("listops-small", **{**SMALL, **over}), "generate": generate, "max_length": 60,
-                      "seq_len": 64})
+    return task_spec(
+        {**_node("listops-small", **{**SMALL, **over}), "generate": generate, "max_length": 60, "seq_len": 64}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -176,8 +190,11 @@ def spy_generation(monkeypatch, module=lo) -> list:
 
 def snapshot(folder):
     """Every file under ``folder`` with its bytes and mtime: equal snapshots = untouched."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_incomplete_official_folder_is_an_error_and_left_untouched(tmp_path):
@@ -214,7 +231,7 @@ def test_regeneration_keeps_files_the_user_added(tmp_path):
     (folder / "extra" / "a.tsv").write_text("x\n")
     train = folder / "basic_train.tsv"
     full = train.read_bytes()
-    train.write_bytes(full[:len(full) // 2])  # damaged: the harness regenerates its own files
+    train.write_bytes(full[: len(full) // 2])  # damaged: the harness regenerates its own files
     load_listops(_gen_cfg(), tmp_path)
     assert (folder / "NOTES.txt").read_bytes() == b"mine\x00\xff" and (folder / "extra" / "a.tsv").read_text() == "x\n"
     assert train.read_bytes() == full
@@ -288,8 +305,9 @@ def test_a_stamp_without_file_facts_is_upgraded_only_when_rows_match(tmp_path):
 
 
 # ------------------------------------------------------------------------------ issue 19: generated sets keyed by their settings
-def test_generated_listops_other_settings_get_their_own_folder_and_the_default_is_not_regenerated(tmp_path,
-                                                                                                   monkeypatch):
+def test_generated_listops_other_settings_get_their_own_folder_and_the_default_is_not_regenerated(
+    tmp_path, monkeypatch
+):
     made = spy_generation(monkeypatch)
     default = load_listops(_gen_cfg(), tmp_path)
     (first,) = made
@@ -354,8 +372,7 @@ def _interrupt_generation(monkeypatch, tmp_path, how):
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_during_listops_generation_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch, caplog, capsys,
-                                                                           sig):
+def test_ctrl_c_during_listops_generation_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch, caplog, capsys, sig):
     import os
     import signal
     import time
@@ -393,8 +410,10 @@ def test_data_pool_workers_leave_ctrl_c_to_the_main_process():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task,extra", [("listops", "protocol.listops.data.n_train=1000000"),
-                                        ("pathfinder", "protocol.pathfinder.data.n_images=100000")])
+@pytest.mark.parametrize(
+    "task,extra",
+    [("listops", "protocol.listops.data.n_train=1000000"), ("pathfinder", "protocol.pathfinder.data.n_images=100000")],
+)
 def test_ctrl_c_to_the_process_group_during_generation_prints_one_line(tmp_path, task, extra):
     """The real thing: Ctrl-C reaches `python -m lra.data` and its worker processes at once."""
     import os
@@ -404,9 +423,14 @@ def test_ctrl_c_to_the_process_group_during_generation_prints_one_line(tmp_path,
     import time
 
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data")}
-    proc = subprocess.Popen([sys.executable, "-m", "lra.data", f"task={task}", "experiment=quick", extra], env=env,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lra.data", f"task={task}", "experiment=quick", extra],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as from a terminal
     try:
         lines = []
         for line in proc.stderr:  # wait until the workers are generating

@@ -22,18 +22,31 @@ from tests.test_train import TINY
 wandb = pytest.importorskip("wandb")
 SIDE_BY_SIDE = "logger=[wandb,tensorboard]"
 NOISE = ("💡 Tip", "litlogger", "litmodels", "LeafSpec")
-EVAL_LINE = re.compile(r"eval step (\d+)/(\d+) \(\d+%\): val loss [\d.]+, val acc ([\d.]+) \(best ([\d.]+) at step "
-                       r"(\d+)\), elapsed \d+:\d\d:\d\d, ETA (\d+:\d\d:\d\d|n/a)")
+EVAL_LINE = re.compile(
+    r"eval step (\d+)/(\d+) \(\d+%\): val loss [\d.]+, val acc ([\d.]+) \(best ([\d.]+) at step "
+    r"(\d+)\), elapsed \d+:\d\d:\d\d, ETA (\d+:\d\d:\d\d|n/a)"
+)
 
 
 def _env(tmp_path, runs="runs"):
-    return {**os.environ, "LRA_DATA": str(tmp_path / f"data-{runs}"), "LRA_RUNS": str(tmp_path / runs),
-            "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / f"data-{runs}"),
+        "LRA_RUNS": str(tmp_path / runs),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _train(tmp_path, *overrides, runs="runs", check=True):
-    proc = subprocess.run([sys.executable, "-m", "lra.train", *overrides], env=_env(tmp_path, runs),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.train", *overrides],
+        env=_env(tmp_path, runs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -98,7 +111,7 @@ def test_wandb_and_tensorboard_beside_metrics_csv(tmp_path):
     lines = _eval_lines(run_dir)
     assert [(int(s), int(m)) for s, m, *_ in lines] == [(5, 12), (10, 12)]
     accs = [float(a) for _, _, a, *_ in lines]
-    assert [float(b) for _, _, _, b, *_ in lines] == [round(max(accs[:i + 1]), 4) for i in range(len(accs))]
+    assert [float(b) for _, _, _, b, *_ in lines] == [round(max(accs[: i + 1]), 4) for i in range(len(accs))]
     out = proc.stdout + proc.stderr + (run_dir / "train.log").read_text()
     assert not [n for n in NOISE if n in out], out[-3000:]
 

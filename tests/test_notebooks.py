@@ -45,8 +45,11 @@ def images(nb) -> int:
 
 def own_figure(nb):
     """The outputs of the cell that draws its own figure from runs.csv (not a rendered file)."""
-    cell = next(c for c in nb.cells if c.cell_type == "code" and 'pd.read_csv(TABLES / "runs.csv")' in c.source
-                and "plt.subplots" in c.source)
+    cell = next(
+        c
+        for c in nb.cells
+        if c.cell_type == "code" and 'pd.read_csv(TABLES / "runs.csv")' in c.source and "plt.subplots" in c.source
+    )
     return cell.get("outputs", [])
 
 
@@ -91,12 +94,38 @@ def _synthetic_approx(path: Path):
     rows = []
     for method, base in (("skeinformer", 0.5), ("vmean", 0.6)):
         for budget in (8, 16, 32):
-            err = base / (budget ** 0.5 if method != "vmean" else 1)
-            rows.append(dict(method=method, reference="softmax", source="pretrained", n=256, budget=budget,
-                             trials=24, draws=2, mean=err, median=err, stderr=0.01, std=0.05, min=err / 2,
-                             max=err * 2, sec_per_call=0.001, failures=0, error_message=None))
-    rows.append(dict(rows[0], method="performer", failures=24, mean=None, median=None, stderr=None,
-                     error_message="RuntimeError: boom"))
+            err = base / (budget**0.5 if method != "vmean" else 1)
+            rows.append(
+                dict(
+                    method=method,
+                    reference="softmax",
+                    source="pretrained",
+                    n=256,
+                    budget=budget,
+                    trials=24,
+                    draws=2,
+                    mean=err,
+                    median=err,
+                    stderr=0.01,
+                    std=0.05,
+                    min=err / 2,
+                    max=err * 2,
+                    sec_per_call=0.001,
+                    failures=0,
+                    error_message=None,
+                )
+            )
+    rows.append(
+        dict(
+            rows[0],
+            method="performer",
+            failures=24,
+            mean=None,
+            median=None,
+            stderr=None,
+            error_message="RuntimeError: boom",
+        )
+    )
     pd.DataFrame(rows, columns=COLUMNS).to_csv(path, index=False)
 
 
@@ -149,8 +178,12 @@ def test_results_notebook_on_real_quick_runs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_approx_notebook_on_real_quick_study(tmp_path, monkeypatch):
-    proc = subprocess.run([sys.executable, "-m", "lra.approx", "--quick", "--out", str(tmp_path / "approx")],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.approx", "--quick", "--out", str(tmp_path / "approx")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     monkeypatch.setenv("LRA_APPROX", str(tmp_path / "approx"))
     nb = execute("approx.ipynb")

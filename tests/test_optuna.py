@@ -23,23 +23,26 @@ optuna = pytest.importorskip("optuna")
 
 import torch  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
-
-from lra.sweep.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
-from lra.files import write_json  # noqa: E402
-from lra.sweep.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
-from lra.sweep import MARKER, Progress  # noqa: E402
-
 from test_sweep import TINY, sweep_env  # noqa: E402
 
-SPACE = {"train.lr": "tag(log, interval(1e-5, 3e-3))", "train.warmup": "range(0, 300, step=50)",
-         "model.dropout": "interval(0.0, 0.3)", "++attn.options.num_features": "choice(16, 32, 64, 128)"}
+from lra.files import write_json  # noqa: E402
+from lra.sweep import MARKER, Progress  # noqa: E402
+from lra.sweep.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
+from lra.sweep.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
+
+SPACE = {
+    "train.lr": "tag(log, interval(1e-5, 3e-3))",
+    "train.warmup": "range(0, 300, step=50)",
+    "model.dropout": "interval(0.0, 0.3)",
+    "++attn.options.num_features": "choice(16, 32, 64, 128)",
+}
 
 
 # ----------------------------------------------------------------------------- the space
 def test_hydra_sweep_syntax_maps_to_optuna_distributions():
     d = parse_space(SPACE)
     assert d["train.lr"] == optuna.distributions.FloatDistribution(1e-5, 3e-3, log=True)
-    assert d["train.warmup"] == optuna.distributions.IntDistribution(0, 250, step=50)   # range() excludes its end
+    assert d["train.warmup"] == optuna.distributions.IntDistribution(0, 250, step=50)  # range() excludes its end
     assert d["model.dropout"] == optuna.distributions.FloatDistribution(0.0, 0.3)
     assert d["++attn.options.num_features"] == optuna.distributions.CategoricalDistribution([16, 32, 64, 128])
 
@@ -61,6 +64,7 @@ def test_pruner_spec():
 # ----------------------------------------------------------------------------- the driver, fake jobs
 class FakeProc:
     """A trial 'process' that ends after ``polls`` polls, leaving the record lra.train would write."""
+
     pids = itertools.count(10_000_000)
 
     def __init__(self, run_dir, value, polls, status, pruned):
@@ -71,8 +75,11 @@ class FakeProc:
         if self.rc is None:
             self.left -= 1
             if self.left <= 0:
-                rec = {"status": self.status, "best_val_acc": self.value if self.status != "failed" else None,
-                       "reason": "boom" if self.status == "failed" else None}
+                rec = {
+                    "status": self.status,
+                    "best_val_acc": self.value if self.status != "failed" else None,
+                    "reason": "boom" if self.status == "failed" else None,
+                }
                 write_json(self.run_dir / "result.json", rec)
                 if self.pruned:
                     write_json(self.run_dir / PRUNED_FILE, {"step": 5, "value": self.value})
@@ -100,23 +107,35 @@ class FakeRunner:
         trial = int(next(a for a in cmd if a.startswith("+callbacks.optuna_pruning.trial_number=")).split("=", 1)[1])
         self.started.append((trial, run_dir, params))
         value = 1.0 / (1.0 + abs(float(params["train.lr"]) - 1e-3) * 1e3) - int(params["train.warmup"]) * 1e-4
-        proc = FakeProc(run_dir, value, self.polls, "failed" if self.fail_if(trial) else "completed",
-                        self.prune_if(trial))
+        proc = FakeProc(
+            run_dir, value, self.polls, "failed" if self.fail_if(trial) else "completed", self.prune_if(trial)
+        )
         self.live.add(proc)
         self.max_live = max(self.max_live, sum(p.rc is None for p in self.live))
         return proc
 
 
 def make_search(tmp_path, target=4, parallel=2, space=None):
-    space = parse_space(space or {"train.lr": "tag(log, interval(1e-5, 3e-3))", "train.warmup": "range(0, 300, step=50)"})
+    space = parse_space(
+        space or {"train.lr": "tag(log, interval(1e-5, 3e-3))", "train.warmup": "range(0, 300, step=50)"}
+    )
 
-    def job_dir(ovs):   # a folder per configuration, as Hydra's override_dirname gives
+    def job_dir(ovs):  # a folder per configuration, as Hydra's override_dirname gives
         return tmp_path / "runs" / "_".join(sorted(o for o in ovs if o.startswith("train.")))
 
-    return Search(name="s-quick-listops-softmax", storage=f"sqlite:///{tmp_path / 'optuna.db'}",
-                  folder=tmp_path / "sweep", root=tmp_path / "runs", space=space, fixed=["task=listops"],
-                  target=target, parallel=parallel, job_dir=job_dir, sampler={"name": "random", "seed": 0},
-                  pruner={"name": "none"})
+    return Search(
+        name="s-quick-listops-softmax",
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        folder=tmp_path / "sweep",
+        root=tmp_path / "runs",
+        space=space,
+        fixed=["task=listops"],
+        target=target,
+        parallel=parallel,
+        job_dir=job_dir,
+        sampler={"name": "random", "seed": 0},
+        pruner={"name": "none"},
+    )
 
 
 def _study(s):
@@ -128,9 +147,15 @@ def _study(s):
 def test_driver_runs_trials_in_parallel_to_the_target_and_records_values(tmp_path):
     s = make_search(tmp_path, target=5, parallel=2)
     runner, lines = FakeRunner(polls=3), []
-    clock = itertools.count(0.0, 10.0).__next__       # every call: 10 s later
-    drive(s, open_study(s), runner=runner, poll_s=0, clock=clock,
-          progress=Progress("t", parallel=2, every_s=1e9, clock=clock, emit=lines.append))
+    clock = itertools.count(0.0, 10.0).__next__  # every call: 10 s later
+    drive(
+        s,
+        open_study(s),
+        runner=runner,
+        poll_s=0,
+        clock=clock,
+        progress=Progress("t", parallel=2, every_s=1e9, clock=clock, emit=lines.append),
+    )
     study = _study(s)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 5 and runner.max_live == 2
     for number, run_dir, params in runner.started:
@@ -181,12 +206,12 @@ def test_killed_driver_trials_are_requeued_into_their_run_folder(tmp_path):
     assert recover(study) == [stale.number]
     t = _study(s).trials[stale.number]
     assert t.state == TrialState.FAIL and t.user_attrs["interrupted"] is True
-    assert len(counted(study)) == 3                   # the interrupted trial does not count; the queue neither
+    assert len(counted(study)) == 3  # the interrupted trial does not count; the queue neither
     drive(s, study, runner=runner, poll_s=0)
     trials = _study(s).trials
     assert len(trials) == 5 and trials[-1].user_attrs["requeued_from"] == stale.number
     assert trials[-1].params == stale.params and trials[-1].state == TrialState.COMPLETE
-    assert runner.started[-1][1] == run_dir          # the same folder: lra.train resumes its checkpoint
+    assert runner.started[-1][1] == run_dir  # the same folder: lra.train resumes its checkpoint
     assert json.loads((run_dir / MARKER).read_text())["attempts"] == 1
 
 
@@ -197,10 +222,11 @@ def test_busy_folder_waits_for_the_process_still_in_it(tmp_path):
     stale = study.ask(s.space)
     run_dir = s.job_dir(s.fixed + [f"{k}={v}" for k, v in stale.params.items()])
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
-    threading.Thread(target=orphan.wait, daemon=True).start()   # reaped when it ends, as init would
+    threading.Thread(target=orphan.wait, daemon=True).start()  # reaped when it ends, as init would
 
-    write_json(run_dir / MARKER, {"host": socket.gethostname(), "pid": orphan.pid, "t_start": time.time(),
-                                         "finished": None})
+    write_json(
+        run_dir / MARKER, {"host": socket.gethostname(), "pid": orphan.pid, "t_start": time.time(), "finished": None}
+    )
     study = open_study(s)
     recover(study)
     runner = FakeRunner(polls=1)
@@ -213,8 +239,9 @@ def test_finish_needs_a_finished_record(tmp_path):
     s = make_search(tmp_path, target=1)
     study = open_study(s)
     t = study.ask(s.space)
-    write_json(tmp_path / "r" / "result.json", {"status": "interrupted", "best_val_acc": 0.5,
-                                                       "reason": "KeyboardInterrupt"})
+    write_json(
+        tmp_path / "r" / "result.json", {"status": "interrupted", "best_val_acc": 0.5, "reason": "KeyboardInterrupt"}
+    )
     assert finish(study, t.number, tmp_path / "r", -2) == TrialState.FAIL
     assert _study(s).trials[0].user_attrs["reason"] == "KeyboardInterrupt"
 
@@ -225,9 +252,9 @@ def test_progress_prints_on_change_and_every_n_seconds_with_an_eta():
     lines = []
     p = Progress("g", parallel=2, every_s=30, clock=lambda: now[0], emit=lines.append)
     assert p.update(0, 2, 0, 4).endswith("ETA after the first job")
-    assert p.update(0, 2, 0, 4) is None                      # same counts, 0 s later: quiet
+    assert p.update(0, 2, 0, 4) is None  # same counts, 0 s later: quiet
     now[0] = 31
-    assert p.update(0, 2, 0, 4) is not None                  # same counts, 31 s later: a line
+    assert p.update(0, 2, 0, 4) is not None  # same counts, 31 s later: a line
     now[0] = 32
     # 2 done (mean 100 s), 2 running for 40 s (60 s left each), 2 pending: (60+60+200)/2 = 160 s
     line = p.update(2, 2, 0, 2, durations=[80, 120], running_elapsed=[40, 40])
@@ -245,7 +272,7 @@ def test_grid_watch_reads_job_folders(tmp_path):
     write_json(dirs[1] / MARKER, {"t_start": t0, "t_end": t0 + 10})
     write_json(dirs[1] / "result.json", {"status": "failed"})
     write_json(dirs[2] / MARKER, {"t_start": t0, "t_end": None})
-    write_json(dirs[3] / MARKER, {"t_start": t0 - 3600, "t_end": None})   # an earlier invocation's
+    write_json(dirs[3] / MARKER, {"t_start": t0 - 3600, "t_end": None})  # an earlier invocation's
     lines = []
     w = GridWatch(dirs, Progress("g", parallel=1, emit=lines.append), since=t0 - 1)
     line = w.tick()
@@ -276,10 +303,21 @@ def _tiny_fit(tmp_path, storage, study_name, number, accs, max_steps=20, **cb_ar
     train = torch.utils.data.DataLoader(data, batch_size=4)
     val = torch.utils.data.DataLoader(data, batch_size=400)
     cb = OptunaPruning(storage, study_name, number, **cb_args)
-    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=max_steps, max_epochs=-1, val_check_interval=5,
-                        check_val_every_n_epoch=None, callbacks=[cb], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=max_steps,
+        max_epochs=-1,
+        val_check_interval=5,
+        check_val_every_n_epoch=None,
+        callbacks=[cb],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(Tiny(), train, val)
     return trainer, cb
 
@@ -302,7 +340,7 @@ def test_pruning_callback_reports_each_validation_and_lets_a_good_trial_run(tmp_
 def test_pruned_trial_stops_training_and_ends_pruned_in_the_study(tmp_path):
     s, study, trial = _callback_study(tmp_path, {"name": "threshold", "lower": 0.3})
     trainer, cb = _tiny_fit(tmp_path, s.storage, s.name, trial.number, [0.5, 0.2, 0.9, 0.9])
-    assert cb.pruned_at == 10 and trainer.global_step == 10          # stopped at the second validation
+    assert cb.pruned_at == 10 and trainer.global_step == 10  # stopped at the second validation
     info = pruned_info(tmp_path)
     assert info["trial"] == trial.number and info["step"] == 10 and info["value"] == pytest.approx(0.2)
     assert _study(s).trials[trial.number].intermediate_values == {5: 0.5, 10: pytest.approx(0.2)}
@@ -333,15 +371,22 @@ def test_trial_record_says_study_trial_params_pruned_or_not(tmp_path):
     params = {"train.lr": 1e-3, "++attn.options.num_features": 32}
 
     def want(number):
-        return {"study": s.name, "trial": number, "grid": "search_quick", "params": params,
-                "objective": "best_val_acc"}
+        return {"study": s.name, "trial": number, "grid": "search_quick", "params": params, "objective": "best_val_acc"}
 
-    _, ran_on = _tiny_fit(tmp_path / "a", s.storage, s.name, trial.number, [0.5, 0.6, 0.7, 0.8],
-                          grid="search_quick", params=json.dumps(params))   # as the command line gives them
+    _, ran_on = _tiny_fit(
+        tmp_path / "a",
+        s.storage,
+        s.name,
+        trial.number,
+        [0.5, 0.6, 0.7, 0.8],
+        grid="search_quick",
+        params=json.dumps(params),
+    )  # as the command line gives them
     assert ran_on.record_fields() == {"search": want(trial.number)}
     other = study.ask(s.space)
-    _, pruned = _tiny_fit(tmp_path / "b", s.storage, s.name, other.number, [0.5, 0.2, 0.9, 0.9],
-                          grid="search_quick", params=params)
+    _, pruned = _tiny_fit(
+        tmp_path / "b", s.storage, s.name, other.number, [0.5, 0.2, 0.9, 0.9], grid="search_quick", params=params
+    )
     assert pruned.record_fields() == {"search": want(other.number), "stop_reason": "pruned", "pruned_at_step": 10}
 
 
@@ -361,8 +406,13 @@ def test_trial_command_gives_the_run_its_search_fields(tmp_path):
     spec = load([a for a in cmd[3:] if not a.startswith("hydra.")])
     (cb,) = user_callbacks(spec)
     search = cb.record_fields()["search"]
-    assert search == {"study": s.name, "trial": trial.number, "grid": "search_quick", "params": trial.params,
-                      "objective": OBJECTIVE}
+    assert search == {
+        "study": s.name,
+        "trial": trial.number,
+        "grid": "search_quick",
+        "params": trial.params,
+        "objective": OBJECTIVE,
+    }
     assert list(search["params"]) == list(SPACE) + ["train.eval_every"]
     assert spec.train.eval_every == search["params"]["train.eval_every"]  # the values that ran, typed
     assert spec.attn.options["num_features"] == search["params"]["++attn.options.num_features"]
@@ -374,7 +424,7 @@ def _trial_states(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         storage = f"sqlite:///{db}"
-        prefix = "search_quick-quick-listops-skeinformer-"   # + the search's key
+        prefix = "search_quick-quick-listops-skeinformer-"  # + the search's key
         (name,) = [n for n in optuna.get_all_study_names(storage) if n.startswith(prefix)]
         return optuna.load_study(study_name=name, storage=storage).trials
 
@@ -388,7 +438,7 @@ def _trial_states_read_only(tmp_path) -> list[str]:
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as con:
             return [state for (state,) in con.execute("SELECT state FROM trials ORDER BY number")]
-    except sqlite3.OperationalError:   # the driver has not created the tables yet
+    except sqlite3.OperationalError:  # the driver has not created the tables yet
         return []
 
 
@@ -405,14 +455,14 @@ def test_storage_opens_while_another_reader_creates_it(tmp_path):
             barrier.wait()
             try:
                 storage_for(url).get_all_studies()
-            except Exception as e:   # noqa: BLE001 - collected for the assertion below
+            except Exception as e:  # noqa: BLE001 - collected for the assertion below
                 failures.append(f"round {r}: {type(e).__name__}: {e}"[:300])
 
         def theirs():
             barrier.wait()
             with contextlib.suppress(Exception), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                optuna.storages.RDBStorage(url)      # may fail: not our code
+                optuna.storages.RDBStorage(url)  # may fail: not our code
 
         threads = [threading.Thread(target=f) for f in (ours, theirs)]
         for t in threads:
@@ -426,25 +476,38 @@ def test_storage_opens_while_another_reader_creates_it(tmp_path):
 def test_real_search_killed_then_resumed(tmp_path):
     """make sweep grid=search_quick on tiny ListOps: kill the driver and its trials during trial 1,
     run the same command again: trial 0 is kept, trial 1 is re-queued and resumes in its folder."""
-    args = [sys.executable, "-m", "lra.sweep", "grid=search_quick", "n_trials=2", "progress=5", *TINY,
-            "train.max_steps=30", "train.ckpt_every_steps=5"]
+    args = [
+        sys.executable,
+        "-m",
+        "lra.sweep",
+        "grid=search_quick",
+        "n_trials=2",
+        "progress=5",
+        *TINY,
+        "train.max_steps=30",
+        "train.ckpt_every_steps=5",
+    ]
     log = tmp_path / "driver.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(args, env=sweep_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, env=sweep_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.time() + 600
         while time.time() < deadline:
             states = _trial_states_read_only(tmp_path)
-            if len(states) == 2 and states[1] == "RUNNING" and \
-                    list((tmp_path / "runs" / "quick" / "clean" / "listops").rglob("last.ckpt")):
+            if (
+                len(states) == 2
+                and states[1] == "RUNNING"
+                and list((tmp_path / "runs" / "quick" / "clean" / "listops").rglob("last.ckpt"))
+            ):
                 break
             assert proc.poll() is None, "the search ended before it could be killed:\n" + log.read_text()[-3000:]
             time.sleep(0.5)
         else:
             pytest.fail("the search did not reach its second trial in time:\n" + log.read_text()[-3000:])
     finally:
-        with contextlib.suppress(ProcessLookupError):   # it may have ended by itself (the assertion says why)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended by itself (the assertion says why)
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     first = _trial_states(tmp_path)[0]
@@ -461,17 +524,32 @@ def test_real_search_killed_then_resumed(tmp_path):
     rec = json.loads((tmp_path / "runs" / row["run_dir"] / "result.json").read_text())
     assert rec["status"] == "completed" and rec["resumed_from_step"] and rec["best_val_acc"] == trials[2].value
     assert rec["config"]["callbacks"]["optuna_pruning"]["trial_number"] == 2
-    assert rec["search"] == {"study": m["study"], "trial": 2, "grid": "search_quick", "params": trials[2].params,
-                             "objective": "best_val_acc"}
+    assert rec["search"] == {
+        "study": m["study"],
+        "trial": 2,
+        "grid": "search_quick",
+        "params": trials[2].params,
+        "objective": "best_val_acc",
+    }
 
 
 @pytest.mark.slow
 def test_real_search_prunes_through_lra_train(tmp_path):
     """A pruner that prunes every trial at its first report: the trial's run, given OptunaPruning through the
     callbacks config group, stops there; the trial is PRUNED and the record says pruned at that step."""
-    args = [sys.executable, "-m", "lra.sweep", "grid=search_quick", "n_trials=1", *TINY, "train.max_steps=30",
-            "search.pruner.name=threshold", "search.pruner.lower=1.1", "~search.pruner.n_startup_trials",
-            "~search.pruner.n_warmup_steps"]   # a threshold above 1 prunes any accuracy at the first report
+    args = [
+        sys.executable,
+        "-m",
+        "lra.sweep",
+        "grid=search_quick",
+        "n_trials=1",
+        *TINY,
+        "train.max_steps=30",
+        "search.pruner.name=threshold",
+        "search.pruner.lower=1.1",
+        "~search.pruner.n_startup_trials",
+        "~search.pruner.n_warmup_steps",
+    ]  # a threshold above 1 prunes any accuracy at the first report
     out = subprocess.run(args, env=sweep_env(tmp_path), capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     t = _trial_states(tmp_path)[0]
@@ -487,12 +565,22 @@ def test_command_line_edits_the_search():
     from lra.sweep import apply_cli, load_grid
 
     grid = load_grid("search_quick")
-    opts, hydra = apply_cli(grid, ["attn=performer", "++attn.options.features=choice(64,128)", "model.dropout=0.1",
-                                   "~search.params.++attn.options.num_features", "search.pruner.name=hyperband",
-                                   "train.lr=interval(1e-4,1e-3)", "n_trials=5", "progress=0"])
+    opts, hydra = apply_cli(
+        grid,
+        [
+            "attn=performer",
+            "++attn.options.features=choice(64,128)",
+            "model.dropout=0.1",
+            "~search.params.++attn.options.num_features",
+            "search.pruner.name=hyperband",
+            "train.lr=interval(1e-4,1e-3)",
+            "n_trials=5",
+            "progress=0",
+        ],
+    )
     p = grid.search["params"]
     assert p["++attn.options.features"] == "choice(64,128)" and p["train.lr"] == "interval(1e-4,1e-3)"
-    assert "++attn.options.num_features" not in p and "model.dropout" not in p   # a fixed value wins
+    assert "++attn.options.num_features" not in p and "model.dropout" not in p  # a fixed value wins
     assert grid.overrides["model.dropout"] == "model.dropout=0.1" and grid.overrides["attn"] == "attn=performer"
     assert grid.search["pruner"]["name"] == "hyperband" and not grid.axes
     assert opts["n_trials"] == 5 and opts["progress"] == 0.0 and hydra == []

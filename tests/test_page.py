@@ -8,9 +8,9 @@ from urllib.parse import unquote
 
 import pandas as pd
 import pytest
+from test_collect import make_record
 
 from lra.collect import collect, main, render
-from test_collect import make_record
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 SCRIPT = "attn.tag=<script>alert(1)</script>"
@@ -32,8 +32,13 @@ class Node:
                 yield from c.iter()
 
     def find_all(self, tag=None, cls=None, **attrs):
-        return [n for n in self.iter() if (tag is None or n.tag == tag) and (cls is None or cls in n.classes)
-                and all(n.attrs.get(k) == v for k, v in attrs.items())]
+        return [
+            n
+            for n in self.iter()
+            if (tag is None or n.tag == tag)
+            and (cls is None or cls in n.classes)
+            and all(n.attrs.get(k) == v for k, v in attrs.items())
+        ]
 
     def find(self, *a, **k):
         found = self.find_all(*a, **k)
@@ -101,16 +106,25 @@ def resolve(page: Path, href: str) -> Path:
 def markdown_rows(md: str) -> list[list[str]]:
     """The body rows of the first Markdown table in ``md``, cells unescaped."""
     lines = [ln for ln in md.splitlines() if ln.startswith("|")]
-    return [[re.sub(r"<sup>(\d+)</sup>", r"\1", c.replace("\\|", "|")) for c in re.split(r" (?<!\\)\| ", ln[2:-2])]
-            for ln in lines[2:]]
+    return [
+        [re.sub(r"<sup>(\d+)</sup>", r"\1", c.replace("\\|", "|")) for c in re.split(r" (?<!\\)\| ", ln[2:-2])]
+        for ln in lines[2:]
+    ]
 
 
 def runs_tree(root: Path):
     for task in ("listops", "text"):
         for attn, acc in (("softmax", 0.37), ("nystrom", 0.38), ("performer", 0.18)):
             for seed in range(3):
-                make_record(root, attn, seed, task=task, test_acc=acc + 0.01 * seed, preset=P,
-                            time_per_1k_steps_s=150.0 + 10 * seed)
+                make_record(
+                    root,
+                    attn,
+                    seed,
+                    task=task,
+                    test_acc=acc + 0.01 * seed,
+                    preset=P,
+                    time_per_1k_steps_s=150.0 + 10 * seed,
+                )
     for seed in range(2):
         make_record(root, "softmax", seed, sub="train.lr=0.002", test_acc=0.35, preset=P)
     make_record(root, "softmax", 0, sub=SCRIPT, test_acc=0.3, preset=P)
@@ -135,8 +149,9 @@ def test_cells_equal_the_markdown_and_best_is_bold(page):
         section = ids[f"t-0-{key}"]
         assert section.find("h3").text() == render.title(built)
         table = section.find("table")
-        page_rows = [[c.text().strip() for c in tr.children if isinstance(c, Node)]
-                     for tr in table.find("tbody").find_all("tr")]
+        page_rows = [
+            [c.text().strip() for c in tr.children if isinstance(c, Node)] for tr in table.find("tbody").find_all("tr")
+        ]
         md_rows = markdown_rows((res.out / preset / f"{key}.md").read_text())
         assert len(page_rows) == len(md_rows) == len(built.rows)
         for got, want in zip(page_rows, md_rows):

@@ -17,8 +17,18 @@ from lra.collect.tables import summary
 LONG = "protocol.listops.data.n_test=64,protocol.listops.data.n_train=256,train.lr=0.001"
 STEPS = (149, 299, 449, 599)
 # what a reader must never see in a figure: record field names, code keys, GB for 2^30 bytes
-FORBIDDEN = ("peak_mem", "tokens_per_s", "_mean", "GB =", "GB)", "time_per_1k", "time/train_s", "steps_s",
-             "skeinformer_no_rownorm", "test_acc")
+FORBIDDEN = (
+    "peak_mem",
+    "tokens_per_s",
+    "_mean",
+    "GB =",
+    "GB)",
+    "time_per_1k",
+    "time/train_s",
+    "steps_s",
+    "skeinformer_no_rownorm",
+    "test_acc",
+)
 
 
 def timed_record(root, attn, seed=0, times=(30.0, 200.0, 210.0, 900.0), task="listops", **fields) -> Path:
@@ -41,16 +51,26 @@ def line_of(ax, colour):
 
 
 def _points(ax):
-    return np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())
-                           and c.get_offsets().shape[1] == 2 and type(c).__name__ == "PathCollection"])
+    return np.concatenate(
+        [
+            c.get_offsets()
+            for c in ax.collections
+            if len(c.get_offsets()) and c.get_offsets().shape[1] == 2 and type(c).__name__ == "PathCollection"
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- names
 def test_readable_names_are_the_papers_row_names():
     got = readable_names(["softmax", "skeinformer_no_rownorm", "nystrom", f"softmax [{LONG}]", "my_attn", "kernelized"])
-    assert got == {"softmax": "Standard", "skeinformer_no_rownorm": "Skeinformer w/o row normalization",
-                   "nystrom": "Nyströmformer", f"softmax [{LONG}]": f"Standard [{LONG}]", "my_attn": "my_attn",
-                   "kernelized": "Kernelized Attention"}
+    assert got == {
+        "softmax": "Standard",
+        "skeinformer_no_rownorm": "Skeinformer w/o row normalization",
+        "nystrom": "Nyströmformer",
+        f"softmax [{LONG}]": f"Standard [{LONG}]",
+        "my_attn": "my_attn",
+        "kernelized": "Kernelized Attention",
+    }
     # two keys never share a printed name
     assert len(set(readable_names(["softmax", "Standard"]).values())) == 2
 
@@ -92,9 +112,12 @@ def test_curves_without_measured_time_are_approximated_and_say_so(tmp_path):
     fig, notes = curves_figure(runs, tmp_path, "quick", "listops")
     (acc_step, acc_time), (_, loss_time) = fig.axes[0:2], fig.axes[2:4]
     labels = [t.get_text().replace("\n", "") for t in fig.legends[0].get_texts()]
-    assert labels == ["none (no attention) (1 seed; no training time)", "Nyströmformer (1 seed)",
-                      "Standard (2 seeds; time approximated)",
-                      "Standard [n_test=64, n_train=256, lr=0.001] (2 seeds; time approximated)"]  # changed keys
+    assert labels == [
+        "none (no attention) (1 seed; no training time)",
+        "Nyströmformer (1 seed)",
+        "Standard (2 seeds; time approximated)",
+        "Standard [n_test=64, n_train=256, lr=0.001] (2 seeds; time approximated)",
+    ]  # changed keys
     soft = acc_step.get_lines()[2].get_color()
     # time = step x the seeds' mean time per step (100 and 200 s per 1k steps), in minutes (Nyströmformer: 15 min)
     assert line_of(acc_time, soft).get_xdata() == pytest.approx([s * 0.15 / 60 for s in STEPS])
@@ -119,8 +142,8 @@ def test_curves_all_approximated_say_so_on_the_axis(tmp_path):
 
 # ----------------------------------------------------------------------------- efficiency
 def test_efficiency_memory_estimate_in_gib_and_labels_at_points(tmp_path):
-    make_record(tmp_path, "softmax", 0, device="cpu", peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
-    make_record(tmp_path, "skeinformer_no_rownorm", 0, peak_mem_bytes=2 ** 30, peak_mem_estimate_bytes=5 * 2 ** 30)
+    make_record(tmp_path, "softmax", 0, device="cpu", peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2**30)
+    make_record(tmp_path, "skeinformer_no_rownorm", 0, peak_mem_bytes=2**30, peak_mem_estimate_bytes=5 * 2**30)
     runs, _ = load_runs(tmp_path)
     fig = efficiency_figure(summary(runs), "quick", "listops")
     mem_ax = fig.axes[1]
@@ -128,8 +151,10 @@ def test_efficiency_memory_estimate_in_gib_and_labels_at_points(tmp_path):
     assert "peak memory (GiB)" in mem_ax.get_xlabel() and "filled: measured" in mem_ax.get_xlabel()
     assert "hollow: estimated" in mem_ax.get_xlabel()
     labels = {a.get_text(): a.xy for a in mem_ax.texts if isinstance(a, Annotation)}
-    assert labels == {"Standard (1 seed)": (3.0, pytest.approx(40.0)),
-                      "Skeinformer w/o row normalization (1 seed)": (1.0, pytest.approx(40.0))}
+    assert labels == {
+        "Standard (1 seed)": (3.0, pytest.approx(40.0)),
+        "Skeinformer w/o row normalization (1 seed)": (1.0, pytest.approx(40.0)),
+    }
     assert not [t for t in texts_of(fig) if any(f in t for f in FORBIDDEN)]
 
 
@@ -139,13 +164,20 @@ def _speed_records(root, rows, seeds=(0,), **fields):
     for attn, per_task in rows.items():
         for task, sps in per_task.items():
             for seed in seeds:
-                make_record(root, attn, seed, task=task, time_per_1k_steps_s=1000.0 / sps,
-                            test_acc=0.4 + 0.01 * seed, **fields)
+                make_record(
+                    root, attn, seed, task=task, time_per_1k_steps_s=1000.0 / sps, test_acc=0.4 + 0.01 * seed, **fields
+                )
 
 
 def test_lra_chart_speed_is_relative_to_softmax_per_task(tmp_path):
-    _speed_records(tmp_path, {"softmax": {"listops": 10.0, "text": 5.0}, "nystrom": {"listops": 30.0, "text": 20.0},
-                              "performer": {"listops": 15.0}})
+    _speed_records(
+        tmp_path,
+        {
+            "softmax": {"listops": 10.0, "text": 5.0},
+            "nystrom": {"listops": 30.0, "text": 20.0},
+            "performer": {"listops": 15.0},
+        },
+    )
     runs, _ = load_runs(tmp_path)
     d, unit, ref = lra_chart_data(summary(runs), "quick")
     assert unit == "steps/s" and ref == "softmax"
@@ -211,25 +243,50 @@ def test_lra_chart_interval_never_leaves_0_to_100(tmp_path):
 def test_lra_chart_memory_and_throughput(tmp_path):
     for task, acc, tok in (("listops", 0.4, 1000.0), ("text", 0.6, 4000.0)):
         for seed in (0, 1):
-            make_record(tmp_path, "softmax", seed, task=task, test_acc=acc + 0.02 * seed, tokens_per_s=tok,
-                        peak_mem_bytes=(2 if task == "text" else 1) * 2 ** 30)
-    make_record(tmp_path, "none", 0, task="listops", test_acc=0.2, tokens_per_s=9000.0, device="cpu",
-                peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
-    make_record(tmp_path, "vmean", 0, task="listops", test_acc=0.2, tokens_per_s=3000.0,
-                peak_mem_bytes=None, peak_mem_estimate_bytes=3 * 2 ** 30)
+            make_record(
+                tmp_path,
+                "softmax",
+                seed,
+                task=task,
+                test_acc=acc + 0.02 * seed,
+                tokens_per_s=tok,
+                peak_mem_bytes=(2 if task == "text" else 1) * 2**30,
+            )
+    make_record(
+        tmp_path,
+        "none",
+        0,
+        task="listops",
+        test_acc=0.2,
+        tokens_per_s=9000.0,
+        device="cpu",
+        peak_mem_bytes=None,
+        peak_mem_estimate_bytes=3 * 2**30,
+    )
+    make_record(
+        tmp_path,
+        "vmean",
+        0,
+        task="listops",
+        test_acc=0.2,
+        tokens_per_s=3000.0,
+        peak_mem_bytes=None,
+        peak_mem_estimate_bytes=3 * 2**30,
+    )
     runs, _ = load_runs(tmp_path)
     d, unit, ref = lra_chart_data(summary(runs), "quick")
     assert unit == "tokens/s" and ref == "softmax"
     soft, none = d.set_index("row").loc["softmax"], d.set_index("row").loc["none"]
     assert soft["acc"] == pytest.approx(51.0) and soft["speed"] == pytest.approx(2000.0)  # geometric mean
-    assert soft["mem"] == 2 * 2 ** 30 and soft["mem_src"] == "measured" and soft["tasks"] == 2
+    assert soft["mem"] == 2 * 2**30 and soft["mem_src"] == "measured" and soft["tasks"] == 2
     # timed on a CPU against Standard on a V100: no ratio (it would read 9x), left out and said
     assert math.isnan(none["x"]) and none["mem_src"] == "estimated" and none["tasks"] == 1
     fig, notes = lra_chart_figure(summary(runs), "quick")
     assert [n for _, n in notes if "same device" in n]
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "filled: peak memory measured" in legend and any(t.startswith("hollow: peak memory estimated")
-                                                            for t in legend)
+    assert "filled: peak memory measured" in legend and any(
+        t.startswith("hollow: peak memory estimated") for t in legend
+    )
     assert d.set_index("row").loc["vmean", "x"] == pytest.approx(3.0)  # the same device: 3000 / 1000 tokens/s
     assert "3 GiB" in legend and "1.5 GiB" in legend  # reference sizes in GiB, the largest first
     assert not [t for t in texts_of(fig) if any(f in t for f in FORBIDDEN)]
@@ -241,20 +298,34 @@ def test_plot_preset_writes_every_figure_byte_identically_without_field_names(tm
     for seed in (0, 1, 2):
         for task in ("listops", "text"):
             timed_record(runs_root, "softmax", seed, task=task, tokens_per_s=1000.0)
-            make_record(runs_root, "skeinformer_no_rownorm", seed, task=task, tokens_per_s=3000.0, device="cpu",
-                        peak_mem_bytes=None, peak_mem_estimate_bytes=2 ** 29)
+            make_record(
+                runs_root,
+                "skeinformer_no_rownorm",
+                seed,
+                task=task,
+                tokens_per_s=3000.0,
+                device="cpu",
+                peak_mem_bytes=None,
+                peak_mem_estimate_bytes=2**29,
+            )
         make_record(runs_root, "nystrom", seed, sub=LONG, tokens_per_s=2500.0)  # one task only, an override
     runs, _ = load_runs(runs_root)
     summ = summary(runs)
     a, notes = plot_preset(runs, summ, runs_root, "quick", tmp_path / "a")
     plot_preset(runs, summ, runs_root, "quick", tmp_path / "b")
     names = sorted(p.name for p in a)
-    assert names == sorted(f"{s}.{e}" for s in ("curves_listops", "curves_text", "efficiency_listops",
-                                                 "efficiency_text", "lra_chart") for e in ("png", "pdf"))
+    assert names == sorted(
+        f"{s}.{e}"
+        for s in ("curves_listops", "curves_text", "efficiency_listops", "efficiency_text", "lra_chart")
+        for e in ("png", "pdf")
+    )
     assert all(p.read_bytes() == (tmp_path / "b" / p.name).read_bytes() for p in a)
     assert not list(tmp_path.rglob("*.tmp"))
     assert any("approximated" in n for _, n in notes)
-    for fig in (curves_figure(runs, runs_root, "quick", "listops")[0], efficiency_figure(summ, "quick", "text"),
-                lra_chart_figure(summ, "quick")[0]):
+    for fig in (
+        curves_figure(runs, runs_root, "quick", "listops")[0],
+        efficiency_figure(summ, "quick", "text"),
+        lra_chart_figure(summ, "quick")[0],
+    ):
         bad = [t for t in texts_of(fig) if any(f in t for f in FORBIDDEN)]
         assert bad == []

@@ -1,26 +1,38 @@
 """The papers' protocols: presets (docs/facts.md §4), stopping and selection rules, run records,
 diverged and stuck runs, schedules, the resumable data order and the training timer."""
 
-import math
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
-from lra.config import ConfigError, ModelSpec, AttnSpec, TrainSpec, compose, load
+
+from lra.config import AttnSpec, ConfigError, ModelSpec, TrainSpec, compose, load
 from tests.test_train import TINY
 
 # docs/facts.md §4, §9.3, §9.4, §9.5: (batch, lr, warmup, steps, eval every)
 PAPER = {
-    "skeinformer_paper": {"listops": (256, 1e-4, 1000, 20000, 500), "text": (128, 1e-4, 80, 50000, 500),
-                          "retrieval": (64, 1e-4, 800, 60000, 300), "image": (256, 1e-4, 175, 50000, 50),
-                          "pathfinder": (512, 2e-4, 312, 31200, 312)},
-    "skyformer_paper": {"listops": (32, 1e-4, 1000, 50000, 500), "text": (32, 1e-4, 80, 50000, 500),
-                        "retrieval": (16, 2e-4, 800, 50000, 1000), "image": (256, 1e-4, 175, 50000, 50),
-                        "pathfinder": (128, 2e-4, 312, 50000, 500)},
-    "nystromformer_paper": {"listops": (32, 1e-4, 1000, 5000, 50), "text": (32, 1e-4, 8000, 20000, 500),
-                            "retrieval": (32, 1e-4, 800, 30000, 300), "image": (256, 1e-4, 175, 35000, 175),
-                            "pathfinder": (256, 1e-4, 312, 62400, 312)},
+    "skeinformer_paper": {
+        "listops": (256, 1e-4, 1000, 20000, 500),
+        "text": (128, 1e-4, 80, 50000, 500),
+        "retrieval": (64, 1e-4, 800, 60000, 300),
+        "image": (256, 1e-4, 175, 50000, 50),
+        "pathfinder": (512, 2e-4, 312, 31200, 312),
+    },
+    "skyformer_paper": {
+        "listops": (32, 1e-4, 1000, 50000, 500),
+        "text": (32, 1e-4, 80, 50000, 500),
+        "retrieval": (16, 2e-4, 800, 50000, 1000),
+        "image": (256, 1e-4, 175, 50000, 50),
+        "pathfinder": (128, 2e-4, 312, 50000, 500),
+    },
+    "nystromformer_paper": {
+        "listops": (32, 1e-4, 1000, 5000, 50),
+        "text": (32, 1e-4, 8000, 20000, 500),
+        "retrieval": (32, 1e-4, 800, 30000, 300),
+        "image": (256, 1e-4, 175, 35000, 175),
+        "pathfinder": (256, 1e-4, 312, 62400, 312),
+    },
 }
 
 
@@ -33,7 +45,12 @@ def test_presets_reproduce_the_papers_numbers(preset):
     for task, (batch, lr, warmup, steps, every) in PAPER[preset].items():
         protocol = compose([f"experiment={preset}"]).protocol[task]
         assert (protocol.batch_size, protocol.lr, protocol.warmup, protocol.max_steps, protocol.eval_every) == (
-            batch, lr, warmup, steps, every), (preset, task)
+            batch,
+            lr,
+            warmup,
+            steps,
+            every,
+        ), (preset, task)
     c = cfg(f"experiment={preset}", "task=listops")
     assert c.preset == preset and c.train.batch_size == PAPER[preset]["listops"][0]
     assert c.train.schedule == "onecycle" and c.model.seq_len == 2048
@@ -68,8 +85,13 @@ def test_feature_budgets_and_softmax_impl():
         assert opts("skeinformer_paper", "performer", f"semantics={sem}")["features"] == budget
         assert opts("skeinformer_paper", "informer", f"semantics={sem}")["num_features"] == budget
         assert opts("skeinformer_paper", "skeinformer_uniform", f"semantics={sem}")["num_features"] == 256
-    for attn, key in [("skyformer", "num_landmarks"), ("linformer", "k"), ("nystrom", "landmarks"),
-                      ("performer", "features"), ("informer", "num_features")]:
+    for attn, key in [
+        ("skyformer", "num_landmarks"),
+        ("linformer", "k"),
+        ("nystrom", "landmarks"),
+        ("performer", "features"),
+        ("informer", "num_features"),
+    ]:
         assert opts("skyformer_paper", attn)[key] == 128, attn
     assert has(opts("skyformer_paper", "bigbird"), {"block_size": 64, "random_blocks": 3})
     assert has(opts("nystromformer_paper", "nystrom"), {"landmarks": 64, "conv_kernel": 35})
@@ -86,8 +108,11 @@ def test_feature_budgets_and_softmax_impl():
 
 
 def test_text_length_and_dev_split():
-    for preset, length, seq in [("skeinformer_paper", 4000, 4096), ("skyformer_paper", 4000, 4096),
-                                ("nystromformer_paper", 1000, 1024)]:
+    for preset, length, seq in [
+        ("skeinformer_paper", 4000, 4096),
+        ("skyformer_paper", 4000, 4096),
+        ("nystromformer_paper", 1000, 1024),
+    ]:
         protocol = compose([f"experiment={preset}"]).protocol
         assert protocol.text.data.max_length == length and protocol.text.data.dev_split == "test"
         assert (protocol.pathfinder.data.resolution, protocol.pathfinder.data.difficulty) == (32, "hard")
@@ -105,9 +130,19 @@ def test_text_length_and_dev_split():
 def train(tmp_path, *overrides):
     from lra.train import run
 
-    return run(load([*TINY, "trainer.progress=false", f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}",
-                     f"fit.cache_dir={tmp_path / 'cache'}", *overrides],
-                    run_dir=tmp_path / "runs" / "_".join(o.replace("/", "_") for o in overrides)))
+    return run(
+        load(
+            [
+                *TINY,
+                "trainer.progress=false",
+                f"data_root={tmp_path / 'data'}",
+                f"runs_root={tmp_path / 'runs'}",
+                f"fit.cache_dir={tmp_path / 'cache'}",
+                *overrides,
+            ],
+            run_dir=tmp_path / "runs" / "_".join(o.replace("/", "_") for o in overrides),
+        )
+    )
 
 
 def test_early_stopping_after_patience_evaluations(tmp_path):
@@ -156,9 +191,24 @@ def test_test_at_stop(tmp_path):
 
 def test_record_fields(tmp_path):
     rec = train(tmp_path, "hardware=v100_16gb", "hardware.micro_batch=null", "train.eval_every=6")
-    for key in ("steps_to_best", "steps_at_stop", "train_time_s", "eval_time_s", "time_per_1k_steps_s",
-                "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch", "accum_steps", "effective_batch",
-                "tokens_per_s", "attn_impl", "attn_options", "precision", "stop_reason", "tested_ckpt"):
+    for key in (
+        "steps_to_best",
+        "steps_at_stop",
+        "train_time_s",
+        "eval_time_s",
+        "time_per_1k_steps_s",
+        "peak_mem_bytes",
+        "peak_mem_estimate_bytes",
+        "micro_batch",
+        "accum_steps",
+        "effective_batch",
+        "tokens_per_s",
+        "attn_impl",
+        "attn_options",
+        "precision",
+        "stop_reason",
+        "tested_ckpt",
+    ):
         assert key in rec, key
     assert rec["peak_mem_estimate_bytes"] > 0 and rec["accum_source"] == "memory fit"
     assert (rec["peak_mem_bytes"] is None) is (not torch.cuda.is_available())  # measured on a GPU only
@@ -252,7 +302,7 @@ def test_train_clock_excludes_evaluation_and_survives_a_restart():
     from lra.module import TrainClock
 
     c = TrainClock()
-    c.pause()   # the sanity check's evaluation, before training starts: not counted
+    c.pause()  # the sanity check's evaluation, before training starts: not counted
     c.resume()
     assert not c.running and c.train_s == 0 and c.eval_s == 0
     c.start()
@@ -261,7 +311,7 @@ def test_train_clock_excludes_evaluation_and_survives_a_restart():
     assert c.evaluating and not c.running
     frozen = c.train_s
     time.sleep(0.2)
-    assert c.train_s == frozen   # the clock stands still while evaluating
+    assert c.train_s == frozen  # the clock stands still while evaluating
     c.resume()
     time.sleep(0.05)
     saved = c.state_dict()
@@ -279,8 +329,10 @@ def test_train_clock_is_restored_from_new_and_older_checkpoints():
     harness wrote (a run started before the upgrade resumes with its training time, not from zero)."""
     from lra.module import LitLRA
 
-    for ckpt in ({"train_clock": {"train_time_s": 12.5, "eval_time_s": 3.0}},
-                 {"callbacks": {"TrainTimer": {"train_time_s": 12.5, "eval_time_s": 3.0}}}):
+    for ckpt in (
+        {"train_clock": {"train_time_s": 12.5, "eval_time_s": 3.0}},
+        {"callbacks": {"TrainTimer": {"train_time_s": 12.5, "eval_time_s": 3.0}}},
+    ):
         lit = SimpleNamespace(clock=None)
         LitLRA.on_load_checkpoint(lit, ckpt)
         assert (lit.clock.train_s, lit.clock.eval_s) == (12.5, 3.0) and not lit.clock.running

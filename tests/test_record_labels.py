@@ -52,8 +52,7 @@ def test_a_finished_run_keeps_its_name_and_says_so(tmp_path):
     run_train(tmp_path, *TINY, "trainer.progress=false", "name=first")
     (path,) = (tmp_path / "runs").rglob("result.json")
     rec = json.loads(path.read_text())
-    assert path.parent.relative_to(tmp_path / "runs").parts[:5] == ("quick", "clean", "listops", "softmax",
-                                                                    "seed0")
+    assert path.parent.relative_to(tmp_path / "runs").parts[:5] == ("quick", "clean", "listops", "softmax", "seed0")
     assert path.parent.name == run_tag(TINY) and "first" not in str(path)
     assert rec["status"] == "completed" and rec["name"] == "first" and rec["search"] is None
     again = run_train(tmp_path, *TINY, "trainer.progress=false", "name=second")

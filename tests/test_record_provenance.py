@@ -15,8 +15,14 @@ from lra.data import cache, data_record, load_task, provenance
 from lra.data import listops as lo
 from tests.test_listops import SMALL, _write_official
 
-NODE = {"name": "listops", "max_length": 60, "seq_len": 64, "dirname": "listops-small", "generate": True,
-        "generator": dict(SMALL)}  # 256/5/5 trees, generated on first use
+NODE = {
+    "name": "listops",
+    "max_length": 60,
+    "seq_len": 64,
+    "dirname": "listops-small",
+    "generate": True,
+    "generator": dict(SMALL),
+}  # 256/5/5 trees, generated on first use
 TREES = ["( ( ( [MAX 2 ) 9 ) ] )", "( ( ( [SM 3 ) 4 ) ] )", "( ( ( [MIN 5 ) 1 ) ] )"]
 
 
@@ -48,8 +54,9 @@ def test_generated_and_release_listops_have_different_ids_and_kinds(tmp_path):
     assert [f["path"] for f in rel["files"]] == [f"listops-small/basic_{s}.tsv" for s in lo.SPLITS]
     train_sha = hashlib.sha256((tmp_path / "listops-small" / "basic_train.tsv").read_bytes()).hexdigest()
     assert rel["files"][0]["sha256"] == train_sha
-    assert rel["description"].startswith("ListOps release listops-small (basic_train.tsv, basic_val.tsv, "
-                                          f"basic_test.tsv, sha256 {rel['sha256'][:8]}")
+    assert rel["description"].startswith(
+        "ListOps release listops-small (basic_train.tsv, basic_val.tsv, " f"basic_test.tsv, sha256 {rel['sha256'][:8]}"
+    )
 
 
 def test_the_same_data_in_a_copied_data_root_has_the_same_id(tmp_path, monkeypatch):
@@ -63,8 +70,12 @@ def test_the_same_data_in_a_copied_data_root_has_the_same_id(tmp_path, monkeypat
     b = data_record(load_task(NODE, tmp_path / "b"))
     assert len(list((tmp_path / "b" / "cache").iterdir())) == 2  # a new cache entry was built from the copy...
     assert b["id"] == a["id"]  # ...from the same data
-    assert (b["files"], b["sha256"], b["description"], b["content"]) == (a["files"], a["sha256"], a["description"],
-                                                                          a["content"])
+    assert (b["files"], b["sha256"], b["description"], b["content"]) == (
+        a["files"],
+        a["sha256"],
+        a["description"],
+        a["content"],
+    )
     monkeypatch.setattr(lo, "write_dataset", generate)
     other = data_record(load_task({**NODE, "generator": {**SMALL, "seed": 2}}, tmp_path / "a"))
     assert other["kind"] == "generated" and other["id"] != a["id"]
@@ -94,12 +105,19 @@ def test_imdb_from_its_folder_its_archive_or_parquet_is_one_id_of_three_kinds(tm
     write_parquet(tmp_path / "parquet")
     recs = {f: data_record(load_task(cfg(dev_split="test"), tmp_path / f)) for f in ("folder", "tar", "parquet")}
     assert {f: (r["kind"], r["format"]) for f, r in recs.items()} == {
-        "folder": ("release", "folder"), "tar": ("archive", "tar"), "parquet": ("hf", "parquet")}
+        "folder": ("release", "folder"),
+        "tar": ("archive", "tar"),
+        "parquet": ("hf", "parquet"),
+    }
     assert len({r["id"] for r in recs.values()}) == 1
     assert len({r["sha256"] for r in recs.values()}) == 3  # the details still tell the sources apart
     assert recs["folder"]["aliases"] == {"val": "test"} and "val is the test split" in recs["folder"]["description"]
-    assert [f["path"] for f in recs["folder"]["files"]] == ["aclImdb/train/neg", "aclImdb/train/pos",
-                                                           "aclImdb/test/neg", "aclImdb/test/pos"]
+    assert [f["path"] for f in recs["folder"]["files"]] == [
+        "aclImdb/train/neg",
+        "aclImdb/train/pos",
+        "aclImdb/test/neg",
+        "aclImdb/test/pos",
+    ]
     assert recs["folder"]["files"][0]["files"] == 3
 
 
@@ -197,12 +215,26 @@ def _run(tmp_path, name, monkeypatch, stop_at=None):
     from lra.config import load
 
     monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if stop_at is None else [_StopAt(stop_at)])
-    spec = load(["experiment=quick", "protocol.listops.data.n_train=64", "protocol.listops.data.n_val=16",
-                 "protocol.listops.data.n_test=16", "protocol.listops.data.max_length=60",
-                 "protocol.listops.data.seq_len=64", "train.batch_size=16", "train.max_steps=6",
-                 "train.eval_every=3", "train.ckpt_every_steps=2", "num_threads=1", "trainer.progress=false",
-                 f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}", f"fit.cache_dir={tmp_path / 'fit'}"],
-                run_dir=tmp_path / "runs" / name)
+    spec = load(
+        [
+            "experiment=quick",
+            "protocol.listops.data.n_train=64",
+            "protocol.listops.data.n_val=16",
+            "protocol.listops.data.n_test=16",
+            "protocol.listops.data.max_length=60",
+            "protocol.listops.data.seq_len=64",
+            "train.batch_size=16",
+            "train.max_steps=6",
+            "train.eval_every=3",
+            "train.ckpt_every_steps=2",
+            "num_threads=1",
+            "trainer.progress=false",
+            f"data_root={tmp_path / 'data'}",
+            f"runs_root={tmp_path / 'runs'}",
+            f"fit.cache_dir={tmp_path / 'fit'}",
+        ],
+        run_dir=tmp_path / "runs" / name,
+    )
     try:
         return train.run(spec)
     except _Stop:

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from lra.config import ConfigError, load
-from lra.naming import run_folder, run_tag
 from lra.data import DataError
+from lra.naming import run_folder, run_tag
 from tests.test_train import TINY
 
 T = [*TINY, "trainer.progress=false"]
@@ -21,18 +21,39 @@ def _roots(tmp_path):
     return [f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}"]
 
 
-@pytest.mark.parametrize("spelling", [["train.lr=1e-3"], ["train.lr=0.001"], ["protocol.listops.lr=1e-3"],
-                                      ["trainer.progress=true"], ["protocol.text.lr=5"]])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        ["train.lr=1e-3"],
+        ["train.lr=0.001"],
+        ["protocol.listops.lr=1e-3"],
+        ["trainer.progress=true"],
+        ["protocol.text.lr=5"],
+    ],
+)
 def test_equal_configurations_share_one_folder_whatever_their_spelling(spelling):
     # the quick preset's lr is 1e-3: spelled any way, or set for another task, it is the same run
-    assert run_tag(T + spelling) == run_tag(T) == (
-        "task.generator.n_test=64,task.generator.n_train=256,task.generator.n_val=64,train.eval_every=5,"
-        "train.max_steps=12")
+    assert (
+        run_tag(T + spelling)
+        == run_tag(T)
+        == (
+            "task.generator.n_test=64,task.generator.n_train=256,task.generator.n_val=64,train.eval_every=5,"
+            "train.max_steps=12"
+        )
+    )
 
 
-@pytest.mark.parametrize("change", [["train.lr=0.002"], ["protocol.listops.lr=0.002"], ["model.pooling=padded_mean"],
-                                    ["attn=skeinformer", "attn.options.num_features=31"],
-                                    ["train.schedule=onecycle", "train.warmup=3"], ["trainer.precision=bf16-mixed"]])
+@pytest.mark.parametrize(
+    "change",
+    [
+        ["train.lr=0.002"],
+        ["protocol.listops.lr=0.002"],
+        ["model.pooling=padded_mean"],
+        ["attn=skeinformer", "attn.options.num_features=31"],
+        ["train.schedule=onecycle", "train.warmup=3"],
+        ["trainer.precision=bf16-mixed"],
+    ],
+)
 def test_different_configurations_never_share_a_folder(change):
     base, other = T + [c for c in change if c.startswith("attn=")], T + change
     assert run_tag(other) != run_tag(base)
@@ -52,8 +73,10 @@ def test_batch_larger_than_the_training_split_is_one_line_before_any_run_folder(
 
     with pytest.raises(ConfigError) as e:
         check_before_run(T + _roots(tmp_path) + ["train.batch_size=1000000000"])
-    assert str(e.value) == ("train.batch_size=1000000000 is larger than the 256 training examples of listops: set "
-                            "train.batch_size to at most 256")
+    assert str(e.value) == (
+        "train.batch_size=1000000000 is larger than the 256 training examples of listops: set "
+        "train.batch_size to at most 256"
+    )
     assert not list((tmp_path / "runs").iterdir())  # the data was prepared; no run folder was made
 
 
@@ -86,10 +109,29 @@ def test_ctrl_c_before_the_run_starts_is_one_line(monkeypatch, capsys):
 
 
 def test_failed_run_exits_1_with_one_line_and_a_failed_record(tmp_path):
-    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
-           "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, "-m", "lra.train", *T, "train.lr=1e10", "train.max_steps=6", "hardware=cpu",
-                           "train.eval_every=3"], env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lra.train",
+            *T,
+            "train.lr=1e10",
+            "train.max_steps=6",
+            "hardware=cpu",
+            "train.eval_every=3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     rec = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
     out = proc.stdout + proc.stderr
     assert rec["status"] == "failed" and proc.returncode == 1, out[-3000:]
@@ -101,7 +143,9 @@ def test_collect_into_a_read_only_root_is_one_line(tmp_path, monkeypatch, capsys
 
     (tmp_path / "runs").mkdir()
     real = os.access
-    monkeypatch.setattr(collect.os, "access", lambda p, mode: False if str(p) == str(tmp_path / "runs") else real(p, mode))
+    monkeypatch.setattr(
+        collect.os, "access", lambda p, mode: False if str(p) == str(tmp_path / "runs") else real(p, mode)
+    )
     assert collect.main(["--runs", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot be written; pass --out DIR" in err and "\n" not in err

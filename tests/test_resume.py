@@ -20,17 +20,39 @@ from tests.test_train import TINY
 # Long enough to be killed mid-training; micro-batch 16 x accumulation 2 exercises accumulation
 # boundaries; patience exercises the early-stopping state; a checkpoint every 3 optimizer steps
 # besides every evaluation. 256 training examples / 16 = 16 batches per epoch: epochs roll over.
-RESUME = [*[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every"))],
-          "train.max_steps=40", "train.eval_every=8", "train.patience=3", "hardware.micro_batch=16",
-          "train.ckpt_every_steps=3", "trainer.progress=false"]
-SAME = ("status", "steps", "steps_at_stop", "steps_to_best", "stop_reason", "micro_batch", "accum_steps",
-        "effective_batch", "tested_ckpt", "split_sizes")
+RESUME = [
+    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every"))],
+    "train.max_steps=40",
+    "train.eval_every=8",
+    "train.patience=3",
+    "hardware.micro_batch=16",
+    "train.ckpt_every_steps=3",
+    "trainer.progress=false",
+]
+SAME = (
+    "status",
+    "steps",
+    "steps_at_stop",
+    "steps_to_best",
+    "stop_reason",
+    "micro_batch",
+    "accum_steps",
+    "effective_batch",
+    "tested_ckpt",
+    "split_sizes",
+)
 CLOSE = ("test_acc", "test_loss", "best_val_acc")
 
 
 def _env(tmp_path, runs):  # one data folder per runs folder: runs started together never share a generation
-    return {**os.environ, "LRA_DATA": str(tmp_path / f"data-{runs}"), "LRA_RUNS": str(tmp_path / runs),
-            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / f"data-{runs}"),
+        "LRA_RUNS": str(tmp_path / runs),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _cmd():
@@ -55,8 +77,9 @@ def _run(tmp_path, runs):
 
 def _start_reference(tmp_path):
     """The uninterrupted run, in the background while the test kills the other one."""
-    return subprocess.Popen(_cmd(), env=_env(tmp_path, "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        _cmd(), env=_env(tmp_path, "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _reference(tmp_path, proc):
@@ -72,8 +95,9 @@ def _start_and_kill(tmp_path, runs, sig, min_step):
     """Start the run, wait for a resume checkpoint at optimizer step >= min_step, send ``sig``."""
     import torch
 
-    proc = subprocess.Popen(_cmd(), env=_env(tmp_path, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        _cmd(), env=_env(tmp_path, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 300
     step = None
     try:
@@ -146,12 +170,22 @@ def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
 # 64 training examples in micro-batches of 8 x accumulation 2: 8 batches, 4 optimizer steps per epoch,
 # so 14 steps cross 3 epoch boundaries. Evaluation every 3 steps; a resume checkpoint at each evaluation
 # and at every 2nd step.
-EPOCHS = [*[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.listops.data.n_"))],
-          "protocol.listops.data.n_train=64", "protocol.listops.data.n_val=16", "protocol.listops.data.n_test=16",
-          "protocol.listops.data.max_length=60", "protocol.listops.data.seq_len=64", "train.batch_size=16",
-          "hardware.micro_batch=8", "train.max_steps=14", "train.eval_every=3", "train.ckpt_every_steps=2",
-          "trainer.log_every_n_steps=1", "trainer.progress=false",
-          *(["logger=tensorboard"] if importlib.util.find_spec("tensorboard") else [])]  # a dev extra
+EPOCHS = [
+    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.listops.data.n_"))],
+    "protocol.listops.data.n_train=64",
+    "protocol.listops.data.n_val=16",
+    "protocol.listops.data.n_test=16",
+    "protocol.listops.data.max_length=60",
+    "protocol.listops.data.seq_len=64",
+    "train.batch_size=16",
+    "hardware.micro_batch=8",
+    "train.max_steps=14",
+    "train.eval_every=3",
+    "train.ckpt_every_steps=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.progress=false",
+    *(["logger=tensorboard"] if importlib.util.find_spec("tensorboard") else []),
+]  # a dev extra
 
 
 class _Killed(Exception):
@@ -173,8 +207,15 @@ def _run_in_process(tmp_path, name, monkeypatch, kill_at=None):
     from lra import train as lra_train
 
     monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
-    spec = load([*EPOCHS, f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}",
-                 f"fit.cache_dir={tmp_path / 'cache'}"], run_dir=tmp_path / "runs" / name)
+    spec = load(
+        [
+            *EPOCHS,
+            f"data_root={tmp_path / 'data'}",
+            f"runs_root={tmp_path / 'runs'}",
+            f"fit.cache_dir={tmp_path / 'cache'}",
+        ],
+        run_dir=tmp_path / "runs" / name,
+    )
     try:
         return lra_train.run(spec)
     except _Killed:

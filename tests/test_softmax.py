@@ -1,12 +1,11 @@
 """softmax and none against an exact float64 reference, with padding at the end and in the middle."""
 
-
 import pytest
 import torch
 
 import attention
-from tests.oracles import dense_softmax
 from attention.testing import masks, qkv
+from tests.oracles import dense_softmax
 
 
 @pytest.mark.parametrize("impl", ["fused", "materialized"])

@@ -16,21 +16,53 @@ from lra.config import attn_configs
 from lra.sweep import FINISHED, MARKER, apply_cli, load_grid
 from lra.sweep.cli import main
 
-TINY = ["protocol.listops.data.n_train=256", "protocol.listops.data.n_val=64", "protocol.listops.data.n_test=64",
-        "train.max_steps=12", "train.eval_every=5", "trainer.progress=false"]
-TABLE1_ROWS = ["softmax", "softmax_nodrop", "vmean", "bigbird", "performer", "nystrom", "reformer", "linformer",
-               "linformer_jlt", "informer", "informer_mask", "skeinformer", "skeinformer_uniform",
-               "skeinformer_no_rownorm", "skeinformer_simple_rownorm", "skeinformer_no_pilot"]
+TINY = [
+    "protocol.listops.data.n_train=256",
+    "protocol.listops.data.n_val=64",
+    "protocol.listops.data.n_test=64",
+    "train.max_steps=12",
+    "train.eval_every=5",
+    "trainer.progress=false",
+]
+TABLE1_ROWS = [
+    "softmax",
+    "softmax_nodrop",
+    "vmean",
+    "bigbird",
+    "performer",
+    "nystrom",
+    "reformer",
+    "linformer",
+    "linformer_jlt",
+    "informer",
+    "informer_mask",
+    "skeinformer",
+    "skeinformer_uniform",
+    "skeinformer_no_rownorm",
+    "skeinformer_simple_rownorm",
+    "skeinformer_no_pilot",
+]
 
 
 def sweep_env(tmp_path):
-    return {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
-            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def run_sweep(tmp_path, *args, check=True, timeout=900):
-    proc = subprocess.run([sys.executable, "-m", "lra.sweep", *args], env=sweep_env(tmp_path), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.sweep", *args],
+        env=sweep_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"lra.sweep failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -75,8 +107,18 @@ def test_skeinformer_table1_grid_covers_every_row_task_and_seed():
 
 def test_command_line_folds_into_the_grid():
     grid = load_grid("quick")
-    opts, hydra = apply_cli(grid, ["task=listops", "seed=0,1,2", "train.lr=1e-3", "parallel=3",
-                                   "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "dry_run=true"])
+    opts, hydra = apply_cli(
+        grid,
+        [
+            "task=listops",
+            "seed=0,1,2",
+            "train.lr=1e-3",
+            "parallel=3",
+            "hydra/launcher=slurm",
+            "hydra.launcher.partition=gpu",
+            "dry_run=true",
+        ],
+    )
     assert opts == {"parallel": 3, "jobs_per_gpu": None, "dry_run": True, "n_trials": None, "progress": None}
     assert hydra == ["hydra/launcher=slurm", "hydra.launcher.partition=gpu"]
     jobs = grid.jobs()
@@ -130,8 +172,9 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
     dirs = run_dirs(tmp_path)
     assert len(dirs) == 6
     names = {tuple(Path(j["run_dir"]).parts[:5]) for j in m["jobs"]}
-    assert names == {("quick", "clean", "listops", a, f"seed{s}") for a in ("softmax", "skeinformer", "performer")
-                     for s in (0, 1)}
+    assert names == {
+        ("quick", "clean", "listops", a, f"seed{s}") for a in ("softmax", "skeinformer", "performer") for s in (0, 1)
+    }
     for d in dirs:
         rec = json.loads((d / "result.json").read_text())
         assert rec["status"] == "completed" and rec["steps"] == 12 and rec["preset"] == "quick"
@@ -151,10 +194,14 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
 
 @pytest.mark.slow  # the main suite keeps a real local multirun and the interrupted-sweep manifest tests
 def test_killed_sweep_restarts_without_rerunning_finished_jobs(tmp_path):
-    args = ["grid=quick", "task=listops", "attn=softmax,skeinformer,performer", "seed=0", "hydra/launcher=basic",
-            *TINY]
-    proc = subprocess.Popen([sys.executable, "-m", "lra.sweep", *args], env=sweep_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    args = ["grid=quick", "task=listops", "attn=softmax,skeinformer,performer", "seed=0", "hydra/launcher=basic", *TINY]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lra.sweep", *args],
+        env=sweep_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     runs = tmp_path / "runs" / "quick" / "clean" / "listops"
 
     def folder(attn):
@@ -165,8 +212,11 @@ def test_killed_sweep_restarts_without_rerunning_finished_jobs(tmp_path):
         deadline = time.time() + 600
         while time.time() < deadline:  # first job finished and the second one started: kill everything
             first, second = folder("softmax"), folder("skeinformer")
-            done = first is not None and (first / "result.json").exists() and \
-                json.loads((first / "result.json").read_text()).get("status") in FINISHED
+            done = (
+                first is not None
+                and (first / "result.json").exists()
+                and json.loads((first / "result.json").read_text()).get("status") in FINISHED
+            )
             if done and second is not None and (second / MARKER).exists():
                 break
             assert proc.poll() is None, "the sweep ended before it could be killed"
@@ -201,15 +251,29 @@ def test_wandb_extras_offline(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    rec = {"task": "listops", "attn": "softmax", "seed": 0, "preset": "quick", "status": "completed",
-           "test_acc": 0.5, "best_val_acc": 0.6, "steps": 12, "config": {"seed": 0}}
+    rec = {
+        "task": "listops",
+        "attn": "softmax",
+        "seed": 0,
+        "preset": "quick",
+        "status": "completed",
+        "test_acc": 0.5,
+        "best_val_acc": 0.6,
+        "steps": 12,
+        "config": {"seed": 0},
+    }
     (tmp_path / "result.json").write_text(json.dumps(rec))
     run = wandb.init(project="lra-test", dir=str(tmp_path), mode="offline")
     log_record(run, rec, tmp_path)
     assert run.summary["record/test_acc"] == 0.5
     run.finish()
-    log_sweep_table({"grid": "quick", "counts": {"completed": 1},
-                     "jobs": [{"task": "listops", "attn": "softmax", "seed": 0, "status": "completed",
-                               "test_acc": 0.5}]}, tmp_path)
+    log_sweep_table(
+        {
+            "grid": "quick",
+            "counts": {"completed": 1},
+            "jobs": [{"task": "listops", "attn": "softmax", "seed": 0, "status": "completed", "test_acc": 0.5}],
+        },
+        tmp_path,
+    )
     offline = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(list(d.glob("*.wandb")) for d in offline)

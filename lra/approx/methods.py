@@ -23,10 +23,31 @@ from lra.approx.inputs import HEAD_DIM
 from lra.config import ConfigError, compose
 
 # Paper order for tables and legends (names not listed follow alphabetically).
-ORDER = ("vmean", "informer", "informer_mask", "linformer", "linformer_jlt", "skeinformer",
-         "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
-         "skeinformer_no_pilot", "nystrom", "performer", "skyformer", "kernelized", "bigbird",
-         "longformer", "reformer", "yoso_e", "yoso", "yoso_conv", "polynomial", "polysketch", "amm_oracle")
+ORDER = (
+    "vmean",
+    "informer",
+    "informer_mask",
+    "linformer",
+    "linformer_jlt",
+    "skeinformer",
+    "skeinformer_uniform",
+    "skeinformer_no_rownorm",
+    "skeinformer_simple_rownorm",
+    "skeinformer_no_pilot",
+    "nystrom",
+    "performer",
+    "skyformer",
+    "kernelized",
+    "bigbird",
+    "longformer",
+    "reformer",
+    "yoso_e",
+    "yoso",
+    "yoso_conv",
+    "polynomial",
+    "polysketch",
+    "amm_oracle",
+)
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -57,9 +78,23 @@ def _sqrt_count(budget: int, n: int, defaults: dict) -> int:
 # otherwise the first name of GENERIC_BUDGET_OPTIONS that the backend has is set to d. Converters
 # get (d, n, the backend's option defaults).
 GENERIC_BUDGET_OPTIONS = (
-    "num_features", "num_landmarks", "landmarks", "features", "sketch_size", "num_samples",
-    "num_sampled", "sample_size", "proj_dim", "projection_dim", "k", "rank", "nb_features",
-    "num_random_features", "num_rows", "num_columns", "d",
+    "num_features",
+    "num_landmarks",
+    "landmarks",
+    "features",
+    "sketch_size",
+    "num_samples",
+    "num_sampled",
+    "sample_size",
+    "proj_dim",
+    "projection_dim",
+    "k",
+    "rank",
+    "nb_features",
+    "num_random_features",
+    "num_rows",
+    "num_columns",
+    "d",
 )
 BUDGET_OPTIONS: dict[str, tuple[tuple[str, Callable], ...]] = {
     # Informer: num_features is already "about d exact rows"; a bare factor is converted.
@@ -82,7 +117,7 @@ NOT_STUDIED = {
     "softmax": "exact softmax (the reference itself)",
     "none": "identity mixing, no target",
     "yoso_conv": "adds a learned depthwise convolution of V (random at init), so its output "
-                 "approximates no attention; its attention part is `yoso`",
+    "approximates no attention; its attention part is `yoso`",
 }
 
 
@@ -138,9 +173,16 @@ def _registry_method(name: str, extra: dict | None = None) -> tuple[Method | Non
         return attention.build(_name, num_heads=heads, head_dim=HEAD_DIM, max_len=n, **options)
 
     value = (lambda budget, n, _conv=conv, _d=defaults: _conv(budget, n, _d)) if conv else _count_value
-    return Method(name=name, build=build, budget_option=opt, budget_value=value, target=desc["target"],
-                  shared_qk=bool(desc.get("shared_qk")), block_multiple=desc.get("block_multiple"),
-                  note=desc.get("notes", "")), ""
+    return Method(
+        name=name,
+        build=build,
+        budget_option=opt,
+        budget_value=value,
+        target=desc["target"],
+        shared_qk=bool(desc.get("shared_qk")),
+        block_multiple=desc.get("block_multiple"),
+        note=desc.get("notes", ""),
+    ), ""
 
 
 class AmmOracle(nn.Module):
@@ -165,8 +207,12 @@ class AmmOracle(nn.Module):
 
 
 BUILTIN = {
-    "amm_oracle": Method("amm_oracle", lambda budget, n, heads: AmmOracle(budget), "d",
-                         note="O(n^2) sketching oracle B S S^T V (not a backend)"),
+    "amm_oracle": Method(
+        "amm_oracle",
+        lambda budget, n, heads: AmmOracle(budget),
+        "d",
+        note="O(n^2) sketching oracle B S S^T V (not a backend)",
+    ),
 }
 
 
@@ -217,8 +263,11 @@ def with_quirks(methods: list[Method], code: str) -> list[Method]:
         if not opts:
             continue
         twin, _ = _registry_method(m.name, extra=opts)
-        twins.append(dataclasses.replace(twin, name=f"{m.name}[{code}]",
-                                         note=f"{code} code: " + ", ".join(f"{k}={v}" for k, v in opts.items())))
+        twins.append(
+            dataclasses.replace(
+                twin, name=f"{m.name}[{code}]", note=f"{code} code: " + ", ".join(f"{k}={v}" for k, v in opts.items())
+            )
+        )
     return twins
 
 

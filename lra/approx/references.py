@@ -59,8 +59,11 @@ def reference_for(target: str, registered: list[str]) -> Reference | None:
     (``kernelized`` for "gaussian"), else our own formula for "gaussian", else None."""
     if target == "softmax":
         return Reference("softmax", softmax_attention)
-    exact = [n for n in registered if n not in NOT_STUDIED and _safe_describe(n).get("exact")
-             and _safe_describe(n).get("target") == target]
+    exact = [
+        n
+        for n in registered
+        if n not in NOT_STUDIED and _safe_describe(n).get("exact") and _safe_describe(n).get("target") == target
+    ]
     exact.sort(key=lambda n: (n != "kernelized", n))
     if exact:
         name = exact[0]
@@ -68,8 +71,9 @@ def reference_for(target: str, registered: list[str]) -> Reference | None:
         opts = {"dropout": 0.0} if "dropout" in defaults else {}
 
         def fn(q, k, v, _name=name, _opts=opts):
-            mod = attention.build(_name, num_heads=q.shape[0], head_dim=q.shape[-1],
-                                  max_len=q.shape[-2], **_opts).eval()
+            mod = attention.build(
+                _name, num_heads=q.shape[0], head_dim=q.shape[-1], max_len=q.shape[-2], **_opts
+            ).eval()
             return mod(q[None], k[None], v[None])[0]
 
         return Reference(name, fn, f"registered exact backend {name!r}")

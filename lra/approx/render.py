@@ -11,19 +11,33 @@ from lra.approx.methods import order_key
 from lra.display import readable_names
 from lra.files import write_atomic
 
-
 # Plot panels: the sketching family of the Skeinformer figure, then everything else.
-SKETCH_GROUP = ("vmean", "informer", "informer_mask", "linformer", "linformer_jlt", "skeinformer",
-                "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
-                "skeinformer_no_pilot", "amm_oracle")
+SKETCH_GROUP = (
+    "vmean",
+    "informer",
+    "informer_mask",
+    "linformer",
+    "linformer_jlt",
+    "skeinformer",
+    "skeinformer_uniform",
+    "skeinformer_no_rownorm",
+    "skeinformer_simple_rownorm",
+    "skeinformer_no_pilot",
+    "amm_oracle",
+)
 PLOT_YMAX = 10.0  # lines above are clipped and named in the panel (see the CSV for their values)
 
 
 # names the papers give no row to; reference keys as the figure says them (exact attention of a target)
 _EXTRA_NAMES = {"amm_oracle": "AMM oracle (O(n²) sketch, Skeinformer Sec. 3.3)"}
-REFERENCE_NAMES = {"softmax": "exact softmax", "softmax_shared_qk": "exact shared-QK softmax",
-                   "kernelized": "exact Gaussian kernel", "gaussian": "exact Gaussian kernel",
-                   "polynomial": "exact polynomial attention", "yoso_e": "YOSO-E (YOSO's expectation)"}
+REFERENCE_NAMES = {
+    "softmax": "exact softmax",
+    "softmax_shared_qk": "exact shared-QK softmax",
+    "kernelized": "exact Gaussian kernel",
+    "gaussian": "exact Gaussian kernel",
+    "polynomial": "exact polynomial attention",
+    "yoso_e": "YOSO-E (YOSO's expectation)",
+}
 PNG_META = {"Software": "lra.approx (matplotlib)"}  # fixed metadata: reruns on the same rows are byte-identical
 
 
@@ -31,7 +45,7 @@ def method_names(methods) -> dict:
     """{method key: the name the figure prints}: the papers' row names (``lra.display``), a twin
     with a public code's quirks as ``Skyformer (skyformer code's quirks)``, the key for one no paper has."""
     bases = {m: m.split("[")[0] for m in methods}
-    codes = {m: m[len(b) + 1:-1] for m, b in bases.items() if m != b}
+    codes = {m: m[len(b) + 1 : -1] for m, b in bases.items() if m != b}
     names = readable_names(set(bases.values()) | set(codes.values()))
     code_names = {**names, "nystromformer": "Nyströmformer"}
     out = {}
@@ -63,9 +77,14 @@ def figure(rows: list[dict]):
     budgets = sorted({int(r["budget"]) for r in rows})
     names = {r["method"] for r in rows}
     readable = method_names(names)
-    groups = [(title, members) for title, members in
-              (("the Skeinformer paper's methods", [m for m in names if m in SKETCH_GROUP]),
-               ("other backends", [m for m in names if m not in SKETCH_GROUP])) if members] or [("", [])]
+    groups = [
+        (title, members)
+        for title, members in (
+            ("the Skeinformer paper's methods", [m for m in names if m in SKETCH_GROUP]),
+            ("other backends", [m for m in names if m not in SKETCH_GROUP]),
+        )
+        if members
+    ] or [("", [])]
     panel_rows = [(src, title, members) for src in sources for title, members in groups]
     fig = Figure(figsize=(6.0 * len(lengths) + 3.5, 3.9 * len(panel_rows) + 1.0), layout="constrained")
     axes = fig.subplots(len(panel_rows), len(lengths), squeeze=False)
@@ -73,15 +92,24 @@ def figure(rows: list[dict]):
     markers = "os^vD<>pPX*h"
     trials = sorted({int(r["trials"]) for r in rows if r["trials"]})
     for i, (src, title, members) in enumerate(panel_rows):
-        lines = sorted({(r["method"], r["reference"]) for r in rows if r["method"] in members},
-                       key=lambda x: (order_key(x[0]), x[1]))
+        lines = sorted(
+            {(r["method"], r["reference"]) for r in rows if r["method"] in members},
+            key=lambda x: (order_key(x[0]), x[1]),
+        )
         order = sorted(members, key=order_key)
         for j, n in enumerate(lengths):
             ax, off = axes[i][j], []
             for ln in lines:
-                pts = sorted((r["budget"], r["mean"], r["stderr"]) for r in rows
-                             if (r["method"], r["reference"]) == ln and r["source"] == src and r["n"] == n
-                             and r["trials"] and np.isfinite(r["mean"]) and r["mean"] > 0)
+                pts = sorted(
+                    (r["budget"], r["mean"], r["stderr"])
+                    for r in rows
+                    if (r["method"], r["reference"]) == ln
+                    and r["source"] == src
+                    and r["n"] == n
+                    and r["trials"]
+                    and np.isfinite(r["mean"])
+                    and r["mean"] > 0
+                )
                 if not pts:
                     continue
                 x, y, se = map(np.array, zip(*pts))
@@ -92,9 +120,19 @@ def figure(rows: list[dict]):
                     off.append(f"{label} ({span})")
                 k = order.index(ln[0])
                 color = colors[k % len(colors)]
-                ax.errorbar(x, y, yerr=np.nan_to_num(se), label=label, color=color,
-                            marker=markers[k % len(markers)], markersize=4, capsize=2, linewidth=1.2,
-                            linestyle="-" if primary else "--", markerfacecolor=color if primary else "none")
+                ax.errorbar(
+                    x,
+                    y,
+                    yerr=np.nan_to_num(se),
+                    label=label,
+                    color=color,
+                    marker=markers[k % len(markers)],
+                    markersize=4,
+                    capsize=2,
+                    linewidth=1.2,
+                    linestyle="-" if primary else "--",
+                    markerfacecolor=color if primary else "none",
+                )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             if budgets:
@@ -110,8 +148,16 @@ def figure(rows: list[dict]):
             ax.yaxis.set_minor_formatter(FuncFormatter(_plain) if subs else NullFormatter())
             if off:
                 note = "off the top (mean, lowest–highest over d): " + "; ".join(off)
-                ax.annotate(textwrap.fill(note, 105), (0, 0), xycoords="axes fraction", xytext=(0, -34),
-                            textcoords="offset points", va="top", fontsize=7, color="0.25")
+                ax.annotate(
+                    textwrap.fill(note, 105),
+                    (0, 0),
+                    xycoords="axes fraction",
+                    xytext=(0, -34),
+                    textcoords="offset points",
+                    va="top",
+                    fontsize=7,
+                    color="0.25",
+                )
             ax.set_title(f"{src} Q/K/V, n = {n}: {title}", fontsize=10)
             ax.set_xlabel("feature budget d (log scale)")
             ax.set_ylabel("relative error (log scale)")
@@ -121,21 +167,24 @@ def figure(rows: list[dict]):
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(lab, h)
         if handles:
-            axes[i][-1].legend(list(handles.values()), list(handles), loc="center left",
-                               bbox_to_anchor=(1.02, 0.5), fontsize=7)
+            axes[i][-1].legend(
+                list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=7
+            )
     per = f"{trials[0]} trials" if len(trials) == 1 else "trials"
-    fig.suptitle("Relative error ‖BV − R‖₂ / ‖BV‖₂ of each method's output R (B: the exact attention matrix, "
-                 f"V: the values), mean ± standard error over {per}\n"
-                 "d: sampled columns, features or landmarks; solid: against exact softmax, dashed with open "
-                 "markers: against the method's own exact target", fontsize=9)
+    fig.suptitle(
+        "Relative error ‖BV − R‖₂ / ‖BV‖₂ of each method's output R (B: the exact attention matrix, "
+        f"V: the values), mean ± standard error over {per}\n"
+        "d: sampled columns, features or landmarks; solid: against exact softmax, dashed with open "
+        "markers: against the method's own exact target",
+        fontsize=9,
+    )
     return fig
 
 
 def plot(path: Path, rows: list[dict]) -> None:
     """``approx.png``: :func:`figure`, written atomically with fixed metadata."""
     fig = figure(rows)
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight",
-                                               metadata=PNG_META))
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight", metadata=PNG_META))
 
 
 def summary_table(rows: list[dict], n: int, source: str, stat: str = "median") -> str:
@@ -143,10 +192,15 @@ def summary_table(rows: list[dict], n: int, source: str, stat: str = "median") -
     sel = [r for r in rows if r["n"] == n and r["source"] == source]
     budgets = sorted({r["budget"] for r in sel})
     lines_ = sorted({(r["method"], r["reference"]) for r in sel}, key=lambda x: (order_key(x[0]), x[1]))
-    out = ["| method | reference | " + " | ".join(f"d={b}" for b in budgets) + " |",
-           "|---|---|" + "---:|" * len(budgets)]
+    out = [
+        "| method | reference | " + " | ".join(f"d={b}" for b in budgets) + " |",
+        "|---|---|" + "---:|" * len(budgets),
+    ]
     for m, ref in lines_:
         vals = {r["budget"]: r[stat] for r in sel if (r["method"], r["reference"]) == (m, ref)}
-        out.append(f"| {m} | {ref} | " + " | ".join(
-            f"{vals[b]:.4f}" if b in vals and np.isfinite(vals[b]) else "—" for b in budgets) + " |")
+        out.append(
+            f"| {m} | {ref} | "
+            + " | ".join(f"{vals[b]:.4f}" if b in vals and np.isfinite(vals[b]) else "—" for b in budgets)
+            + " |"
+        )
     return "\n".join(out)

@@ -24,8 +24,26 @@ from lra.approx.references import Reference, reference_for, relative_error, shar
 log = logging.getLogger(__name__)
 
 # The columns of the summary rows (approx.csv) and of the per-trial rows (approx_trials.csv).
-COLUMNS = ["method", "reference", "source", "n", "budget", "budget_option", "option_value", "trials", "draws", "mean",
-           "median", "stderr", "std", "min", "max", "sec_per_call", "failures", "error_message"]
+COLUMNS = [
+    "method",
+    "reference",
+    "source",
+    "n",
+    "budget",
+    "budget_option",
+    "option_value",
+    "trials",
+    "draws",
+    "mean",
+    "median",
+    "stderr",
+    "std",
+    "min",
+    "max",
+    "sec_per_call",
+    "failures",
+    "error_message",
+]
 TRIAL_COLUMNS = ["method", "reference", "source", "n", "budget", "draw", "head", "rel_error"]
 
 
@@ -58,9 +76,16 @@ def _ref_keys(m: Method, refs: dict) -> list[str]:
     return keys
 
 
-def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: int | dict, seed: int = 0,
-              registered: list[str] | None = None,
-              heads_per_call: int = HEADS_PER_CALL) -> tuple[list[dict], list[dict], dict]:
+def run_study(
+    methods: list[Method],
+    sources: dict,
+    lengths,
+    budgets,
+    trials: int | dict,
+    seed: int = 0,
+    registered: list[str] | None = None,
+    heads_per_call: int = HEADS_PER_CALL,
+) -> tuple[list[dict], list[dict], dict]:
     """Evaluate every method; returns (summary rows, per-trial rows, {reference key: description}).
 
     For each source and length, ``ceil(trials / heads)`` independent input draws; each backend is
@@ -68,9 +93,12 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
     budget), so every method sees the same inputs (common random numbers across methods).
     """
     registered = attention.available() if registered is None else registered
-    refs = {"softmax": Reference("softmax", softmax_attention),
-            "softmax_shared_qk": Reference("softmax_shared_qk", shared_qk_attention,
-                                           "keys = q/||q||, no attention to self (Reformer Sec. 2)")}
+    refs = {
+        "softmax": Reference("softmax", softmax_attention),
+        "softmax_shared_qk": Reference(
+            "softmax_shared_qk", shared_qk_attention, "keys = q/||q||, no attention to self (Reformer Sec. 2)"
+        ),
+    }
     for m in methods:
         if m.target != "softmax" and m.target not in refs and not m.shared_qk:
             r = reference_for(m.target, registered)
@@ -99,11 +127,22 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
                                 ref_sec[key] = time.perf_counter() - tic
                         if m.block_multiple and n % m.block_multiple:
                             continue
-                        for budget in ([None] if m.budget_option is None else budgets):
+                        for budget in [None] if m.budget_option is None else budgets:
                             if budget is not None and budget > n:
                                 continue
-                            out, err, sec = _call(m, budget, n, q, k, v, groups, refs, exact, ref_sec,
-                                                  _seed(seed, source, n, draw, m.name, budget))
+                            out, err, sec = _call(
+                                m,
+                                budget,
+                                n,
+                                q,
+                                k,
+                                v,
+                                groups,
+                                refs,
+                                exact,
+                                ref_sec,
+                                _seed(seed, source, n, draw, m.name, budget),
+                            )
                             for key in keys:
                                 cell = cells.setdefault((m.name, refs[key].name, source, n, budget), Cell())
                                 if err is not None:
@@ -114,8 +153,7 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
                                 cell.draws += [draw] * len(e)
                                 cell.heads += head_ids
                                 cell.seconds.append(sec)
-            log.info("source=%s n=%d: %d draws x %d heads in %.1f s", source, n, draws, heads,
-                     time.perf_counter() - t0)
+            log.info("source=%s n=%d: %d draws x %d heads in %.1f s", source, n, draws, heads, time.perf_counter() - t0)
     rows, trial_rows = [], []
     by_name = {m.name: m for m in methods}
     for (name, ref, source, n, budget), cell in cells.items():
@@ -123,20 +161,45 @@ def run_study(methods: list[Method], sources: dict, lengths, budgets, trials: in
         budgets_out = budgets if budget is None else [budget]
         stats = _stats(cell)
         if cell.failures:
-            log.warning("%s (source=%s n=%d budget=%s): %d call(s) failed, first: %s", name, source, n,
-                        budget, len(cell.failures), cell.failures[0])
+            log.warning(
+                "%s (source=%s n=%d budget=%s): %d call(s) failed, first: %s",
+                name,
+                source,
+                n,
+                budget,
+                len(cell.failures),
+                cell.failures[0],
+            )
         for b in budgets_out:
             if b > n:
                 continue
-            rows.append({"method": name, "reference": ref, "source": source, "n": n, "budget": b,
-                         "budget_option": m.budget_option or "",
-                         "option_value": m.budget_value(b, n) if m.budget_option else "", **stats,
-                         "failures": len(cell.failures),
-                         "error_message": cell.failures[0] if cell.failures else ""})
+            rows.append(
+                {
+                    "method": name,
+                    "reference": ref,
+                    "source": source,
+                    "n": n,
+                    "budget": b,
+                    "budget_option": m.budget_option or "",
+                    "option_value": m.budget_value(b, n) if m.budget_option else "",
+                    **stats,
+                    "failures": len(cell.failures),
+                    "error_message": cell.failures[0] if cell.failures else "",
+                }
+            )
         for d, h, e in zip(cell.draws, cell.heads, cell.errors):
-            trial_rows.append({"method": name, "reference": ref, "source": source, "n": n,
-                               "budget": "" if budget is None else budget, "draw": d, "head": h,
-                               "rel_error": e})
+            trial_rows.append(
+                {
+                    "method": name,
+                    "reference": ref,
+                    "source": source,
+                    "n": n,
+                    "budget": "" if budget is None else budget,
+                    "draw": d,
+                    "head": h,
+                    "rel_error": e,
+                }
+            )
     rows.sort(key=lambda r: (r["source"], r["n"], order_key(r["method"]), r["reference"], r["budget"]))
     return rows, trial_rows, {t: r.name + (f" ({r.note})" if r.note else "") for t, r in refs.items()}
 
@@ -169,8 +232,7 @@ def _stats(cell: Cell) -> dict:
     e = np.asarray(cell.errors, dtype=float)
     if e.size == 0:
         nan = float("nan")
-        return dict(trials=0, draws=0, mean=nan, median=nan, stderr=nan, std=nan, min=nan, max=nan,
-                    sec_per_call=nan)
+        return dict(trials=0, draws=0, mean=nan, median=nan, stderr=nan, std=nan, min=nan, max=nan, sec_per_call=nan)
     draws = np.asarray(cell.draws)
     uniq = np.unique(draws)
     if len(uniq) >= MIN_DRAWS_FOR_CLUSTER_SE:  # heads of one draw share randomness: SE over draw means
@@ -178,6 +240,14 @@ def _stats(cell: Cell) -> dict:
         stderr = means.std(ddof=1) / math.sqrt(len(uniq))
     else:
         stderr = e.std(ddof=1) / math.sqrt(e.size) if e.size > 1 else float("nan")
-    return dict(trials=int(e.size), draws=int(len(uniq)), mean=float(e.mean()), median=float(np.median(e)),
-                stderr=float(stderr), std=float(e.std(ddof=1)) if e.size > 1 else float("nan"),
-                min=float(e.min()), max=float(e.max()), sec_per_call=float(np.mean(cell.seconds)))
+    return dict(
+        trials=int(e.size),
+        draws=int(len(uniq)),
+        mean=float(e.mean()),
+        median=float(np.median(e)),
+        stderr=float(stderr),
+        std=float(e.std(ddof=1)) if e.size > 1 else float("nan"),
+        min=float(e.min()),
+        max=float(e.max()),
+        sec_per_call=float(np.mean(cell.seconds)),
+    )

@@ -15,10 +15,22 @@ names are re-exported here (``bench.Config``, ``bench.run``, ...).
 """
 
 from lra.bench.analyse import crossover, growth, loglog_slope, ratios, read_csv  # noqa: F401
+from lra.bench.cli import main, parser  # noqa: F401
 from lra.bench.flops import EXTRA_FLOP_FORMULAS, OpNames, flop_counter  # noqa: F401
 from lra.bench.layer import check_layer_args, config_from_args, run_layer  # noqa: F401
 from lra.bench.measure import _predict, _slope, fwd_bwd, make_inputs, measure_point, run  # noqa: F401
 from lra.bench.render import plot, render_markdown  # noqa: F401
-from lra.bench.rows import (BASELINE, CSV_COLUMNS, DEFAULT_LENGTHS, MATERIALIZED, QUICK_LENGTHS, Config,  # noqa: F401
-                            Row, all_rows, build_module, effective_options, parse_options, select_rows)
-from lra.bench.cli import main, parser  # noqa: F401
+from lra.bench.rows import (
+    BASELINE,
+    CSV_COLUMNS,
+    DEFAULT_LENGTHS,
+    MATERIALIZED,
+    QUICK_LENGTHS,
+    Config,  # noqa: F401
+    Row,
+    all_rows,
+    build_module,
+    effective_options,
+    parse_options,
+    select_rows,
+)

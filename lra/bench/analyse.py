@@ -29,8 +29,10 @@ def ratios(results: list[dict], key: str) -> dict[str, dict[int, float]]:
     """``key`` of each backend divided by the fused softmax's at the same n (both measured)."""
     ok = _ok(results)
     base = ok.get(BASELINE, {})
-    return {b: {n: float(r[key]) / float(base[n][key]) for n, r in pts.items()
-                if n in base and float(base[n][key]) > 0} for b, pts in ok.items()}
+    return {
+        b: {n: float(r[key]) / float(base[n][key]) for n, r in pts.items() if n in base and float(base[n][key]) > 0}
+        for b, pts in ok.items()
+    }
 
 
 def crossover(ratio_by_n: dict[int, float]) -> tuple[str, float | None]:
@@ -81,7 +83,17 @@ def growth(results: list[dict], ref_n: int = 1024) -> list[dict]:
         n0, n1 = min(use), max(use)
         mem = {n: float(r["peak_mem_bytes"]) for n, r in use.items()}
         tms = {n: float(r["time_ms"]) for n, r in use.items()}
-        out.append({"backend": b, "n0": n0, "n1": n1, "mem_growth": mem[n1] / mem[n0] if mem[n0] else float("nan"),
-                    "linear": n1 / n0, "quadratic": (n1 / n0) ** 2, "mem_slope": loglog_slope(mem),
-                    "time_slope": loglog_slope(tms), "complexity": next(iter(pts.values()))["complexity"]})
+        out.append(
+            {
+                "backend": b,
+                "n0": n0,
+                "n1": n1,
+                "mem_growth": mem[n1] / mem[n0] if mem[n0] else float("nan"),
+                "linear": n1 / n0,
+                "quadratic": (n1 / n0) ** 2,
+                "mem_slope": loglog_slope(mem),
+                "time_slope": loglog_slope(tms),
+                "complexity": next(iter(pts.values()))["complexity"],
+            }
+        )
     return out

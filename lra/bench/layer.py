@@ -30,8 +30,17 @@ import torch
 
 from lra.bench.measure import run
 from lra.bench.render import plot, render_markdown
-from lra.bench.rows import (CSV_COLUMNS, DEFAULT_LENGTHS, GIB, QUICK_LENGTHS, Config, Row, check_options,
-                            parse_options, select_rows)
+from lra.bench.rows import (
+    CSV_COLUMNS,
+    DEFAULT_LENGTHS,
+    GIB,
+    QUICK_LENGTHS,
+    Config,
+    Row,
+    check_options,
+    parse_options,
+    select_rows,
+)
 from lra.devices import default_threads, device_name
 from lra.files import git_commit, write_csv, write_text
 
@@ -62,12 +71,23 @@ def config_from_args(args: argparse.Namespace, device: str) -> Config:
     for name, value in (("batch", batch), ("heads", args.heads), ("head_dim", args.head_dim)):
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    return Config(lengths=tuple(sorted(set(lengths))), batch=batch, heads=args.heads, head_dim=args.head_dim,
-                  device=device, repeats=repeats, min_repeats=min(3, repeats),
-                  warmup=max(0, 1 if args.warmup is None else args.warmup),
-                  time_budget_s=args.time_budget_s, baseline_budget_factor=args.baseline_budget_factor,
-                  mem_budget_bytes=mem, threads=int(threads), seed=args.seed, mask=not args.no_mask,
-                  overrides=parse_options(args.overrides))
+    return Config(
+        lengths=tuple(sorted(set(lengths))),
+        batch=batch,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        device=device,
+        repeats=repeats,
+        min_repeats=min(3, repeats),
+        warmup=max(0, 1 if args.warmup is None else args.warmup),
+        time_budget_s=args.time_budget_s,
+        baseline_budget_factor=args.baseline_budget_factor,
+        mem_budget_bytes=mem,
+        threads=int(threads),
+        seed=args.seed,
+        mask=not args.no_mask,
+        overrides=parse_options(args.overrides),
+    )
 
 
 def check_layer_args(args: argparse.Namespace, device: str) -> tuple[Config, list[Row]]:
@@ -88,29 +108,48 @@ def run_layer(cfg: Config, rows: list[Row], out: Path) -> list[dict]:
     start = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     meta = {
-        "date": start, "device": cfg.device, "device_name": device_name(cfg.device), "threads": cfg.threads,
-        "git": git_commit(short=True) or "?", "batch": cfg.batch, "heads": cfg.heads, "head_dim": cfg.head_dim,
-        "dtype": str(cfg.dtype).replace("torch.", ""), "mask": "all-real bool" if cfg.mask else "none",
-        "repeats": cfg.repeats, "time_budget_s": cfg.time_budget_s,
-        "baseline_budget_factor": cfg.baseline_budget_factor, "mem_budget_gib": cfg.mem_budget_bytes / GIB,
-        "mem_method": ("torch.cuda.max_memory_allocated" if cfg.device == "cuda"
-                       else "peak of live tensor storages (TorchDispatchMode, exact at op level)"),
+        "date": start,
+        "device": cfg.device,
+        "device_name": device_name(cfg.device),
+        "threads": cfg.threads,
+        "git": git_commit(short=True) or "?",
+        "batch": cfg.batch,
+        "heads": cfg.heads,
+        "head_dim": cfg.head_dim,
+        "dtype": str(cfg.dtype).replace("torch.", ""),
+        "mask": "all-real bool" if cfg.mask else "none",
+        "repeats": cfg.repeats,
+        "time_budget_s": cfg.time_budget_s,
+        "baseline_budget_factor": cfg.baseline_budget_factor,
+        "mem_budget_gib": cfg.mem_budget_bytes / GIB,
+        "mem_method": (
+            "torch.cuda.max_memory_allocated"
+            if cfg.device == "cuda"
+            else "peak of live tensor storages (TorchDispatchMode, exact at op level)"
+        ),
     }
     kind = "CPU" if cfg.device == "cpu" else "GPU"
-    print(f"lra.bench: the {kind} micro-benchmark of ONE attention layer at batch {cfg.batch} "
-          f"(not the tasks' training shapes: `--tasks` measures those): {len(rows)} backends × "
-          f"n={list(cfg.lengths)} on {meta['device_name']} [{cfg.device}], {cfg.threads} threads, heads {cfg.heads}, "
-          f"head_dim {cfg.head_dim}, time budget {cfg.time_budget_s} s/point, memory budget "
-          f"{cfg.mem_budget_bytes / GIB:.1f} GiB → {out}", flush=True)
+    print(
+        f"lra.bench: the {kind} micro-benchmark of ONE attention layer at batch {cfg.batch} "
+        f"(not the tasks' training shapes: `--tasks` measures those): {len(rows)} backends × "
+        f"n={list(cfg.lengths)} on {meta['device_name']} [{cfg.device}], {cfg.threads} threads, heads {cfg.heads}, "
+        f"head_dim {cfg.head_dim}, time budget {cfg.time_budget_s} s/point, memory budget "
+        f"{cfg.mem_budget_bytes / GIB:.1f} GiB → {out}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     csv_path = out / "bench.csv"
-    results = run(cfg, rows, log=lambda s: print(s, flush=True),
-                  on_point=lambda res: write_csv(csv_path, res, CSV_COLUMNS))
+    results = run(
+        cfg, rows, log=lambda s: print(s, flush=True), on_point=lambda res: write_csv(csv_path, res, CSV_COLUMNS)
+    )
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     meta["load"] = f"{load0:.2f} / {load1:.2f}"
     write_csv(csv_path, results, CSV_COLUMNS)
     write_text(out / "bench.md", render_markdown(results, meta))
     plot(results, out / "bench.png")
-    print(f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {out / 'bench.md'}, "
-          f"{out / 'bench.png'}", flush=True)
+    print(
+        f"lra.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {out / 'bench.md'}, "
+        f"{out / 'bench.png'}",
+        flush=True,
+    )
     return results

@@ -108,9 +108,14 @@ def measure_point(row: Row, n: int, cfg: Config, budget_s: float | None = None) 
     med = statistics.median(times)
     total_flops = int(flops.get_total_flops())
     return {
-        "time_ms": med * 1e3, "time_ms_min": min(times) * 1e3, "time_ms_max": max(times) * 1e3,
-        "repeats": reps, "peak_mem_bytes": int(peak), "tensor_peak_bytes": int(tensor_peak),
-        "mem_method": mem_method, "flops": total_flops,
+        "time_ms": med * 1e3,
+        "time_ms_min": min(times) * 1e3,
+        "time_ms_max": max(times) * 1e3,
+        "repeats": reps,
+        "peak_mem_bytes": int(peak),
+        "tensor_peak_bytes": int(tensor_peak),
+        "mem_method": mem_method,
+        "flops": total_flops,
         "gflops_per_s": total_flops / med / 1e9 if med > 0 else float("nan"),
         "sdpa_ops": " ".join(sorted(ops.sdpa)),
     }
@@ -139,14 +144,23 @@ def _predict(history: list[tuple[int, float]], n: int, quadratic: bool, max_slop
     return y1 * (n / n1) ** s
 
 
-def run(cfg: Config, rows: list[Row], log: Callable[[str], None] = print,
-        on_point: Callable[[list[dict]], None] | None = None) -> list[dict]:
+def run(
+    cfg: Config,
+    rows: list[Row],
+    log: Callable[[str], None] = print,
+    on_point: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
     """Measure every row at every length; returns one record per (row, n) in CSV_COLUMNS order."""
     common = {
-        "batch": cfg.batch, "heads": cfg.heads, "head_dim": cfg.head_dim,
-        "dtype": str(cfg.dtype).replace("torch.", ""), "device": cfg.device,
-        "device_name": device_name(cfg.device), "torch_version": torch.__version__,
-        "threads": torch.get_num_threads(), "mask": "all-real bool" if cfg.mask else "none",
+        "batch": cfg.batch,
+        "heads": cfg.heads,
+        "head_dim": cfg.head_dim,
+        "dtype": str(cfg.dtype).replace("torch.", ""),
+        "device": cfg.device,
+        "device_name": device_name(cfg.device),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "mask": "all-real bool" if cfg.mask else "none",
     }
     results: list[dict] = []
     total = len(rows) * len(cfg.lengths)
@@ -160,8 +174,15 @@ def run(cfg: Config, rows: list[Row], log: Callable[[str], None] = print,
         m_hist: list[tuple[int, float]] = []
         for n in cfg.lengths:
             rec = {c: "" for c in CSV_COLUMNS}
-            rec.update(common, backend=row.label, base=row.base, n=n, complexity=caps.complexity,
-                       exact=caps.exact, options=" ".join(f"{k}={v}" for k, v in sorted(opts.items())))
+            rec.update(
+                common,
+                backend=row.label,
+                base=row.base,
+                n=n,
+                complexity=caps.complexity,
+                exact=caps.exact,
+                options=" ".join(f"{k}={v}" for k, v in sorted(opts.items())),
+            )
             tag = f"[{len(results) + 1}/{total}] {row.label} n={n}"
             reason = stop
             if reason is None and caps.block_multiple and n % caps.block_multiple:
@@ -170,8 +191,10 @@ def run(cfg: Config, rows: list[Row], log: Callable[[str], None] = print,
                 pm = _predict(m_hist, n, quadratic)
                 pt = _predict(t_hist, n, quadratic, max_slope=2.0)
                 if pm is not None and pm > cfg.mem_budget_bytes:
-                    reason = stop = (f"predicted peak {pm / GIB:.1f} GiB at n={n} exceeds the memory budget "
-                                     f"{cfg.mem_budget_bytes / GIB:.1f} GiB")
+                    reason = stop = (
+                        f"predicted peak {pm / GIB:.1f} GiB at n={n} exceeds the memory budget "
+                        f"{cfg.mem_budget_bytes / GIB:.1f} GiB"
+                    )
                 elif pt is not None and pt > 4 * budget:
                     reason = stop = f"predicted {pt:.1f} s per call at n={n} exceeds 4x the {budget:g} s time budget"
             if reason is not None:
@@ -195,14 +218,18 @@ def run(cfg: Config, rows: list[Row], log: Callable[[str], None] = print,
                     t_s, mem = rec["time_ms_min"] / 1e3, rec["peak_mem_bytes"]
                     t_hist.append((n, t_s))
                     m_hist.append((n, float(mem)))
-                    log(f"{tag}: {rec['time_ms']:.2f} ms (median of {rec['repeats']}), "
+                    log(
+                        f"{tag}: {rec['time_ms']:.2f} ms (median of {rec['repeats']}), "
                         f"peak {mem / MIB:.1f} MiB, {rec['flops'] / 1e9:.3f} GFLOP"
-                        + (f" [{rec['sdpa_ops']}]" if rec["sdpa_ops"] else ""))
+                        + (f" [{rec['sdpa_ops']}]" if rec["sdpa_ops"] else "")
+                    )
                     if t_s > budget:
                         stop = f"fastest call {t_s:.2f} s at n={n} exceeded the {budget:g} s per-point budget"
                     elif mem > cfg.mem_budget_bytes:
-                        stop = (f"peak {mem / GIB:.1f} GiB at n={n} exceeded the memory budget "
-                                f"{cfg.mem_budget_bytes / GIB:.1f} GiB")
+                        stop = (
+                            f"peak {mem / GIB:.1f} GiB at n={n} exceeded the memory budget "
+                            f"{cfg.mem_budget_bytes / GIB:.1f} GiB"
+                        )
             results.append(rec)
             if on_point is not None:
                 on_point(results)

@@ -68,14 +68,23 @@ def render_markdown(results: list[dict], meta: dict) -> str:
         lines.append(f"| {b} | " + " | ".join(cell(m_ratio, b, n) for n in lengths) + " |")
 
     ok = _ok(results)
-    lines += ["", "## Absolute: median time (ms) / peak memory (MiB) / GFLOP per fwd+bwd", "",
-              "| backend | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    lines += [
+        "",
+        "## Absolute: median time (ms) / peak memory (MiB) / GFLOP per fwd+bwd",
+        "",
+        "| backend | " + " | ".join(str(n) for n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
     for b in labels:
         cells = []
         for n in lengths:
             r = ok.get(b, {}).get(n)
-            cells.append(f"{float(r['time_ms']):.3g} / {float(r['peak_mem_bytes']) / MIB:.3g} / "
-                         f"{float(r['flops']) / 1e9:.3g}" if r else cell({}, b, n))
+            cells.append(
+                f"{float(r['time_ms']):.3g} / {float(r['peak_mem_bytes']) / MIB:.3g} / "
+                f"{float(r['flops']) / 1e9:.3g}"
+                if r
+                else cell({}, b, n)
+            )
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
 
     lines += [
@@ -99,9 +108,11 @@ def render_markdown(results: list[dict], meta: dict) -> str:
         cls = "quadratic" if g["mem_slope"] >= 1.5 else "sub-quadratic"
         expect_quad = "n^2" in g["complexity"].replace("²", "^2") and g["backend"] != BASELINE
         as_exp = "yes" if (cls == "quadratic") == expect_quad else "**no**"
-        lines.append(f"| {g['backend']} | {g['complexity']} | {g['n0']}→{g['n1']} | {g['mem_growth']:.3g}× | "
-                     f"{g['linear']:.0f}× | {g['quadratic']:.0f}× | {g['mem_slope']:.2f} | {g['time_slope']:.2f} | "
-                     f"{cls} | {as_exp} |")
+        lines.append(
+            f"| {g['backend']} | {g['complexity']} | {g['n0']}→{g['n1']} | {g['mem_growth']:.3g}× | "
+            f"{g['linear']:.0f}× | {g['quadratic']:.0f}× | {g['mem_slope']:.2f} | {g['time_slope']:.2f} | "
+            f"{cls} | {as_exp} |"
+        )
 
     notes = [r for r in results if r["status"] != "ok"]
     if notes:
@@ -161,9 +172,16 @@ def figure(results: list[dict]):
     lengths = sorted({int(r["n"]) for r in results})
     r0 = results[0] if results else {}
     base = ok.get(BASELINE, {})
-    panels = ((axes[0], "forward + backward time (median of the timed calls)", "time (ms, log scale)", "time_ms", 1.0),
-              (axes[1], "peak memory (inputs and gradients included)", f"peak memory ({mem_name}, log scale)",
-               "peak_mem_bytes", mem_div))
+    panels = (
+        (axes[0], "forward + backward time (median of the timed calls)", "time (ms, log scale)", "time_ms", 1.0),
+        (
+            axes[1],
+            "peak memory (inputs and gradients included)",
+            f"peak memory ({mem_name}, log scale)",
+            "peak_mem_bytes",
+            mem_div,
+        ),
+    )
     for ax, title, ylabel, key, div in panels:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -180,17 +198,34 @@ def figure(results: list[dict]):
             for power, text in ((1, "∝ n"), (2, "∝ n²")):
                 ys = [y0, y0 * (xs[1] / n0) ** power]
                 ax.plot(xs, ys, color="0.5", lw=0.9, ls=":")
-                ax.annotate(text, (xs[1], ys[1]), xytext=(4, 0), textcoords="offset points", fontsize=8,
-                            color="0.35", va="center")
-    fig.suptitle(f"One attention layer, forward + backward: batch {r0.get('batch')}, {r0.get('heads')} heads of "
-                 f"dimension {r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('device_name', '')}", fontsize=11)
+                ax.annotate(
+                    text,
+                    (xs[1], ys[1]),
+                    xytext=(4, 0),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color="0.35",
+                    va="center",
+                )
+    fig.suptitle(
+        f"One attention layer, forward + backward: batch {r0.get('batch')}, {r0.get('heads')} heads of "
+        f"dimension {r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('device_name', '')}",
+        fontsize=11,
+    )
     handles, labs = axes[0].get_legend_handles_labels()
     if base and len(lengths) > 1:
         handles.append(Line2D([], [], color="0.5", lw=0.9, ls=":"))
         labs.append("guides ∝ n and ∝ n² through\nthe reference's first point")
     if handles:
-        fig.legend(handles, labs, loc="outside right center", fontsize=8, frameon=False,
-                   title="attention (reference: fused softmax)", title_fontsize=8)
+        fig.legend(
+            handles,
+            labs,
+            loc="outside right center",
+            fontsize=8,
+            frameon=False,
+            title="attention (reference: fused softmax)",
+            title_fontsize=8,
+        )
     return fig
 
 

@@ -24,10 +24,33 @@ BASELINE = "softmax"  # fused SDPA; every ratio is relative to this row
 MATERIALIZED = "softmax_materialized"
 
 CSV_COLUMNS = (
-    "backend", "base", "options", "n", "batch", "heads", "head_dim", "dtype", "device", "device_name",
-    "torch_version", "threads", "mask", "status", "reason", "time_ms", "time_ms_min", "time_ms_max",
-    "repeats", "peak_mem_bytes", "tensor_peak_bytes", "mem_method", "flops", "gflops_per_s",
-    "sdpa_ops", "complexity", "exact",
+    "backend",
+    "base",
+    "options",
+    "n",
+    "batch",
+    "heads",
+    "head_dim",
+    "dtype",
+    "device",
+    "device_name",
+    "torch_version",
+    "threads",
+    "mask",
+    "status",
+    "reason",
+    "time_ms",
+    "time_ms_min",
+    "time_ms_max",
+    "repeats",
+    "peak_mem_bytes",
+    "tensor_peak_bytes",
+    "mem_method",
+    "flops",
+    "gflops_per_s",
+    "sdpa_ops",
+    "complexity",
+    "exact",
 )
 
 
@@ -104,8 +127,10 @@ def build_module(row: Row, cfg: Config, n: int) -> torch.nn.Module:
 
 # ----------------------------------------------------------------------------- --set BACKEND.options.NAME=VALUE
 SPELLING = "BACKEND.options.NAME=VALUE"
-VALUES = ("a value in Hydra's override grammar, as for attn.options.NAME=VALUE: a number, true/false, null, "
-          "a string (quoted if it has a comma or a space), [a,list] or {a: dict}")
+VALUES = (
+    "a value in Hydra's override grammar, as for attn.options.NAME=VALUE: a number, true/false, null, "
+    "a string (quoted if it has a comma or a space), [a,list] or {a: dict}"
+)
 
 
 def _note(text: str) -> None:
@@ -122,8 +147,10 @@ def _value(item: str, text: str):
     except HydraException:
         raise ValueError(f"--set {item}: {text!r} is not allowed: give {VALUES}") from None
     if parsed.is_sweep_override():
-        raise ValueError(f"--set {item}: {text!r} is a sweep, not allowed here: give one value per option "
-                         f"(quote a string with a comma: 'a,b')")
+        raise ValueError(
+            f"--set {item}: {text!r} is a sweep, not allowed here: give one value per option "
+            f"(quote a string with a comma: 'a,b')"
+        )
     return parsed.value()
 
 
@@ -140,8 +167,10 @@ def parse_options(items: list[str] | None, note: Callable[[str], None] = _note) 
             label, name = parts[0], parts[2]
         elif sep and len(parts) == 2 and all(parts):
             label, name = parts
-            note(f"lra.bench: --set {item} is the old spelling; write --set {label}.options.{name}={text} "
-                 f"(as a run's attn.options.{name}={text})")
+            note(
+                f"lra.bench: --set {item} is the old spelling; write --set {label}.options.{name}={text} "
+                f"(as a run's attn.options.{name}={text})"
+            )
         else:
             raise ValueError(f"--set expects {SPELLING} (e.g. --set nystrom.options.landmarks=128), got {item!r}")
         out.setdefault(label, {})[name] = _value(item, text)
@@ -158,8 +187,9 @@ def check_options(cfg: Config, rows: list[Row]) -> None:
         row = labels[label]
         plain = effective_options(row, Config())  # the row's own options, no --set
         # each option alone first, so the line names the one at fault; then all of them together
-        for opts, shown in [({**plain, k: v}, f"{label}.options.{k}={v!r}") for k, v in given.items()] + \
-                [({**plain, **given}, " ".join(f"{label}.options.{k}={v!r}" for k, v in given.items()))]:
+        for opts, shown in [({**plain, k: v}, f"{label}.options.{k}={v!r}") for k, v in given.items()] + [
+            ({**plain, **given}, " ".join(f"{label}.options.{k}={v!r}" for k, v in given.items()))
+        ]:
             try:
                 attention.make_options(row.base, **opts)
             except attention.InvalidOption as err:

@@ -57,10 +57,39 @@ PARTS = ("step", "attention")
 MODES = ("eager", "compiled")
 
 CSV_COLUMNS = (
-    "task", "backend", "part", "mode", "status", "reason", "n", "dual", "micro_batch", "accum_steps",
-    "fit_micro_batch", "fit_accum_steps", "effective_batch", "plan_source", "hardware", "precision", "checkpointing", "options", "device",
-    "device_name", "torch_version", "threads", "time_ms", "time_ms_min", "time_ms_max", "repeats",
-    "per_opt_step_ms", "first_call_s", "peak_mem_bytes", "mem_method", "time_ratio", "mem_ratio", "sdpa_ops",
+    "task",
+    "backend",
+    "part",
+    "mode",
+    "status",
+    "reason",
+    "n",
+    "dual",
+    "micro_batch",
+    "accum_steps",
+    "fit_micro_batch",
+    "fit_accum_steps",
+    "effective_batch",
+    "plan_source",
+    "hardware",
+    "precision",
+    "checkpointing",
+    "options",
+    "device",
+    "device_name",
+    "torch_version",
+    "threads",
+    "time_ms",
+    "time_ms_min",
+    "time_ms_max",
+    "repeats",
+    "per_opt_step_ms",
+    "first_call_s",
+    "peak_mem_bytes",
+    "mem_method",
+    "time_ratio",
+    "mem_ratio",
+    "sdpa_ops",
 )
 
 
@@ -220,9 +249,16 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
     if cfg.memory and (cfg.device.startswith("cuda") or not compiled):
         peak, method = measure_peak(step, known(), cfg.device)
     med = statistics.median(times)
-    return {"time_ms": med * 1e3, "time_ms_min": min(times) * 1e3, "time_ms_max": max(times) * 1e3,
-            "repeats": len(times), "first_call_s": first, "peak_mem_bytes": peak, "mem_method": method,
-            "sdpa_ops": " ".join(sorted(ops.sdpa))}
+    return {
+        "time_ms": med * 1e3,
+        "time_ms_min": min(times) * 1e3,
+        "time_ms_max": max(times) * 1e3,
+        "repeats": len(times),
+        "first_call_s": first,
+        "peak_mem_bytes": peak,
+        "mem_method": method,
+        "sdpa_ops": " ".join(sorted(ops.sdpa)),
+    }
 
 
 # ----------------------------------------------------------------------------- one (task, backend)
@@ -231,10 +267,18 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
     spec = spec_for(cfg, task, backend)
     precision = precision_on(spec, cfg.device)
     common = {
-        "task": task, "backend": backend, "n": spec.model.seq_len, "dual": spec.model.dual,
-        "effective_batch": spec.train.batch_size, "hardware": cfg.hardware, "precision": precision,
-        "checkpointing": spec.attn.checkpointing, "device": cfg.device, "device_name": device_name(cfg.device),
-        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+        "task": task,
+        "backend": backend,
+        "n": spec.model.seq_len,
+        "dual": spec.model.dual,
+        "effective_batch": spec.train.batch_size,
+        "hardware": cfg.hardware,
+        "precision": precision,
+        "checkpointing": spec.attn.checkpointing,
+        "device": cfg.device,
+        "device_name": device_name(cfg.device),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
         "options": " ".join(f"{k}={v}" for k, v in sorted(spec.attn.options.items())),
     }
     modes = cfg.modes or (MODES if (cfg.compile or cfg.device.startswith("cuda")) else MODES[:1])
@@ -248,14 +292,26 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
         return rows
     micro, accum, source = p.micro_batch, p.accum_steps, p.source
     if cfg.max_batch is not None:  # a smoke run: one small micro-batch per step, the same for every backend
-        micro, accum, source = min(micro, cfg.max_batch), 1, f"{p.source}, capped at {cfg.max_batch} without accumulation"
+        micro, accum, source = (
+            min(micro, cfg.max_batch),
+            1,
+            f"{p.source}, capped at {cfg.max_batch} without accumulation",
+        )
     # the fit can take seconds per backend (memory estimates): say what it decided and what it cost
-    log(f"fit {task}/{backend}: micro-batch {p.micro_batch} x {p.accum_steps} "
+    log(
+        f"fit {task}/{backend}: micro-batch {p.micro_batch} x {p.accum_steps} "
         f"({'cached' if p.cached else f'{p.seconds or 0:.1f} s'})"
-        + (f"; measured at {micro} x {accum} (--max-batch {cfg.max_batch})" if cfg.max_batch is not None else ""))
+        + (f"; measured at {micro} x {accum} (--max-batch {cfg.max_batch})" if cfg.max_batch is not None else "")
+    )
     for r in rows:
-        r.update(micro_batch=micro, accum_steps=accum, fit_micro_batch=p.micro_batch, fit_accum_steps=p.accum_steps,
-                 effective_batch=micro * accum, plan_source=source)
+        r.update(
+            micro_batch=micro,
+            accum_steps=accum,
+            fit_micro_batch=p.micro_batch,
+            fit_accum_steps=p.accum_steps,
+            effective_batch=micro * accum,
+            plan_source=source,
+        )
 
     torch.manual_seed(cfg.seed)
     model = build_model(spec.model).to(cfg.device).train()
@@ -267,6 +323,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
     def step_call(net):
         def call(i):
             train(net, [pool[(i * accum + j) % len(pool)] for j in range(accum)])
+
         return call
 
     def attn_call(fn):
@@ -275,10 +332,13 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             out.backward(dout)
             q.grad = k.grad = v.grad = None
             attn.zero_grad(set_to_none=True)
+
         return call
 
-    known = {"step": lambda: [*train.state_tensors(), *(t for b in pool for t in b)],  # params, AdamW states, inputs
-             "attention": lambda: [q, k, v, amask, dout, *attn.parameters(), *attn.buffers()]}
+    known = {
+        "step": lambda: [*train.state_tensors(), *(t for b in pool for t in b)],  # params, AdamW states, inputs
+        "attention": lambda: [q, k, v, amask, dout, *attn.parameters(), *attn.buffers()],
+    }
     for r in rows:
         tag = f"{task}/{backend} {r['part']} {r['mode']} (micro-batch {micro} x {accum}, n={r['n']})"
         compiled = r["mode"] == "compiled"
@@ -292,7 +352,9 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             if backend == BASELINE and not compiled and not r["sdpa_ops"]:  # composite: no SDPA op reaches dispatch
                 r["sdpa_ops"] = "none: SDPA took the math path (matmul + softmax, n x n)"
         except Exception as err:  # noqa: BLE001 - a backend dynamo or the device cannot run must not end the benchmark
-            r.update(status="oom" if is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300])
+            r.update(
+                status="oom" if is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300]
+            )
             log(f"{tag}: {r['status']} ({r['reason']})")
             if cfg.device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -303,7 +365,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
         mem = f", peak {r['peak_mem_bytes'] / MIB:.1f} MiB" if r["peak_mem_bytes"] != "" else ""
         comp = f", first call {r['first_call_s']:.1f} s" if compiled else ""
         log(f"{tag}: {r['time_ms']:.2f} ms (median of {r['repeats']}){mem}{comp}")
-    del model, train, attn, pool
+    model = train = attn = pool = None  # release them (the closures above share these cells) before empty_cache
     gc.collect()
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -324,7 +386,9 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def run(cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
+def run(
+    cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[list[dict]], None] | None = None
+) -> list[dict]:
     """Every task x backend (the fused baseline first, so the ratios have their reference). Every line
     logged ends with ``[i/N, elapsed]``: which (task, backend) of how many, so a slow run is seen to move."""
     torch.set_num_threads(cfg.threads)
@@ -332,6 +396,7 @@ def run(cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[l
     items = [(task, backend) for task in cfg.tasks for backend in cfg.backends]
     t0 = time.perf_counter()
     for i, (task, backend) in enumerate(items, 1):
+
         def counted(text: str, i: int = i) -> None:
             log(f"{text} [{i}/{len(items)}, {time.perf_counter() - t0:.0f} s]")
 

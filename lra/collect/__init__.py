@@ -59,16 +59,25 @@ class Result:
     runs: pd.DataFrame
     issues: list
     files: list = field(default_factory=list)
-    tables: dict = field(default_factory=dict)   # (preset, table key) -> Built
+    tables: dict = field(default_factory=dict)  # (preset, table key) -> Built
 
 
 def default_runs_root() -> Path:
     return runs_root()
 
 
-def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(), presets=None,
-            all_rows: bool = False, plots: bool = True, html: bool = True, trials: bool = False,
-            style: str | None = None) -> Result:
+def collect(
+    runs_root: Path,
+    out: Path | None = None,
+    formats=FORMATS,
+    compare=(),
+    presets=None,
+    all_rows: bool = False,
+    plots: bool = True,
+    html: bool = True,
+    trials: bool = False,
+    style: str | None = None,
+) -> Result:
     """Read the records under ``runs_root`` and write every table, report and figure into ``out``.
 
     Args:
@@ -99,8 +108,10 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
     all_presets = sorted(set(runs["preset"]))
     unknown = sorted(set(presets or ()) - set(all_presets))
     if unknown:  # a typo would otherwise give no tables and no word about it
-        raise CollectError(f"--preset {', '.join(unknown)}: no run records of that preset under {runs_root}; "
-                           f"presets found: {', '.join(all_presets) or '(none)'}")
+        raise CollectError(
+            f"--preset {', '.join(unknown)}: no run records of that preset under {runs_root}; "
+            f"presets found: {', '.join(all_presets) or '(none)'}"
+        )
     chosen = [p for p in all_presets if presets is None or p in presets]
     summ = summary(runs, trials=trials)
     found = search_frame(runs)
@@ -114,8 +125,9 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         md_all = [f"# Tables for preset `{preset}`", ""]
         own = own_paper(preset)  # the paper whose protocol the preset runs: its tables first
         for spec in sorted(TABLES, key=lambda t: t.paper != own):
-            built = build(spec, runs, preset, compare=spec.paper in compare, drop_empty=not all_rows,
-                          trials=trials, style=style)
+            built = build(
+                spec, runs, preset, compare=spec.paper in compare, drop_empty=not all_rows, trials=trials, style=style
+            )
             res.tables[(preset, spec.key)] = built
             if "csv" in formats:
                 emit(f"{folder}/{spec.key}.csv", to_csv(built))
@@ -128,8 +140,10 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
         mine = found[found["preset"] == preset].drop(columns="preset")
         if len(mine):
             emit(f"{folder}/searches.csv", frame_csv(mine))
-            md = frame_markdown(mine.drop(columns=["best_params", "best_path"]),  # in searches.csv and on the page
-                                f"## Searches of preset `{preset}` (best trial each; --trials shows them all)")
+            md = frame_markdown(
+                mine.drop(columns=["best_params", "best_path"]),  # in searches.csv and on the page
+                f"## Searches of preset `{preset}` (best trial each; --trials shows them all)",
+            )
             md_all.append(md)
             if "md" in formats:
                 emit(f"{folder}/searches.md", md)
@@ -162,18 +176,25 @@ def collect(runs_root: Path, out: Path | None = None, formats=FORMATS, compare=(
 def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
     ok = runs["usable"] & runs["kept"]
     kinds = pd.Series([i.kind for i in issues], dtype=str).value_counts().sort_index()
-    lines = ["# LRA results", "",
-             f"{len(runs)} run records read: {int(ok.sum())} finished and counted, "
-             f"{int((~runs['usable']).sum())} not finished, {int((runs['usable'] & ~runs['kept']).sum())} "
-             f"superseded duplicates. Problems: " + (", ".join(f"{k} {v}" for k, v in kinds.items()) or "none") + ".",
-             ""]
+    lines = [
+        "# LRA results",
+        "",
+        f"{len(runs)} run records read: {int(ok.sum())} finished and counted, "
+        f"{int((~runs['usable']).sum())} not finished, {int((runs['usable'] & ~runs['kept']).sum())} "
+        f"superseded duplicates. Problems: " + (", ".join(f"{k} {v}" for k, v in kinds.items()) or "none") + ".",
+        "",
+    ]
     if compare:
         lines += ["Compared with: " + ", ".join(PAPERS[c] for c in compare) + ".", ""]
     for preset in presets:
         s = summ[summ["preset"] == preset]
-        lines += [f"## Preset `{preset}`", "",
-                  f"Tables: [{safe_name(preset)}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
-                  f"[{safe_name(preset)}/summary.csv]({safe_name(preset)}/summary.csv).", ""]
+        lines += [
+            f"## Preset `{preset}`",
+            "",
+            f"Tables: [{safe_name(preset)}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
+            f"[{safe_name(preset)}/summary.csv]({safe_name(preset)}/summary.csv).",
+            "",
+        ]
         if len(s):
             view = s[["task", "label", "seeds", "test_acc_mean", "test_acc_std", "test_acc_ci95", "test_acc_n"]].copy()
             for c in ("test_acc_mean", "test_acc_std", "test_acc_ci95"):
@@ -191,8 +212,11 @@ def out_problem(out: Path) -> str | None:
         if p.exists():
             if not p.is_dir():
                 return f"{p} is a file, not a folder; pass a folder (created if missing)"
-            return None if os.access(p, os.W_OK | os.X_OK) else f"{p} cannot be written; pass --out DIR to a " \
-                                                                  f"folder you can write"
+            return (
+                None
+                if os.access(p, os.W_OK | os.X_OK)
+                else f"{p} cannot be written; pass --out DIR to a " f"folder you can write"
+            )
     return None
 
 
@@ -204,20 +228,31 @@ EXAMPLES = """examples:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(prog="python -m lra.collect", description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="python -m lra.collect",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", type=Path, default=None, help="runs root (default $LRA_RUNS or runs/)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default <runs>/tables)")
     p.add_argument("--format", default="csv,tex,md", help="comma list of csv, tex, md (default all)")
     p.add_argument("--compare", default="", help=f"paper(s) to compare with: {', '.join(PAPERS)} or all")
     p.add_argument("--preset", action="append", default=None, help="only this preset (repeatable)")
-    p.add_argument("--style", choices=STYLES, default=None,
-                   help="Markdown and LaTeX cells: paper (the mean, as the paper prints it) or full (mean ± std (n) "
-                        "[95%% interval] and marks); default paper in a paper's own preset, else full")
+    p.add_argument(
+        "--style",
+        choices=STYLES,
+        default=None,
+        help="Markdown and LaTeX cells: paper (the mean, as the paper prints it) or full (mean ± std (n) "
+        "[95%% interval] and marks); default paper in a paper's own preset, else full",
+    )
     p.add_argument("--all-rows", action="store_true", help="keep the paper's rows that have no run")
     p.add_argument("--drop-empty", action="store_true", help=argparse.SUPPRESS)  # the default since --all-rows
-    p.add_argument("--trials", action="store_true", help="show every search trial as a row (default: each "
-                                                         "search's best trial in searches.md)")
+    p.add_argument(
+        "--trials",
+        action="store_true",
+        help="show every search trial as a row (default: each " "search's best trial in searches.md)",
+    )
     p.add_argument("--no-plots", action="store_true", help="tables and reports only")
     p.add_argument("--no-html", action="store_true", help="no results page (index.html)")
     args = p.parse_args(argv)
@@ -237,12 +272,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.drop_empty:
-        print("lra.collect: --drop-empty is the default now (empty paper rows are left out); --all-rows keeps them",
-              file=sys.stderr)
+        print(
+            "lra.collect: --drop-empty is the default now (empty paper rows are left out); --all-rows keeps them",
+            file=sys.stderr,
+        )
     root = args.runs or default_runs_root()
     if not root.is_dir():
-        print(f"lra.collect: no runs folder at {root}. Train first (make lra task=listops attn=softmax "
-              f"ARGS='experiment=quick') or pass --runs DIR.", file=sys.stderr)
+        print(
+            f"lra.collect: no runs folder at {root}. Train first (make lra task=listops attn=softmax "
+            f"ARGS='experiment=quick') or pass --runs DIR.",
+            file=sys.stderr,
+        )
         return 1
     out = args.out if args.out is not None else root / "tables"
     problem = out_problem(out)
@@ -251,27 +291,44 @@ def main(argv=None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        res = collect(root, out, args.formats, args.compare_papers, args.preset, args.all_rows,
-                      plots=not args.no_plots, html=not args.no_html, trials=args.trials, style=args.style)
+        res = collect(
+            root,
+            out,
+            args.formats,
+            args.compare_papers,
+            args.preset,
+            args.all_rows,
+            plots=not args.no_plots,
+            html=not args.no_html,
+            trials=args.trials,
+            style=args.style,
+        )
     except CollectError as e:
         print(f"lra.collect: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a read-only file system, a full disk: what was written is whole (atomic), the rest not
-        print(f"lra.collect: cannot write into {out} ({type(e).__name__}: {e.strerror or e}); pass --out DIR to a "
-              f"folder you can write", file=sys.stderr)
+        print(
+            f"lra.collect: cannot write into {out} ({type(e).__name__}: {e.strerror or e}); pass --out DIR to a "
+            f"folder you can write",
+            file=sys.stderr,
+        )
         return 2
     runs = res.runs
     ok = runs["usable"] & runs["kept"]
-    print(f"read {len(runs)} run records under {root}: {int(ok.sum())} finished and counted, "
-          f"{int((~runs['usable']).sum())} not finished")
+    print(
+        f"read {len(runs)} run records under {root}: {int(ok.sum())} finished and counted, "
+        f"{int((~runs['usable']).sum())} not finished"
+    )
     for kind, n in sorted(pd.Series([i.kind for i in res.issues], dtype=str).value_counts().items()):
         print(f"  {n} x {kind}")
     if res.issues:
         print(f"  details: {res.out / 'issues.md'}")
     for preset in sorted({p for p, _ in res.tables}):
         g = runs[ok & (runs["preset"] == preset)]
-        print(f"preset {preset}: {len(g)} runs, tasks {', '.join(sorted(set(g['task']))) or '-'}, "
-              f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / safe_name(preset)}")
+        print(
+            f"preset {preset}: {len(g)} runs, tasks {', '.join(sorted(set(g['task']))) or '-'}, "
+            f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / safe_name(preset)}"
+        )
     if len(runs) == 0:
         print(f"no result.json under {root}: nothing to tabulate", file=sys.stderr)
     start = res.out / ("index.html" if not args.no_html else "index.md")

@@ -75,19 +75,40 @@ def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, st
             mem = float(np.nanmax(vals)) if np.isfinite(vals).any() else math.nan
         speed = g[speed_col].to_numpy(dtype=float)
         base = g["base"].iloc[0] or (key if g["attn"].iloc[0] == SOFTMAX else "")
-        ratio = np.array([sp / by[(t, base)][0] if (t, base) in by and by[(t, base)][1] == d else math.nan
-                          for t, sp, d in zip(g["task"], speed, g["device"])], dtype=float)
+        ratio = np.array(
+            [
+                sp / by[(t, base)][0] if (t, base) in by and by[(t, base)][1] == d else math.nan
+                for t, sp, d in zip(g["task"], speed, g["device"])
+            ],
+            dtype=float,
+        )
         n = g["test_acc_n"].to_numpy(dtype=float)
         acc = 100 * g["test_acc_mean"].mean()
-        half = 100 * mean_of_means_half_width(g["test_acc_std"].to_numpy(dtype=float), n) \
-            if n.min() >= MIN_SEEDS else math.nan
+        half = (
+            100 * mean_of_means_half_width(g["test_acc_std"].to_numpy(dtype=float), n)
+            if n.min() >= MIN_SEEDS
+            else math.nan
+        )
         lo, hi = clip(acc - half, acc + half, 0.0, 100.0)
-        rows.append({"row": key, "acc": acc, "acc_lo": lo, "acc_hi": hi, "seeds": int(n.min()),
-                     "speed": _geomean(speed), "rel": _geomean(ratio), "base": base,
-                     "rel_tasks": int(np.sum(np.isfinite(ratio) & (ratio > 0))), "mem": mem,
-                     "mem_src": MEASURED if measured else ESTIMATED if math.isfinite(mem) else "",
-                     "loaded": bool(g["loaded"].astype(bool).any()),
-                     "tasks": len(g), "of": len(tasks_all), "task_list": ",".join(sorted(g["task"]))})
+        rows.append(
+            {
+                "row": key,
+                "acc": acc,
+                "acc_lo": lo,
+                "acc_hi": hi,
+                "seeds": int(n.min()),
+                "speed": _geomean(speed),
+                "rel": _geomean(ratio),
+                "base": base,
+                "rel_tasks": int(np.sum(np.isfinite(ratio) & (ratio > 0))),
+                "mem": mem,
+                "mem_src": MEASURED if measured else ESTIMATED if math.isfinite(mem) else "",
+                "loaded": bool(g["loaded"].astype(bool).any()),
+                "tasks": len(g),
+                "of": len(tasks_all),
+                "task_list": ",".join(sorted(g["task"])),
+            }
+        )
     d = pd.DataFrame(rows)
     d["x"] = d["rel"] if ref else d["speed"]
     return d, unit, ref
@@ -96,10 +117,14 @@ def lra_chart_data(summary: pd.DataFrame, preset: str) -> tuple[pd.DataFrame, st
 def _x_label(unit: str, ref: str, names: dict) -> str:
     if ref:
         r = names.get(ref, ref)
-        return (f"speed relative to {r} under the same settings, task and device: {unit} ÷ {r}'s {unit},\n"
-                f"geometric mean over tasks; 1 = as fast as {r}, 2 = twice as fast")
-    return (f"training speed ({unit}), geometric mean over tasks; absolute, not relative:\n"
-            f"this preset has no Standard (softmax) row with a valid speed to divide by")
+        return (
+            f"speed relative to {r} under the same settings, task and device: {unit} ÷ {r}'s {unit},\n"
+            f"geometric mean over tasks; 1 = as fast as {r}, 2 = twice as fast"
+        )
+    return (
+        f"training speed ({unit}), geometric mean over tasks; absolute, not relative:\n"
+        f"this preset has no Standard (softmax) row with a valid speed to divide by"
+    )
 
 
 def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = None):
@@ -111,14 +136,25 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     s = summary[summary["preset"] == preset]
     names = {**dict(zip(s["row"], s["label"])), **(names or {})}  # the tables' labels (lra.collect.rows)
     for r in d[~np.isfinite(d["x"])].itertuples():
-        why = (f"no {names.get(ref, ref)} run under the same settings to divide by" if ref and not r.base else
-               f"no task where both it and its {names.get(ref, ref)} have a valid speed ({unit}) on the same device"
-               if ref and math.isfinite(r.speed) else f"no valid speed ({unit}) in its runs")
+        why = (
+            f"no {names.get(ref, ref)} run under the same settings to divide by"
+            if ref and not r.base
+            else f"no task where both it and its {names.get(ref, ref)} have a valid speed ({unit}) on the same device"
+            if ref and math.isfinite(r.speed)
+            else f"no valid speed ({unit}) in its runs"
+        )
         notes.append((f"{preset} {r.row}", f"{why}: left out of the LRA chart"))
     for r in d[np.isfinite(d["x"]) & (d["rel_tasks"] < d["tasks"])].itertuples():
         if ref:
-            notes.append((f"{preset} {r.row}", (f"LRA chart: relative speed over {r.rel_tasks} of its {r.tasks} "
-                                               f"tasks (the others lack a speed of it or of {names.get(ref, ref)})")))
+            notes.append(
+                (
+                    f"{preset} {r.row}",
+                    (
+                        f"LRA chart: relative speed over {r.rel_tasks} of its {r.tasks} "
+                        f"tasks (the others lack a speed of it or of {names.get(ref, ref)})"
+                    ),
+                )
+            )
     d = d[np.isfinite(d["x"])].reset_index(drop=True)
     if d.empty:
         return None, notes
@@ -135,8 +171,16 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     lo, hi = d["acc_lo"].to_numpy(dtype=float), d["acc_hi"].to_numpy(dtype=float)
     bars = np.isfinite(lo) & np.isfinite(hi)
     if bars.any():  # cut to [0, 100]: an interval never shows an accuracy that cannot be
-        ax.errorbar(x[bars], y[bars], yerr=[y[bars] - lo[bars], hi[bars] - y[bars]], fmt="none", ecolor="0.25",
-                    capsize=3, lw=0.9, zorder=4)
+        ax.errorbar(
+            x[bars],
+            y[bars],
+            yerr=[y[bars] - lo[bars], hi[bars] - y[bars]],
+            fmt="none",
+            ecolor="0.25",
+            capsize=3,
+            lw=0.9,
+            zorder=4,
+        )
     scatter_by_source(ax, x, y, [col[k] for k in d["row"]], list(d["mem_src"]), sizes=area)
     if ref:
         ax.axvline(1.0, color="0.6", ls=":", lw=0.9, zorder=1)
@@ -147,34 +191,61 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
     low, high = ax.get_ylim()
     ax.set_ylim(max(low, 0.0), min(high, 100.0))
     ax.set_xlabel(_x_label(unit, ref, names))
-    ax.set_ylabel("test accuracy (%), average over the row's tasks\n" + ("bars: 95% t-interval over seeds"
-                  if bars.any() else f"no interval: fewer than {MIN_SEEDS} seeds"))
+    ax.set_ylabel(
+        "test accuracy (%), average over the row's tasks\n"
+        + ("bars: 95% t-interval over seeds" if bars.any() else f"no interval: fewer than {MIN_SEEDS} seeds")
+    )
     ax.grid(alpha=0.3)
     leg = source_handles(set(d["mem_src"]))
     if math.isfinite(top) and top > 0:
         m_div, m_unit = mem_unit(top)
         for frac in (1.0, 0.5, 0.25):
-            leg.append(Line2D([], [], ls="", marker="o", mfc="0.85", mec="0.4", ms=math.sqrt(BUBBLE * frac),
-                              label=f"{top * frac / m_div:.3g} {m_unit}"))
+            leg.append(
+                Line2D(
+                    [],
+                    [],
+                    ls="",
+                    marker="o",
+                    mfc="0.85",
+                    mec="0.4",
+                    ms=math.sqrt(BUBBLE * frac),
+                    label=f"{top * frac / m_div:.3g} {m_unit}",
+                )
+            )
     if bars.any():
         leg.append(Line2D([], [], color="0.25", marker="_", ms=8, lw=0.9, label="95% t-interval\nover seeds"))
     if (d["tasks"] < d["of"]).any():
         leg.append(Line2D([], [], ls="", label="(k of n tasks): averaged over\nfewer tasks, not comparable"))
-    ax.legend(handles=leg, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, labelspacing=2.4, borderpad=1.0,
-              handlelength=3.0, handletextpad=1.2, title="peak memory = marker area", title_fontsize=8,
-              frameon=False)
+    ax.legend(
+        handles=leg,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1),
+        fontsize=8,
+        labelspacing=2.4,
+        borderpad=1.0,
+        handlelength=3.0,
+        handletextpad=1.2,
+        title="peak memory = marker area",
+        title_fontsize=8,
+        frameon=False,
+    )
     all_loaded = bool(d["loaded"].all())  # said once in the title instead of at every point
     texts = []
     for r in d.itertuples():
         t = short(names.get(r.row, r.row))
-        extra = ([] if r.tasks == r.of else [f"{r.tasks} of {r.of} tasks"]) + \
-            ([] if r.seeds > 1 else ["1 seed"]) + (["timed under load"] if r.loaded and not all_loaded else [])
+        extra = (
+            ([] if r.tasks == r.of else [f"{r.tasks} of {r.of} tasks"])
+            + ([] if r.seeds > 1 else ["1 seed"])
+            + (["timed under load"] if r.loaded and not all_loaded else [])
+        )
         texts.append(f"{t} ({', '.join(extra)})" if extra else t)
     place_labels(ax, x, y, texts, sizes=area, edge=[col[k] for k in d["row"]])
     full_names_legend(fig, list(d["row"]), names, col)
     seeds = sorted(set(d["seeds"]))
-    fig.suptitle(f"{preset}: accuracy, {'relative ' if ref else ''}speed and memory, as LRA (Tay et al. 2021) Fig. 3\n"
-                 f"tasks: {', '.join(task_name(t) for t in tasks_all)}; seeds per point: "
-                 f"{', '.join(map(str, seeds))}" + ("; every point timed on a shared or busy machine" if all_loaded
-                                                    else ""), fontsize=11)
+    fig.suptitle(
+        f"{preset}: accuracy, {'relative ' if ref else ''}speed and memory, as LRA (Tay et al. 2021) Fig. 3\n"
+        f"tasks: {', '.join(task_name(t) for t in tasks_all)}; seeds per point: "
+        f"{', '.join(map(str, seeds))}" + ("; every point timed on a shared or busy machine" if all_loaded else ""),
+        fontsize=11,
+    )
     return fig, notes

@@ -92,16 +92,21 @@ def legend_below(fig: Figure, handles, labels, title: str):
     """A legend under the axes: full labels in as many columns as fit the figure's width."""
     longest = max((max(len(line) for line in lab.split("\n")) for lab in labels), default=1)
     ncol = max(1, min(len(labels), int(fig.get_figwidth() * 11 // max(longest + 4, 1))))
-    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=8, title=title, title_fontsize=8,
-               frameon=False)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncol=ncol, fontsize=8, title=title, title_fontsize=8, frameon=False
+    )
 
 
 def full_names_legend(fig: Figure, keys, names: dict, col: dict, width: int = 34):
     """Under the axes, the full names of the rows whose point label had to be cut (long override tags)."""
     cut = [k for k in keys if short(names[k], width) != names[k]]
     if cut:
-        legend_below(fig, [Line2D([], [], ls="", marker="o", ms=7, color=col[k]) for k in cut],
-                     [label(names[k]) for k in cut], "rows whose label is cut above, in full")
+        legend_below(
+            fig,
+            [Line2D([], [], ls="", marker="o", ms=7, color=col[k]) for k in cut],
+            [label(names[k]) for k in cut],
+            "rows whose label is cut above, in full",
+        )
 
 
 def memory(frame: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
@@ -134,15 +139,32 @@ def source_handles(sources) -> list:
     if MEASURED in sources:
         out.append(Line2D([], [], ls="", marker="o", ms=8, mfc="0.5", mec="0.2", label="filled: peak memory measured"))
     if ESTIMATED in sources:
-        out.append(Line2D([], [], ls="", marker="o", ms=8, mfc="none", mec="0.3",
-                          label="hollow: peak memory estimated\n(no measurement, e.g. a CPU run)"))
+        out.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="o",
+                ms=8,
+                mfc="none",
+                mec="0.3",
+                label="hollow: peak memory estimated\n(no measurement, e.g. a CPU run)",
+            )
+        )
     return out
 
 
 # candidate label positions around a point: (dx, dy) direction, horizontal and vertical alignment
-_SPOTS = ((1, 0, "left", "center"), (-1, 0, "right", "center"), (0, 1, "center", "bottom"),
-          (0, -1, "center", "top"), (0.75, 0.75, "left", "bottom"), (-0.75, 0.75, "right", "bottom"),
-          (0.75, -0.75, "left", "top"), (-0.75, -0.75, "right", "top"))
+_SPOTS = (
+    (1, 0, "left", "center"),
+    (-1, 0, "right", "center"),
+    (0, 1, "center", "bottom"),
+    (0, -1, "center", "top"),
+    (0.75, 0.75, "left", "bottom"),
+    (-0.75, 0.75, "right", "bottom"),
+    (0.75, -0.75, "left", "top"),
+    (-0.75, -0.75, "right", "top"),
+)
 
 
 def _overlap(a: Bbox, b: Bbox) -> float:
@@ -195,19 +217,33 @@ def place_labels(ax, x, y, texts, sizes=None, edge=None, fontsize: float = 8.0) 
                 box = Bbox.from_bounds(ax0, ay0, w, h)
                 own = _gap(box, pts[i], radii[i])
                 closer = sum(_gap(box, pts[j], radii[j]) < own for j in range(len(x)) if j != i)
-                cost = (3 * sum(_overlap(box, b) for b in placed)
-                        + sum(_overlap(box, m) for j, m in enumerate(markers) if j != i)
-                        + 4 * (w * h - _overlap(box, frame)) + (0.5 * closer + 0.05 * level) * w * h)
+                cost = (
+                    3 * sum(_overlap(box, b) for b in placed)
+                    + sum(_overlap(box, m) for j, m in enumerate(markers) if j != i)
+                    + 4 * (w * h - _overlap(box, frame))
+                    + (0.5 * closer + 0.05 * level) * w * h
+                )
                 if best is None or cost < best[0] - 1e-6:
                     best = (cost, box, ox, oy, ha, va, level)
         _, box, ox, oy, ha, va, level = best
         placed.append(box)
-        arrow = ({"arrowstyle": "-", "color": "0.3", "lw": 0.8, "shrinkA": 0, "shrinkB": radii[i] / px}
-                 if level else None)
+        arrow = (
+            {"arrowstyle": "-", "color": "0.3", "lw": 0.8, "shrinkA": 0, "shrinkB": radii[i] / px} if level else None
+        )
         ec = "none" if edge is None else edge[i]
-        ann = ax.annotate(texts[i], (x[i], y[i]), xytext=(ox / px, oy / px), textcoords="offset points", ha=ha,
-                          va=va, fontsize=fontsize, color="0.1", arrowprops=arrow, zorder=5,
-                          bbox={"boxstyle": "round,pad=0.15", "fc": (1, 1, 1, 0.75), "ec": ec, "lw": 1.0})
+        ann = ax.annotate(
+            texts[i],
+            (x[i], y[i]),
+            xytext=(ox / px, oy / px),
+            textcoords="offset points",
+            ha=ha,
+            va=va,
+            fontsize=fontsize,
+            color="0.1",
+            arrowprops=arrow,
+            zorder=5,
+            bbox={"boxstyle": "round,pad=0.15", "fc": (1, 1, 1, 0.75), "ec": ec, "lw": 1.0},
+        )
         ann.set_in_layout(False)  # placed for this layout: keep it
         out.append(ann)
     return out

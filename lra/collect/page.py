@@ -28,8 +28,8 @@ from urllib.parse import quote
 import pandas as pd
 
 from lra.collect import render
-from lra.collect.records import Issue, failed_frame, issues_frame
 from lra.collect import rows as R
+from lra.collect.records import Issue, failed_frame, issues_frame
 from lra.collect.tables import METRICS, PAPERS, Built
 
 CSS = """
@@ -125,8 +125,10 @@ def _legend(built: Built) -> str:
     lines = render.legend(built)
     if not lines:
         return ""
-    return ('<details class="legend"><summary>How to read the cells and marks</summary><ul class="legend">'
-            f'{"".join(f"<li>{_inline(x)}</li>" for x in lines)}</ul></details>')
+    return (
+        '<details class="legend"><summary>How to read the cells and marks</summary><ul class="legend">'
+        f'{"".join(f"<li>{_inline(x)}</li>" for x in lines)}</ul></details>'
+    )
 
 
 # ----------------------------------------------------------------------------- tables
@@ -148,8 +150,11 @@ def _header(built: Built) -> list[str]:
                 j += 1
                 continue
             k = j
-            while k + 1 < len(leaves) and level < used(leaves[k + 1]) and leaves[k + 1][:level + 1] == \
-                    leaves[j][:level + 1]:
+            while (
+                k + 1 < len(leaves)
+                and level < used(leaves[k + 1])
+                and leaves[k + 1][: level + 1] == leaves[j][: level + 1]
+            ):
                 k += 1
             span = f' colspan="{k - j + 1}"' if k > j else ""
             down = depth - level if k == j and used(leaves[j]) == level + 1 and level + 1 < depth else 1
@@ -184,32 +189,52 @@ def _table(built: Built, pid: int, run_ids: dict, row_ids: dict) -> str:
                 cells.append(f'<td class="ours empty">{_e(t.value)}</td>')
             else:
                 target = row_ids.get(row.key) if col.task == "average" else run_ids.get((col.task, row.key))
-                value = f'<a href="#{target}" title="the runs behind this value">{_e(t.value)}</a>' if target \
+                value = (
+                    f'<a href="#{target}" title="the runs behind this value">{_e(t.value)}</a>'
+                    if target
                     else _e(t.value)
-                cells.append(f'<td class="ours{" best" if t.best else ""}">' + render.join(
-                    f"<strong>{value}</strong>" if t.best else value, _ci_html(t.ci), _marks_html(t.marks)) + "</td>")
+                )
+                cells.append(
+                    f'<td class="ours{" best" if t.best else ""}">'
+                    + render.join(
+                        f"<strong>{value}</strong>" if t.best else value, _ci_html(t.ci), _marks_html(t.marks)
+                    )
+                    + "</td>"
+                )
             if built.compare:
                 cells.append(f'<td class="paper">{_e(t.paper)}</td>')
-                cells.append(f'<td class="delta{_delta_class(cell, col.metric, t.paper_marks)}">' + render.join(
-                    _e(t.delta), _ci_html(t.delta_ci), _marks_html(t.paper_marks)) + "</td>")
+                cells.append(
+                    f'<td class="delta{_delta_class(cell, col.metric, t.paper_marks)}">'
+                    + render.join(_e(t.delta), _ci_html(t.delta_ci), _marks_html(t.paper_marks))
+                    + "</td>"
+                )
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
     sid = _anchor("t", pid, built.spec.key)
-    return "\n".join([
-        f'<section id="{sid}">',
-        f"<h3>{_e(render.title(built))}</h3>",
-        '<div class="scroll"><table class="paper-table">',
-        "<thead>", *_header(built), "</thead>",
-        "<tbody>", *body, "</tbody>",
-        "</table></div>",
-        '<ul class="note">' + "".join(f"<li>{_inline(x)}</li>" for x in render.notes(built)) +
-        "<li>Click a value for the runs behind it.</li></ul>",
-        _legend(built),
-        "</section>"])
+    return "\n".join(
+        [
+            f'<section id="{sid}">',
+            f"<h3>{_e(render.title(built))}</h3>",
+            '<div class="scroll"><table class="paper-table">',
+            "<thead>",
+            *_header(built),
+            "</thead>",
+            "<tbody>",
+            *body,
+            "</tbody>",
+            "</table></div>",
+            '<ul class="note">'
+            + "".join(f"<li>{_inline(x)}</li>" for x in render.notes(built))
+            + "<li>Click a value for the runs behind it.</li></ul>",
+            _legend(built),
+            "</section>",
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- runs behind the cells
-def _runs_table(runs: pd.DataFrame, preset: str, order: list[str], pid: int, runs_root: Path, page_dir: Path,
-               trials: bool = False):
+def _runs_table(
+    runs: pd.DataFrame, preset: str, order: list[str], pid: int, runs_root: Path, page_dir: Path, trials: bool = False
+):
     """(html, {(task, row key): anchor}, {row key: anchor}): task × row, each cell linking the runs."""
     ok, infos = R.assign(runs[runs["preset"] == preset], trials=trials)
     if ok.empty:
@@ -219,12 +244,18 @@ def _runs_table(runs: pd.DataFrame, preset: str, order: list[str], pid: int, run
     rows = [k for k in order if k in present] + sorted(present - set(order))
     tasks = sorted(set(ok["task"]))
     run_ids, row_ids = {}, {}
-    out = ['<div class="scroll"><table class="runs">', "<thead><tr>", '<th class="model">Row (overrides)</th>',
-           *[f'<th scope="col">{_e(t)}</th>' for t in tasks], "</tr></thead>", "<tbody>"]
+    out = [
+        '<div class="scroll"><table class="runs">',
+        "<thead><tr>",
+        '<th class="model">Row (overrides)</th>',
+        *[f'<th scope="col">{_e(t)}</th>' for t in tasks],
+        "</tr></thead>",
+        "<tbody>",
+    ]
     for r, key in enumerate(rows):
         row_ids[key] = _anchor("r", pid, r)
         full = infos[key].tag
-        text = _e(label[key]) + (f'<br><code>{_e(full)}</code>' if full else "")
+        text = _e(label[key]) + (f"<br><code>{_e(full)}</code>" if full else "")
         cells = [f'<th class="model" scope="row" id="{row_ids[key]}">{text}</th>']
         for c, task in enumerate(tasks):
             g = ok[(ok["task"] == task) & (ok["row"] == key)].sort_values(["seed", "path"], kind="stable")
@@ -232,8 +263,11 @@ def _runs_table(runs: pd.DataFrame, preset: str, order: list[str], pid: int, run
                 cells.append("<td></td>")
                 continue
             run_ids[(task, key)] = aid = _anchor("r", pid, r, c)
-            links = [f'<a href="{_e(_href(runs_root / p / "result.json", page_dir))}" title="{_e(p)}">'
-                     f'seed {_e(_seed(s))}</a>' for p, s in zip(g["path"], g["seed"])]
+            links = [
+                f'<a href="{_e(_href(runs_root / p / "result.json", page_dir))}" title="{_e(p)}">'
+                f'seed {_e(_seed(s))}</a>'
+                for p, s in zip(g["path"], g["seed"])
+            ]
             cells.append(f'<td id="{aid}">{" ".join(links)}</td>')
         out.append(f"<tr>{''.join(cells)}</tr>")
     out += ["</tbody></table></div>"]
@@ -254,8 +288,10 @@ def _figures(paths: list[Path], page_dir: Path) -> str:
         data = base64.b64encode(p.read_bytes()).decode("ascii")
         pdf = p.with_suffix(".pdf")
         also = f' (<a href="{_e(_href(pdf, page_dir))}">PDF</a>)' if pdf.is_file() else ""
-        out.append(f'<figure><img src="data:image/png;base64,{data}" alt="{_e(p.stem)}">'
-                   f"<figcaption><code>{_e(p.stem)}</code>{also}</figcaption></figure>")
+        out.append(
+            f'<figure><img src="data:image/png;base64,{data}" alt="{_e(p.stem)}">'
+            f"<figcaption><code>{_e(p.stem)}</code>{also}</figcaption></figure>"
+        )
     return "\n".join(out)
 
 
@@ -279,13 +315,28 @@ def _report(df: pd.DataFrame, runs_root: Path, page_dir: Path, record: bool, lin
             else:
                 cells.append(f"<td>{_e(text)}</td>")
         rows.append(f"<tr>{''.join(cells)}</tr>")
-    return "\n".join(['<div class="scroll"><table class="report">', f"<thead><tr>{head}</tr></thead>", "<tbody>",
-                      *rows, "</tbody></table></div>"])
+    return "\n".join(
+        [
+            '<div class="scroll"><table class="report">',
+            f"<thead><tr>{head}</tr></thead>",
+            "<tbody>",
+            *rows,
+            "</tbody></table></div>",
+        ]
+    )
 
 
-def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: Path, page_dir: Path,
-              figures: dict | None = None, compare=(), trials: bool = False,
-              searches: pd.DataFrame | None = None) -> str:
+def page_html(
+    tables: dict,
+    runs: pd.DataFrame,
+    issues: list[Issue],
+    runs_root: Path,
+    page_dir: Path,
+    figures: dict | None = None,
+    compare=(),
+    trials: bool = False,
+    searches: pd.DataFrame | None = None,
+) -> str:
     """The results page (one HTML5 document, self-contained) for the tables ``collect`` built.
 
     Args:
@@ -304,22 +355,39 @@ def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: 
     ok = runs["usable"] & runs["kept"]
     kinds = pd.Series([i.kind for i in issues], dtype=str).value_counts().sort_index()
     failed, iss = failed_frame(runs), issues_frame(issues)
-    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">', "<title>LRA results</title>",
-             f"<style>{CSS}</style>", "</head>", "<body>", "<header>", "<h1>LRA results</h1>",
-             (f'<p class="summary">{len(runs)} run records read: {int(ok.sum())} finished and counted, '
-              f"{int((~runs['usable']).sum())} not finished, {int((runs['usable'] & ~runs['kept']).sum())} "
-              f"superseded duplicates. Problems: "
-              f"{_e(', '.join(f'{k} {v}' for k, v in kinds.items()) or 'none')}.</p>")]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>LRA results</title>",
+        f"<style>{CSS}</style>",
+        "</head>",
+        "<body>",
+        "<header>",
+        "<h1>LRA results</h1>",
+        (
+            f'<p class="summary">{len(runs)} run records read: {int(ok.sum())} finished and counted, '
+            f"{int((~runs['usable']).sum())} not finished, {int((runs['usable'] & ~runs['kept']).sum())} "
+            f"superseded duplicates. Problems: "
+            f"{_e(', '.join(f'{k} {v}' for k, v in kinds.items()) or 'none')}.</p>"
+        ),
+    ]
     if compare:
         parts.append(f"<p>Compared with: {_e(', '.join(PAPERS[c] for c in compare))}.</p>")
     nav = []
     for pid, preset in enumerate(presets):
-        sub = "".join(f'<li><a href="#{_anchor("t", pid, k)}">{_e(render.title(tables[(p, k)]))}</a></li>'
-                      for p, k in tables if p == preset)
+        sub = "".join(
+            f'<li><a href="#{_anchor("t", pid, k)}">{_e(render.title(tables[(p, k)]))}</a></li>'
+            for p, k in tables
+            if p == preset
+        )
         nav.append(f'<li><a href="#{_anchor("p", pid)}">Preset <code>{_e(preset)}</code></a><ul>{sub}</ul></li>')
-    nav += [f'<li><a href="#failed">Failed or unfinished runs ({len(failed)})</a></li>',
-            f'<li><a href="#problems">Problems found in the records ({len(iss)})</a></li>']
+    nav += [
+        f'<li><a href="#failed">Failed or unfinished runs ({len(failed)})</a></li>',
+        f'<li><a href="#problems">Problems found in the records ({len(iss)})</a></li>',
+    ]
     parts += ["<nav><ul>", *nav, "</ul></nav>", "</header>", "<main>"]
     for pid, preset in enumerate(presets):
         built = [tables[(p, k)] for p, k in tables if p == preset]
@@ -329,21 +397,44 @@ def page_html(tables: dict, runs: pd.DataFrame, issues: list[Issue], runs_root: 
         parts += [_table(b, pid, run_ids, row_ids) for b in built]
         found = searches[searches["preset"] == preset] if searches is not None else pd.DataFrame()
         if len(found):
-            parts += [f'<h3 id="{_anchor("s", pid)}">Searches</h3>',
-                      ("<p class=\"note\">Each search's trials are left out of the tables above (<code>--trials</code> "
-                       "shows them); its best trial by the search's objective, and that trial's record:</p>"),
-                      _report(found.drop(columns=["preset", "best_params"]).rename(columns={"best_path": "path"}),
-                              runs_root, page_dir, True, link_text="result.json")]
+            parts += [
+                f'<h3 id="{_anchor("s", pid)}">Searches</h3>',
+                (
+                    '<p class="note">Each search\'s trials are left out of the tables above (<code>--trials</code> '
+                    "shows them); its best trial by the search's objective, and that trial's record:</p>"
+                ),
+                _report(
+                    found.drop(columns=["preset", "best_params"]).rename(columns={"best_path": "path"}),
+                    runs_root,
+                    page_dir,
+                    True,
+                    link_text="result.json",
+                ),
+            ]
         figs = _figures(figures.get(preset, []), page_dir)
         if figs:
             parts += [f'<h3 id="{_anchor("f", pid)}">Figures</h3>', figs]
-        parts += [f'<h3 id="{_anchor("runs", pid)}">Runs behind the cells</h3>',
-                  ("<p class=\"note\">Finished runs counted in the means, per task × row; each link opens the "
-                   "run's <code>result.json</code> (relative to this page: share the runs folder with it).</p>"),
-                  runs_html, "</section>"]
-    parts += ['<section id="failed">', "<h2>Failed or unfinished runs (never in a mean)</h2>",
-              _report(failed, runs_root, page_dir, True) if len(failed) else "<p>No failed runs.</p>", "</section>",
-              '<section id="problems">', "<h2>Problems found in the records</h2>",
-              _report(iss, runs_root, page_dir, False) if len(iss) else "<p>No problems found.</p>", "</section>",
-              "</main>", "</body>", "</html>", ""]
+        parts += [
+            f'<h3 id="{_anchor("runs", pid)}">Runs behind the cells</h3>',
+            (
+                '<p class="note">Finished runs counted in the means, per task × row; each link opens the '
+                "run's <code>result.json</code> (relative to this page: share the runs folder with it).</p>"
+            ),
+            runs_html,
+            "</section>",
+        ]
+    parts += [
+        '<section id="failed">',
+        "<h2>Failed or unfinished runs (never in a mean)</h2>",
+        _report(failed, runs_root, page_dir, True) if len(failed) else "<p>No failed runs.</p>",
+        "</section>",
+        '<section id="problems">',
+        "<h2>Problems found in the records</h2>",
+        _report(iss, runs_root, page_dir, False) if len(iss) else "<p>No problems found.</p>",
+        "</section>",
+        "</main>",
+        "</body>",
+        "</html>",
+        "",
+    ]
     return "\n".join(parts)

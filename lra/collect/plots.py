@@ -69,8 +69,11 @@ __all__ = [
     "readable_names",
     "save",
 ]
-_ALIASES = {"val/loss": ("val/loss", "val_loss"), "val/acc": ("val/acc", "val_acc"),
-            "time": ("time/train_s", "time_train_s")}
+_ALIASES = {
+    "val/loss": ("val/loss", "val_loss"),
+    "val/acc": ("val/acc", "val_acc"),
+    "time": ("time/train_s", "time_train_s"),
+}
 APPROX = "approximated"
 
 
@@ -127,16 +130,37 @@ def _run_curve(r, root: Path, notes: list) -> tuple[pd.DataFrame | None, str]:
     has = cur["time"].notna()
     if has.any():
         if not has.all():
-            notes.append((r.path, (f"{int((~has).sum())} of {len(cur)} validation rows of metrics.csv without "
-                                  f"time/train_s: left out of the time panels of the curves")))
+            notes.append(
+                (
+                    r.path,
+                    (
+                        f"{int((~has).sum())} of {len(cur)} validation rows of metrics.csv without "
+                        f"time/train_s: left out of the time panels of the curves"
+                    ),
+                )
+            )
         return cur, MEASURED
     per_step = r.time_per_1k_steps_s / 1000
     if not math.isfinite(per_step):
-        notes.append((r.path, ("metrics.csv has no time/train_s and the record no valid time_per_1k_steps_s: "
-                              "drawn against steps only, not against time")))
+        notes.append(
+            (
+                r.path,
+                (
+                    "metrics.csv has no time/train_s and the record no valid time_per_1k_steps_s: "
+                    "drawn against steps only, not against time"
+                ),
+            )
+        )
         return cur, ""
-    notes.append((r.path, ("metrics.csv has no time/train_s (older record): its training-time axis in the curves "
-                          "is approximated as step × time_per_1k_steps_s / 1000 (dashed)")))
+    notes.append(
+        (
+            r.path,
+            (
+                "metrics.csv has no time/train_s (older record): its training-time axis in the curves "
+                "is approximated as step × time_per_1k_steps_s / 1000 (dashed)"
+            ),
+        )
+    )
     return cur.assign(time=cur["step"] * per_step), APPROX
 
 
@@ -144,14 +168,19 @@ def _time_label(unit: str, sources: set) -> str:
     if sources == {MEASURED}:
         return f"training time ({unit}), measured at each evaluation\n(evaluation excluded)"
     if sources == {APPROX}:
-        return (f"training time ({unit}) ≈ step × mean time per step\n(approximated: these records did not "
-                f"log the time of each evaluation)")
-    return (f"training time ({unit}); solid: measured at each evaluation;\ndashed: ≈ step × mean time per "
-            f"step (older records without that time)")
+        return (
+            f"training time ({unit}) ≈ step × mean time per step\n(approximated: these records did not "
+            f"log the time of each evaluation)"
+        )
+    return (
+        f"training time ({unit}); solid: measured at each evaluation;\ndashed: ≈ step × mean time per "
+        f"step (older records without that time)"
+    )
 
 
-def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names: dict | None = None,
-                  trials: bool = False):
+def curves_figure(
+    runs: pd.DataFrame, root: Path, preset: str, task: str, names: dict | None = None, trials: bool = False
+):
     """(figure or None, notes): validation accuracy and loss against optimizer steps and training time.
 
     One curve per attention: the mean over its seeds at each evaluated step (band: ± std where at least
@@ -173,8 +202,9 @@ def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names:
         return None, notes
     names = {**row_labels(infos)[0], **(names or {})}
     col = colours(preset_rows(runs, preset, trials))
-    t_max = max((float(np.nanmax(c["time"])) for cs in curves.values() for c in cs if c["time"].notna().any()),
-                default=0.0)
+    t_max = max(
+        (float(np.nanmax(c["time"])) for cs in curves.values() for c in cs if c["time"].notna().any()), default=0.0
+    )
     t_div, t_unit = time_unit(t_max)
     fig = Figure(figsize=(11, 7.2 + 0.22 * len(curves)), layout="constrained")
     axes = fig.subplots(2, 2, sharey="row")
@@ -195,24 +225,45 @@ def curves_figure(runs: pd.DataFrame, root: Path, preset: str, task: str, names:
                 mean = g[metric].mean().to_numpy() * scale
                 std = g[metric].std(ddof=1).to_numpy() * scale
                 ok = np.isfinite(mean)
-                (line,) = ax.plot(xs[ok], mean[ok], color=col[key], marker="o", ms=3, lw=1.2,
-                                  ls="--" if x == "time" and approx else "-")
+                (line,) = ax.plot(
+                    xs[ok],
+                    mean[ok],
+                    color=col[key],
+                    marker="o",
+                    ms=3,
+                    lw=1.2,
+                    ls="--" if x == "time" and approx else "-",
+                )
                 band = ok & np.isfinite(std)
                 if band.any():
-                    ax.fill_between(xs[band], (mean - std)[band], (mean + std)[band], color=col[key], alpha=0.15,
-                                    lw=0)
+                    ax.fill_between(xs[band], (mean - std)[band], (mean + std)[band], color=col[key], alpha=0.15, lw=0)
                 if i == 0 and j == 0:
                     handles.append(line)
         n = len(curves[key])
-        why = ("" if not approx else "; time approximated" + ("" if set(timed) == {APPROX}
-                                                               else f" for {timed.count(APPROX)} of {n} seeds"))
-        why += ("" if len(timed) == n else "; no training time" if not timed
-                else f"; {n - len(timed)} of {n} seeds without training time")
+        why = (
+            ""
+            if not approx
+            else "; time approximated" + ("" if set(timed) == {APPROX} else f" for {timed.count(APPROX)} of {n} seeds")
+        )
+        why += (
+            ""
+            if len(timed) == n
+            else "; no training time"
+            if not timed
+            else f"; {n - len(timed)} of {n} seeds without training time"
+        )
         labels.append(f"{label(names.get(key, key))} ({n} seed{'s' if n > 1 else ''}{why})")
     for i in range(2):
         if not used:
-            axes[i, 1].text(0.5, 0.5, "no run recorded a training time", ha="center", va="center",
-                            transform=axes[i, 1].transAxes, color="0.4")
+            axes[i, 1].text(
+                0.5,
+                0.5,
+                "no run recorded a training time",
+                ha="center",
+                va="center",
+                transform=axes[i, 1].transAxes,
+                color="0.4",
+            )
     axes[0, 0].set_ylabel("validation accuracy (%)")
     axes[1, 0].set_ylabel("validation loss")
     axes[1, 0].set_xlabel("optimizer step")
@@ -240,17 +291,38 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
     acc = 100 * s["test_acc_mean"].to_numpy(dtype=float)
     acc_sd = 100 * s["test_acc_std"].to_numpy(dtype=float)
     mem, mem_src = memory(s)
-    mem_sd = np.where([src == MEASURED for src in mem_src], s["peak_mem_bytes_std"].to_numpy(dtype=float),
-                      s["peak_mem_estimate_bytes_std"].to_numpy(dtype=float))
-    used = [text for src, text in ((MEASURED, "filled: measured"),
-                                   (ESTIMATED, "hollow: estimated by the planner (no measurement, e.g. CPU runs)"))
-            if src in mem_src]
+    mem_sd = np.where(
+        [src == MEASURED for src in mem_src],
+        s["peak_mem_bytes_std"].to_numpy(dtype=float),
+        s["peak_mem_estimate_bytes_std"].to_numpy(dtype=float),
+    )
+    used = [
+        text
+        for src, text in (
+            (MEASURED, "filled: measured"),
+            (ESTIMATED, "hollow: estimated by the planner (no measurement, e.g. CPU runs)"),
+        )
+        if src in mem_src
+    ]
     m_div, m_unit = mem_unit(float(np.nanmax(mem)) if np.isfinite(mem).any() else math.nan)
-    panels = ((axes[0], s["time_per_1k_steps_s_mean"].to_numpy(dtype=float) / 60,
-               s["time_per_1k_steps_s_std"].to_numpy(dtype=float) / 60, [MEASURED] * len(s),
-               "training time per 1,000 optimizer steps (min), evaluation excluded", "no run recorded its time"),
-              (axes[1], mem / m_div, mem_sd / m_div, mem_src, f"peak memory ({m_unit})\n" + "; ".join(used),
-               "no run recorded its peak memory\n(neither measured nor estimated)"))
+    panels = (
+        (
+            axes[0],
+            s["time_per_1k_steps_s_mean"].to_numpy(dtype=float) / 60,
+            s["time_per_1k_steps_s_std"].to_numpy(dtype=float) / 60,
+            [MEASURED] * len(s),
+            "training time per 1,000 optimizer steps (min), evaluation excluded",
+            "no run recorded its time",
+        ),
+        (
+            axes[1],
+            mem / m_div,
+            mem_sd / m_div,
+            mem_src,
+            f"peak memory ({m_unit})\n" + "; ".join(used),
+            "no run recorded its peak memory\n(neither measured nor estimated)",
+        ),
+    )
     seeds = s["test_acc_n"].to_numpy(dtype=int)
     texts = [short(names[k]) + ("" if n > 1 else " (1 seed)") for k, n in zip(keys, seeds)]
     for ax, x, x_sd, src, xlabel, empty in panels:
@@ -259,10 +331,19 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
         if ok.any():
             eb = ok & (np.isfinite(acc_sd) | np.isfinite(x_sd))  # one seed: no bar (not a bar of zero)
             if eb.any():
-                ax.errorbar(x[eb], acc[eb], xerr=np.nan_to_num(x_sd[eb]), yerr=np.nan_to_num(acc_sd[eb]), fmt="none",
-                            ecolor="0.6", capsize=2, lw=0.8)
-            scatter_by_source(ax, x[idx], acc[idx], [col[keys[i]] for i in idx], [src[i] for i in idx],
-                              sizes=[49] * len(idx))
+                ax.errorbar(
+                    x[eb],
+                    acc[eb],
+                    xerr=np.nan_to_num(x_sd[eb]),
+                    yerr=np.nan_to_num(acc_sd[eb]),
+                    fmt="none",
+                    ecolor="0.6",
+                    capsize=2,
+                    lw=0.8,
+                )
+            scatter_by_source(
+                ax, x[idx], acc[idx], [col[keys[i]] for i in idx], [src[i] for i in idx], sizes=[49] * len(idx)
+            )
         else:
             ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="0.4")
         ax.set_xlabel(xlabel if ok.any() else xlabel.split("\n")[0])
@@ -272,19 +353,34 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy (%)")
     full_names_legend(fig, keys, names, col)
-    load = "" if not s["loaded"].astype(bool).any() else (
-        "\ntimes taken on a shared or busy machine" + ("" if s["loaded"].astype(bool).all() else " for some points"))
-    fig.suptitle(f"{task_name(task)} ({preset}): test accuracy against cost; points: mean over seeds, "
-                 f"bars: ± std over seeds" + load)
+    load = (
+        ""
+        if not s["loaded"].astype(bool).any()
+        else (
+            "\ntimes taken on a shared or busy machine" + ("" if s["loaded"].astype(bool).all() else " for some points")
+        )
+    )
+    fig.suptitle(
+        f"{task_name(task)} ({preset}): test accuracy against cost; points: mean over seeds, "
+        f"bars: ± std over seeds" + load
+    )
     for ax, x, *_ in panels:
         idx = np.flatnonzero(np.isfinite(x))
-        place_labels(ax, x[idx], acc[idx], [texts[i] for i in idx], sizes=[49] * len(idx),
-                     edge=[col[keys[i]] for i in idx])
+        place_labels(
+            ax, x[idx], acc[idx], [texts[i] for i in idx], sizes=[49] * len(idx), edge=[col[keys[i]] for i in idx]
+        )
     return fig
 
 
-def plot_preset(runs: pd.DataFrame, summary: pd.DataFrame, root: Path, preset: str, out_dir: Path,
-                names: dict | None = None, trials: bool = False) -> tuple[list[Path], list[tuple[str, str]]]:
+def plot_preset(
+    runs: pd.DataFrame,
+    summary: pd.DataFrame,
+    root: Path,
+    preset: str,
+    out_dir: Path,
+    names: dict | None = None,
+    trials: bool = False,
+) -> tuple[list[Path], list[tuple[str, str]]]:
     """Every figure of one preset into ``out_dir``; returns (files, notes about runs left out).
 
     ``names``: {row key: printed name} over the tables' labels (``summary["label"]``); ``trials``: search

@@ -48,25 +48,76 @@ UNFINISHED_REASON = {"running": "status 'running': still training, or killed bef
 RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints", ".sweep_job.json")
 # a run's own sub-folders, never a run of their own: the loggers' (lra/loggers.py), Hydra's, checkpoints
 SKIP_DIRS = (".hydra", "checkpoints", "wandb", "tensorboard", "lightning_logs", "__pycache__")
-NUMERIC = ("seed", "test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
-           "time_per_1k_steps_s", "tokens_per_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch",
-           "accum_steps", "effective_batch", "test_loss")
+NUMERIC = (
+    "seed",
+    "test_acc",
+    "best_val_acc",
+    "majority_acc",
+    "steps",
+    "train_time_s",
+    "eval_time_s",
+    "time_per_1k_steps_s",
+    "tokens_per_s",
+    "peak_mem_bytes",
+    "peak_mem_estimate_bytes",
+    "micro_batch",
+    "accum_steps",
+    "effective_batch",
+    "test_loss",
+)
 ACCURACIES = ("test_acc", "best_val_acc", "majority_acc")
 # Values that cannot be: counts, times, memory and losses are never negative; a time per step, a
 # throughput or a batch is never zero either (it would put a run at infinite speed in the figures).
 NON_NEGATIVE = ("steps", "train_time_s", "eval_time_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "test_loss")
 POSITIVE = ("time_per_1k_steps_s", "tokens_per_s", "micro_batch", "accum_steps", "effective_batch")
 # Metrics a finished run must have; a missing one is reported (peak memory only off the CPU).
-EXPECTED = ("test_acc", "best_val_acc", "steps", "train_time_s", "time_per_1k_steps_s", "micro_batch",
-            "accum_steps", "peak_mem_bytes")
+EXPECTED = (
+    "test_acc",
+    "best_val_acc",
+    "steps",
+    "train_time_s",
+    "time_per_1k_steps_s",
+    "micro_batch",
+    "accum_steps",
+    "peak_mem_bytes",
+)
 TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit")
 # what identifies a row beyond task and attention (lra/collect/rows.py), and what the tables say about it
-CONTEXT = ("tag", "name", "data_id", "data_kind", "data_desc", "study", "grid", "search_params", "objective",
-           "load_note")
+CONTEXT = (
+    "tag",
+    "name",
+    "data_id",
+    "data_kind",
+    "data_desc",
+    "study",
+    "grid",
+    "search_params",
+    "objective",
+    "load_note",
+)
 CONTEXT_NUMERIC = ("trial", "max_length", "max_steps")
-COLUMNS = ("path", "preset", "semantics", "task", "attn", "variant", "seed", "status", "reason", "usable", "kept",
-           "schema_version", *[c for c in NUMERIC if c != "seed"], "attn_backend", "hardware", "device", "git_commit",
-           *CONTEXT, *CONTEXT_NUMERIC, "loaded")
+COLUMNS = (
+    "path",
+    "preset",
+    "semantics",
+    "task",
+    "attn",
+    "variant",
+    "seed",
+    "status",
+    "reason",
+    "usable",
+    "kept",
+    "schema_version",
+    *[c for c in NUMERIC if c != "seed"],
+    "attn_backend",
+    "hardware",
+    "device",
+    "git_commit",
+    *CONTEXT,
+    *CONTEXT_NUMERIC,
+    "loaded",
+)
 
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 # seed1.5, seed1e3 ...: a seed folder whose seed is a number but no integer
@@ -75,8 +126,8 @@ _BAD_SEED_DIR = re.compile(r"^seed([-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+)
 
 @dataclass(frozen=True)
 class Issue:
-    path: str   # run folder relative to the runs root
-    kind: str   # unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable | stuck | plot
+    path: str  # run folder relative to the runs root
+    kind: str  # unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable | stuck | plot
     detail: str
 
 
@@ -112,8 +163,13 @@ def _from_path(rel: str) -> dict:
     for i in range(3, len(parts)):
         m = _SEED_DIR.match(parts[i])
         if m:
-            out = dict(preset=parts[i - 3], task=parts[i - 2], attn=parts[i - 1], seed=int(m.group(1)),
-                       variant="/".join(parts[i + 1:]))
+            out = dict(
+                preset=parts[i - 3],
+                task=parts[i - 2],
+                attn=parts[i - 1],
+                seed=int(m.group(1)),
+                variant="/".join(parts[i + 1 :]),
+            )
             if i >= 4 and parts[i - 3] in SEMANTICS:
                 out.update(preset=parts[i - 4], semantics=parts[i - 3])
             return out
@@ -196,13 +252,18 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
         "attn": lambda: _get(cfg, "attn", "label") or _get(cfg, "attn", "name") or from_path.get("attn"),
         "seed": lambda: _get(cfg, "seed") if _get(cfg, "seed") is not None else from_path.get("seed"),
         "preset": lambda: _get(cfg, "preset") or from_path.get("preset"),
-        "effective_batch": lambda: (rec["micro_batch"] * rec["accum_steps"]
-                                    if isinstance(rec.get("micro_batch"), (int, float))
-                                    and isinstance(rec.get("accum_steps"), (int, float))
-                                    else _get(cfg, "train", "batch_size")),
-        "time_per_1k_steps_s": lambda: (rec["train_time_s"] / rec["steps"] * 1000
-                                        if isinstance(rec.get("train_time_s"), (int, float))
-                                        and isinstance(rec.get("steps"), (int, float)) and rec["steps"] else None),
+        "effective_batch": lambda: (
+            rec["micro_batch"] * rec["accum_steps"]
+            if isinstance(rec.get("micro_batch"), (int, float)) and isinstance(rec.get("accum_steps"), (int, float))
+            else _get(cfg, "train", "batch_size")
+        ),
+        "time_per_1k_steps_s": lambda: (
+            rec["train_time_s"] / rec["steps"] * 1000
+            if isinstance(rec.get("train_time_s"), (int, float))
+            and isinstance(rec.get("steps"), (int, float))
+            and rec["steps"]
+            else None
+        ),
     }
     for key, fn in derive.items():
         if key not in rec:
@@ -210,9 +271,25 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
             if value is not None:
                 rec[key] = value
                 filled.append(key)
-    required = ("task", "attn", "seed", "status", "test_acc", "best_val_acc", "steps", "train_time_s",
-                "time_per_1k_steps_s", "peak_mem_bytes", "micro_batch", "accum_steps", "effective_batch",
-                "hardware", "config", "git_commit", "preset")
+    required = (
+        "task",
+        "attn",
+        "seed",
+        "status",
+        "test_acc",
+        "best_val_acc",
+        "steps",
+        "train_time_s",
+        "time_per_1k_steps_s",
+        "peak_mem_bytes",
+        "micro_batch",
+        "accum_steps",
+        "effective_batch",
+        "hardware",
+        "config",
+        "git_commit",
+        "preset",
+    )
     missing = [k for k in required if k not in rec]
     if "status" not in rec:
         acc, _ = _number(rec.get("test_acc"))
@@ -226,8 +303,13 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
             parts.append("missing " + ", ".join(missing))
         issues.append(Issue(rel, "old_schema", "; ".join(parts)))
     elif version > SCHEMA_VERSION:
-        issues.append(Issue(rel, "newer_schema", f"schema_version {version} > {SCHEMA_VERSION}: read the fields "
-                                                 f"this collector knows"))
+        issues.append(
+            Issue(
+                rel,
+                "newer_schema",
+                f"schema_version {version} > {SCHEMA_VERSION}: read the fields " f"this collector knows",
+            )
+        )
 
     out = {"path": rel, "schema_version": version, "variant": from_path.get("variant", "")}
     for key in TEXT:
@@ -256,8 +338,13 @@ def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
         elif problem != "null":  # optional fields (throughput, memory estimate) may be null, never wrong
             bad.append(f"{key} {problem}")
     if bad:
-        issues.append(Issue(rel, "nan_metric", "finished run with " + ", ".join(bad)
-                            + ": left out of those means (cells show the seeds they average)"))
+        issues.append(
+            Issue(
+                rel,
+                "nan_metric",
+                "finished run with " + ", ".join(bad) + ": left out of those means (cells show the seeds they average)",
+            )
+        )
     if not out["task"] or not out["attn"]:
         usable = False
         why = "cannot tell the task or the attention (no field, config or run-folder layout says)"
@@ -309,12 +396,20 @@ def context(rec: dict, cfg: dict, variant: str) -> dict:
     is_loaded, note = loaded(rec.get("machine"))
     params = search.get("params")
     trial, _ = _number(search.get("trial")) if search else (math.nan, None)
-    out = {"tag": tag if isinstance(tag, str) else variant, "name": _text(rec.get("name")),
-           "data_id": _text(data.get("id")), "data_kind": _text(data.get("kind")),
-           "data_desc": _text(data.get("description")),
-           "study": _text(search.get("study")), "grid": _text(search.get("grid")),
-           "search_params": json.dumps(params, sort_keys=True) if isinstance(params, dict) else "",
-           "objective": _text(search.get("objective")), "load_note": note, "trial": trial, "loaded": is_loaded}
+    out = {
+        "tag": tag if isinstance(tag, str) else variant,
+        "name": _text(rec.get("name")),
+        "data_id": _text(data.get("id")),
+        "data_kind": _text(data.get("kind")),
+        "data_desc": _text(data.get("description")),
+        "study": _text(search.get("study")),
+        "grid": _text(search.get("grid")),
+        "search_params": json.dumps(params, sort_keys=True) if isinstance(params, dict) else "",
+        "objective": _text(search.get("objective")),
+        "load_note": note,
+        "trial": trial,
+        "loaded": is_loaded,
+    }
     task = _get(cfg, "task") or {}
     length = task.get("max_length") if isinstance(task, dict) else None
     out["max_length"] = _number(length if length is not None else _get(cfg, "task", "seq_len"))[0]
@@ -344,8 +439,13 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
         except OSError:
             mtimes.append(0)
     for d in orphans:
-        issues.append(Issue(_rel(d, root), "no_record", "run folder without result.json (still running, killed, "
-                                                         "or crashed before writing it)"))
+        issues.append(
+            Issue(
+                _rel(d, root),
+                "no_record",
+                "run folder without result.json (still running, killed, " "or crashed before writing it)",
+            )
+        )
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "kept"])
     df["kept"] = True
     df["usable"] = df["usable"].astype(bool)  # also with no rows, so masks stay masks
@@ -374,9 +474,14 @@ def _resolve_duplicates(df: pd.DataFrame) -> list[Issue]:
         keep = order.index[0]
         for i in order.index[1:]:
             df.loc[i, "kept"] = False
-            issues.append(Issue(df.loc[i, "path"], "duplicate",
-                                f"same preset/task/attn/seed as {df.loc[keep, 'path']}, which is kept "
-                                f"(finished before failed, then newest result.json)"))
+            issues.append(
+                Issue(
+                    df.loc[i, "path"],
+                    "duplicate",
+                    f"same preset/task/attn/seed as {df.loc[keep, 'path']}, which is kept "
+                    f"(finished before failed, then newest result.json)",
+                )
+            )
     return issues
 
 

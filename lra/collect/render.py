@@ -32,10 +32,10 @@ from lra.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_TESTABLE
 from lra.collect.tables import BASELINE, METRICS, PAPERS, Built, Cell
 
 MISSING = "--"
-PAPER_MARK = "≈"      # after a delta: the seeds cannot separate ours from the paper's value
-BASELINE_MARK = "†"   # after ours: the seeds cannot separate this row from its baseline (Welch, 95%)
-UNTESTED_MARK = "?"   # after ours: not testable against the baseline (too few seeds there)
-LOADED_MARK = "‡"     # after a timing: a run of it was timed on a shared or busy machine
+PAPER_MARK = "≈"  # after a delta: the seeds cannot separate ours from the paper's value
+BASELINE_MARK = "†"  # after ours: the seeds cannot separate this row from its baseline (Welch, 95%)
+UNTESTED_MARK = "?"  # after ours: not testable against the baseline (too few seeds there)
+LOADED_MARK = "‡"  # after a timing: a run of it was timed on a shared or busy machine
 
 
 def safe_name(name: str) -> str:
@@ -113,23 +113,39 @@ def delta_interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
     return f"[{_signed(cell.delta_low, m.decimals, minus)}, {_signed(cell.delta_high, m.decimals, minus)}]"
 
 
-def marks(cell: Cell, baseline: str = "Standard", *, paper: bool = True,
-          standard: bool = True) -> list[tuple[str, str]]:
+def marks(
+    cell: Cell, baseline: str = "Standard", *, paper: bool = True, standard: bool = True
+) -> list[tuple[str, str]]:
     """The marks of a cell as (symbol, meaning), the paper's first. ``baseline``: the printed name of the
     row's baseline. Markdown and LaTeX print the paper's mark after the delta (``standard=False``) and the
     other marks after our value (``paper=False``). A cell without an interval of its own gets no test mark."""
     out = []
     if paper and cell.paper_test == CANNOT_SEPARATE:
-        out.append((PAPER_MARK, ("the seeds cannot separate ours from the paper: the paper's value lies in "
-                                 "our 95% interval")))
+        out.append(
+            (
+                PAPER_MARK,
+                ("the seeds cannot separate ours from the paper: the paper's value lies in " "our 95% interval"),
+            )
+        )
     if standard and cell.base_test == CANNOT_SEPARATE and cell.base_low < cell.base_high:  # no spread: no question
-        out.append((BASELINE_MARK, (f"the seeds cannot separate this row from {baseline}: Welch's 95% "
-                                    f"interval of the difference of means contains 0")))
+        out.append(
+            (
+                BASELINE_MARK,
+                (
+                    f"the seeds cannot separate this row from {baseline}: Welch's 95% "
+                    f"interval of the difference of means contains 0"
+                ),
+            )
+        )
     elif standard and cell.base_test == NOT_TESTABLE and cell.has_ci:
         out.append((UNTESTED_MARK, f"not testable against {baseline}: it has fewer than {MIN_SEEDS} seeds here"))
     if standard and cell.loaded:
-        out.append((LOADED_MARK, "timed with a run on a shared or busy machine (the record's machine field): "
-                                 "compare with care"))
+        out.append(
+            (
+                LOADED_MARK,
+                "timed with a run on a shared or busy machine (the record's machine field): " "compare with care",
+            )
+        )
     return out
 
 
@@ -147,24 +163,36 @@ def legend(built: Built) -> list[str]:
         return []
     base = baseline_name(built)
     if built.style == "paper":
-        return [_seeds_line(built) + " The results page (index.html) and the CSV carry the std, the number of "
-                "seeds, the 95% intervals and the comparisons."]
-    lines = [(f"Cells: mean ± std over seeds (seeds with a value) [95% t-interval of the mean, mean ± t(0.975, "
-              f"n-1) * std / sqrt(n), cut to what the quantity allows]. Intervals and tests need {MIN_SEEDS} seeds "
-              f"or more: cells with fewer print mean ± std (n) or mean (1), and no mark. Seeds that agree exactly "
-              f"(a std of zero) need none.")]
+        return [
+            _seeds_line(built) + " The results page (index.html) and the CSV carry the std, the number of "
+            "seeds, the 95% intervals and the comparisons."
+        ]
+    lines = [
+        (
+            f"Cells: mean ± std over seeds (seeds with a value) [95% t-interval of the mean, mean ± t(0.975, "
+            f"n-1) * std / sqrt(n), cut to what the quantity allows]. Intervals and tests need {MIN_SEEDS} seeds "
+            f"or more: cells with fewer print mean ± std (n) or mean (1), and no mark. Seeds that agree exactly "
+            f"(a std of zero) need none."
+        )
+    ]
     if built.spec.average:
-        lines.append(f"{built.spec.average}: an interval only when every task has the same seeds (the t-interval "
-                     f"of the per-seed averages).")
+        lines.append(
+            f"{built.spec.average}: an interval only when every task has the same seeds (the t-interval "
+            f"of the per-seed averages)."
+        )
     if built.compare:
-        lines.append(f"Δ [low, high]: ours - paper, with our interval shifted by the paper's value (the paper "
-                     f"prints one value without its spread). {PAPER_MARK} after Δ: the seeds cannot separate ours "
-                     f"from the paper (its value lies in our interval).")
-    lines.append(f"{BASELINE_MARK} after our value: the seeds cannot separate this row from its baseline, {base} "
-                 f"run under the same settings and data (Welch's 95% interval of the difference of means contains "
-                 f"0); times only against a baseline timed on the same device. {UNTESTED_MARK}: not testable "
-                 f"against it (fewer than {MIN_SEEDS} seeds there). A difference with an interval and no mark is "
-                 f"separated at 95%; a mark means the seeds cannot tell the values apart, not that they are equal.")
+        lines.append(
+            f"Δ [low, high]: ours - paper, with our interval shifted by the paper's value (the paper "
+            f"prints one value without its spread). {PAPER_MARK} after Δ: the seeds cannot separate ours "
+            f"from the paper (its value lies in our interval)."
+        )
+    lines.append(
+        f"{BASELINE_MARK} after our value: the seeds cannot separate this row from its baseline, {base} "
+        f"run under the same settings and data (Welch's 95% interval of the difference of means contains "
+        f"0); times only against a baseline timed on the same device. {UNTESTED_MARK}: not testable "
+        f"against it (fewer than {MIN_SEEDS} seeds there). A difference with an interval and no mark is "
+        f"separated at 95%; a mark means the seeds cannot tell the values apart, not that they are equal."
+    )
     if any(c.loaded for r in built.rows for c in r.cells):
         lines.append(f"{LOADED_MARK} after a time or memory: a run of it was timed on a shared or busy machine.")
     return lines
@@ -232,13 +260,20 @@ def cell_texts(built: Built, minus: str = "-", style: str = "full") -> list[list
         texts = []
         for j, (col, cell) in enumerate(zip(built.columns, row.cells)):
             value = ours_text(cell, col.metric, style=style)
-            t = CellText(value, i in best[j] and value != MISSING,
-                         interval_text(cell, col.metric, minus) if full else "",
-                         tuple(marks(cell, base, paper=False)) if full else ())
+            t = CellText(
+                value,
+                i in best[j] and value != MISSING,
+                interval_text(cell, col.metric, minus) if full else "",
+                tuple(marks(cell, base, paper=False)) if full else (),
+            )
             if built.compare:
-                t = replace(t, paper=paper_text(cell), delta=delta_text(cell, col.metric, minus),
-                            delta_ci=delta_interval_text(cell, col.metric, minus) if full else "",
-                            paper_marks=tuple(marks(cell, base, standard=False)) if full else ())
+                t = replace(
+                    t,
+                    paper=paper_text(cell),
+                    delta=delta_text(cell, col.metric, minus),
+                    delta_ci=delta_interval_text(cell, col.metric, minus) if full else "",
+                    paper_marks=tuple(marks(cell, base, standard=False)) if full else (),
+                )
             texts.append(t)
         rows.append(texts)
     return rows
@@ -249,10 +284,12 @@ def join(*parts: str) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _row_texts(built: Built, esc: Callable[[str], str], bold: Callable[[str], str], minus: str = "-") \
-        -> list[list[str]]:
+def _row_texts(
+    built: Built, esc: Callable[[str], str], bold: Callable[[str], str], minus: str = "-"
+) -> list[list[str]]:
     """Every printed cell in the table's style, already in the output format: ``esc`` escapes a piece of
     text, ``bold`` wraps an escaped one."""
+
     def symbols(ms) -> str:
         return esc("".join(m for m, _ in ms))
 
@@ -284,21 +321,28 @@ def notes(built: Built) -> list[str]:
     """The lines under a table: what its cells are (protocol, task settings, data), what was not compared and
     why, the rows without a baseline, and the footnotes' full override texts."""
     lines = list(built.about)
-    lines.append(f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. Settings (batch, accumulation) as their value, a/b when seeds "
-                 f"differ; -- no run.")
+    lines.append(
+        f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. Settings (batch, accumulation) as their value, a/b when seeds "
+        f"differ; -- no run."
+    )
     if built.compare:
-        s = (f"Paper: {PAPERS[built.spec.paper]}, {built.spec.title}, beside the rows that ran its configuration; "
-             f"Δ = ours - paper. Compare time and memory only on the paper's hardware.")
+        s = (
+            f"Paper: {PAPERS[built.spec.paper]}, {built.spec.title}, beside the rows that ran its configuration; "
+            f"Δ = ours - paper. Compare time and memory only on the paper's hardware."
+        )
         if "+" in built.preset:
-            s += (" These runs do not have the paper code's semantics (semantics=paper, docs/fidelity.md): a Δ "
-                  "mixes the protocol's differences with the harness's corrections.")
+            s += (
+                " These runs do not have the paper code's semantics (semantics=paper, docs/fidelity.md): a Δ "
+                "mixes the protocol's differences with the harness's corrections."
+            )
         lines.append(s)
     if built.refused:
         lines.append(built.refused)
     alone = [r.name for r in built.rows if r.base is None and r.info is not None and r.info.attn != BASELINE]
     if alone:
-        lines.append(f"No Standard run under the same settings and data, so no comparison with Standard: "
-                     f"{', '.join(alone)}.")
+        lines.append(
+            f"No Standard run under the same settings and data, so no comparison with Standard: " f"{', '.join(alone)}."
+        )
     if any(not r.in_paper for r in built.rows):
         lines.append("Rows after the paper's: backends, overrides, names or data the paper did not run.")
     names = {r.key: r.name for r in built.rows}
@@ -323,9 +367,16 @@ def to_csv(built: Built) -> str:
     recs = []
     for row in built.rows:
         info = row.info
-        r = {"row": row.name, "attn": info.attn if info else row.key, "in_paper": int(row.in_paper),
-             "seeds": row.seeds, "overrides": info.tag if info else "", "name": info.name if info else "",
-             "data": info.data if info else "", "baseline": row.base or ""}
+        r = {
+            "row": row.name,
+            "attn": info.attn if info else row.key,
+            "in_paper": int(row.in_paper),
+            "seeds": row.seeds,
+            "overrides": info.tag if info else "",
+            "name": info.name if info else "",
+            "data": info.data if info else "",
+            "baseline": row.base or "",
+        }
         for col, cell in zip(built.columns, row.cells):
             cid = f"{col.task}:{col.metric}"
             r[cid] = num(cell.mean)
@@ -358,8 +409,12 @@ def _md_escape(s: str) -> str:
 def to_markdown(built: Built, heading: str = "###") -> str:
     heads = leaves(built)
     header = ["Model"] + [" ".join(p for p in path if p) for path in heads]
-    lines = [f"{heading} {title(built)}", "", "| " + " | ".join(_md_escape(h) for h in header) + " |",
-             "|:---|" + "---:|" * len(heads)]
+    lines = [
+        f"{heading} {title(built)}",
+        "",
+        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "|:---|" + "---:|" * len(heads),
+    ]
     for row, cells in zip(built.rows, _row_texts(built, _md_escape, lambda t: f"**{t}**")):
         name = row_name(built, row, _md_escape, lambda n: f"<sup>{n}</sup>")
         lines.append("| " + " | ".join([name] + cells) + " |")
@@ -367,16 +422,35 @@ def to_markdown(built: Built, heading: str = "###") -> str:
     return "\n".join(lines)
 
 
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-        "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_TEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
 
 
 def tex_escape(s: str) -> str:
     return "".join(_TEX.get(ch, ch) for ch in s)
 
 
-_TEX_SYMBOLS = {"±": r"$\pm$", PAPER_MARK: r"$\approx$", BASELINE_MARK: r"\textdagger{}", LOADED_MARK: r"\ddag{}",
-                "Δ": r"$\Delta$", "—": "---", "×": r"$\times$", "≥": r"$\geq$", "`": ""}
+_TEX_SYMBOLS = {
+    "±": r"$\pm$",
+    PAPER_MARK: r"$\approx$",
+    BASELINE_MARK: r"\textdagger{}",
+    LOADED_MARK: r"\ddag{}",
+    "Δ": r"$\Delta$",
+    "—": "---",
+    "×": r"$\times$",
+    "≥": r"$\geq$",
+    "`": "",
+}
 
 
 def _tex_cell(t: str) -> str:
@@ -393,9 +467,9 @@ def _tex_header(heads: list[tuple]) -> list[str]:
     for level in range(depth):
         spans, j = [], 0
         while j < len(heads):
-            key = heads[j][:level + 1]
+            key = heads[j][: level + 1]
             k = j
-            while k + 1 < len(heads) and heads[k + 1][:level + 1] == key:
+            while k + 1 < len(heads) and heads[k + 1][: level + 1] == key:
                 k += 1
             spans.append((j, k, heads[j][level] if level < len(heads[j]) else ""))
             j = k + 1
@@ -419,11 +493,18 @@ def to_latex(built: Built) -> str:
     heads = leaves(built)
     spec = built.spec
     caption = _tex_cell(spec.caption if built.own else title(built))
-    lines = [f"% {title(built)}", f"% generated by lra.collect from the run records (preset {built.preset}, "
-                                  f"{built.style} style); do not edit by hand",
-             r"\begin{table}[ht]", r"\centering", r"\small", f"\\caption{{{caption}}}",
-             f"\\label{{tab:{built.preset}:{spec.key}}}",
-             f"\\begin{{tabular}}{{l{'r' * len(heads)}}}", r"\toprule"]
+    lines = [
+        f"% {title(built)}",
+        f"% generated by lra.collect from the run records (preset {built.preset}, "
+        f"{built.style} style); do not edit by hand",
+        r"\begin{table}[ht]",
+        r"\centering",
+        r"\small",
+        f"\\caption{{{caption}}}",
+        f"\\label{{tab:{built.preset}:{spec.key}}}",
+        f"\\begin{{tabular}}{{l{'r' * len(heads)}}}",
+        r"\toprule",
+    ]
     lines += _tex_header(heads)
     lines.append(r"\midrule")
     texts = _row_texts(built, _tex_cell, lambda t: f"\\textbf{{{t}}}")

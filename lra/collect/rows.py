@@ -28,21 +28,21 @@ import pandas as pd
 
 from lra.display import paper_names
 
-BASELINE = "softmax"   # the attention every other row is compared with (Standard / Self-Attention / softmax)
-_ITEM = re.compile(r",(?=[+~]?[A-Za-z_][\w.@/-]*=)")   # a comma that starts the next key=value of a tag
+BASELINE = "softmax"  # the attention every other row is compared with (Standard / Self-Attention / softmax)
+_ITEM = re.compile(r",(?=[+~]?[A-Za-z_][\w.@/-]*=)")  # a comma that starts the next key=value of a tag
 # overrides that belong to the attention (its options and variants): set aside when finding the baseline
 ATTN_KEYS = ("attn", "attn_options", "attn_checkpointing")
 
 
 @dataclass(frozen=True)
 class RowInfo:
-    key: str            # unique within a table set: attn, tag, name, data, trial
+    key: str  # unique within a table set: attn, tag, name, data, trial
     attn: str
-    tag: str = ""       # the full override text ("" for the preset's own configuration)
-    name: str = ""      # the display name the runs carry (name=...)
-    data: str = ""      # "" for the task's data, else the data id of these runs
-    trial: str = ""     # "<study> #<n>" for a search trial shown with --trials
-    setting: str = ""   # the tag without the attention's own keys, plus the data: what the baseline must share
+    tag: str = ""  # the full override text ("" for the preset's own configuration)
+    name: str = ""  # the display name the runs carry (name=...)
+    data: str = ""  # "" for the task's data, else the data id of these runs
+    trial: str = ""  # "<study> #<n>" for a search trial shown with --trials
+    setting: str = ""  # the tag without the attention's own keys, plus the data: what the baseline must share
 
     @property
     def plain(self) -> bool:
@@ -121,8 +121,12 @@ def assign(runs: pd.DataFrame, trials: bool = False) -> tuple[pd.DataFrame, dict
         name, tag = r.name or "", r.tag or ""
         # the plain row's key is the attention itself (the paper's rows look it up so): softmax,
         # softmax [train.lr=0.002], softmax "my name", softmax <data ab12>, linformer [..] #study #3
-        parts = (f"[{tag}]" if tag else "", f'"{name}"' if name else "", f"<data {data}>" if data else "",
-                 f"#{trial}" if trial else "")
+        parts = (
+            f"[{tag}]" if tag else "",
+            f'"{name}"' if name else "",
+            f"<data {data}>" if data else "",
+            f"#{trial}" if trial else "",
+        )
         key = " ".join([r.attn, *(p for p in parts if p)])
         infos.setdefault(key, RowInfo(key, r.attn, tag, name, data, trial, setting_of(tag, data)))
         keys.append(key)
@@ -172,24 +176,46 @@ def searches(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per search (table set, study): its finished trials, the best one by the search's own
     objective (``best_val_acc`` unless the records name another), that trial's test accuracy and settings."""
     ok = runs[runs["usable"] & runs["kept"] & (runs["study"].fillna("") != "")]
-    cols = ["preset", "study", "grid", "task", "attn", "trials", "pruned", "objective", "best_trial", "best_value",
-            "best_test_acc", "best_settings", "best_params", "best_path"]
+    cols = [
+        "preset",
+        "study",
+        "grid",
+        "task",
+        "attn",
+        "trials",
+        "pruned",
+        "objective",
+        "best_trial",
+        "best_value",
+        "best_test_acc",
+        "best_settings",
+        "best_params",
+        "best_path",
+    ]
     rows = []
     for (preset, study), g in ok.groupby(["preset", "study"], sort=True):
         objective = next((o for o in g["objective"].dropna() if o), "best_val_acc")
         col = objective if objective in g.columns else "best_val_acc"
         vals = pd.to_numeric(g[col], errors="coerce")
         best = g.loc[vals.idxmax()] if vals.notna().any() else None
-        rows.append({"preset": preset, "study": study, "grid": ",".join(sorted(set(g["grid"].dropna()) - {""})),
-                     "task": ",".join(sorted(set(g["task"]))), "attn": ",".join(sorted(set(g["attn"]))),
-                     "trials": len(g), "pruned": int((g["reason"].fillna("").str.contains("prun")).sum()),
-                     "objective": objective,
-                     "best_trial": None if best is None else int(best["trial"]),
-                     "best_value": math.nan if best is None else float(best[col]),
-                     "best_test_acc": math.nan if best is None else float(best["test_acc"]),
-                     "best_settings": "" if best is None else short_tag(_params(best["search_params"], ",")),
-                     "best_params": "" if best is None else _params(best["search_params"]),
-                     "best_path": "" if best is None else best["path"]})
+        rows.append(
+            {
+                "preset": preset,
+                "study": study,
+                "grid": ",".join(sorted(set(g["grid"].dropna()) - {""})),
+                "task": ",".join(sorted(set(g["task"]))),
+                "attn": ",".join(sorted(set(g["attn"]))),
+                "trials": len(g),
+                "pruned": int((g["reason"].fillna("").str.contains("prun")).sum()),
+                "objective": objective,
+                "best_trial": None if best is None else int(best["trial"]),
+                "best_value": math.nan if best is None else float(best[col]),
+                "best_test_acc": math.nan if best is None else float(best["test_acc"]),
+                "best_settings": "" if best is None else short_tag(_params(best["search_params"], ",")),
+                "best_params": "" if best is None else _params(best["search_params"]),
+                "best_path": "" if best is None else best["path"],
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -24,10 +24,10 @@ LEVEL = 0.95
 # Fewest seeds behind an interval or a test: with two, t(0.975, 1) = 12.7 makes the interval about nine
 # standard deviations wide (accuracy [-22, 58] from two quick runs); the tables print mean ± std instead.
 MIN_SEEDS = 3
-CANNOT_SEPARATE = "cannot_separate"   # the interval covers the other value: the seeds cannot tell them apart
-SEPARATED = "separated"               # the interval excludes it (at 95%)
-NOT_TESTABLE = "not_testable"         # too few seeds on one side: no interval, no claim
-NOT_COMPARABLE = "not_comparable"     # a timing against one taken on another device: no comparison
+CANNOT_SEPARATE = "cannot_separate"  # the interval covers the other value: the seeds cannot tell them apart
+SEPARATED = "separated"  # the interval excludes it (at 95%)
+NOT_TESTABLE = "not_testable"  # too few seeds on one side: no interval, no claim
+NOT_COMPARABLE = "not_comparable"  # a timing against one taken on another device: no comparison
 
 
 def _finite(*xs) -> bool:
@@ -62,8 +62,9 @@ def clip(low: float, high: float, lo: float = -math.inf, hi: float = math.inf) -
     return min(max(low, lo), hi), max(min(high, hi), lo)
 
 
-def welch_interval(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int,
-                   min_n: int = 2) -> tuple[float, float, float]:
+def welch_interval(
+    m1: float, s1: float, n1: int, m2: float, s2: float, n2: int, min_n: int = 2
+) -> tuple[float, float, float]:
     """(difference m1 - m2, low, high): Welch's 95% interval of the difference of two means.
 
     Degrees of freedom by Welch-Satterthwaite. With fewer than ``min_n`` (at least two) seeds on a side, the

@@ -31,26 +31,34 @@ import numpy as np
 import pandas as pd
 
 from lra.collect import rows as R
-from lra.collect.stats import MIN_SEEDS, NOT_COMPARABLE, NOT_TESTABLE, clip, half_width, t_interval, verdict, \
-    welch_interval
+from lra.collect.stats import (
+    MIN_SEEDS,
+    NOT_COMPARABLE,
+    NOT_TESTABLE,
+    clip,
+    half_width,
+    t_interval,
+    verdict,
+    welch_interval,
+)
 from lra.display import SKEIN_ROWS, SKEIN_TASKS, SKY_ROWS, YOSO_ROWS, task_name
 
 PAPER_CSV = Path(__file__).resolve().parents[1] / "paper_results.csv"
 BASELINE = R.BASELINE
-FEW_SEEDS = "few seeds"               # Cell.ci_note: fewer than MIN_SEEDS seeds, no interval
+FEW_SEEDS = "few seeds"  # Cell.ci_note: fewer than MIN_SEEDS seeds, no interval
 SEEDS_DIFFER = "seeds differ by task"  # an Average whose tasks do not share their seeds
 INF = math.inf
 
 
 @dataclass(frozen=True)
 class Metric:
-    field: str          # run-record field
-    scale: float        # table unit = field * scale
+    field: str  # run-record field
+    scale: float  # table unit = field * scale
     decimals: int
     higher_better: bool
     setting: bool = False  # a setting (batch, accumulation), shown as its value(s), not mean ± std
     label: str = ""
-    lo: float = 0.0     # what the quantity allows: intervals are cut to [lo, hi]
+    lo: float = 0.0  # what the quantity allows: intervals are cut to [lo, hi]
     hi: float = INF
     timing: bool = False  # depends on the machine: compared only between runs on the same device
 
@@ -61,35 +69,48 @@ METRICS = {
     "min_per_1k": Metric("time_per_1k_steps_s", 1 / 60, 2, False, label="training minutes per 1k steps", timing=True),
     "train_min": Metric("train_time_s", 1 / 60, 2, False, label="total training time (min)", timing=True),
     "hours": Metric("train_time_s", 1 / 3600, 2, False, label="training time (h)", timing=True),
-    "mem_gb": Metric("peak_mem_bytes", 1 / 2 ** 30, 2, False,
-                     label="peak memory (GiB = 2^30 bytes, what the paper's table calls GB)", timing=True),
+    "mem_gb": Metric(
+        "peak_mem_bytes",
+        1 / 2**30,
+        2,
+        False,
+        label="peak memory (GiB = 2^30 bytes, what the paper's table calls GB)",
+        timing=True,
+    ),
     "accum": Metric("accum_steps", 1.0, 0, False, setting=True, label="gradient accumulation steps"),
     "batch": Metric("micro_batch", 1.0, 0, True, setting=True, label="actual (micro-)batch"),
 }
 
 SKY_ABBR = (("text", "TC"), ("listops", "LO"), ("retrieval", "RE"), ("pathfinder", "PF"), ("image", "IC"))
-YOSO_TASKS = (("listops", "listops"), ("text", "text"), ("retrieval", "retrieval"), ("image", "image"),
-              ("pathfinder", "pathfinder"))
-PAPERS = {"skeinformer": "Skeinformer (Chen, Zeng et al., arXiv:2112.05359v1)",
-          "skyformer": "Skyformer (Chen, Zeng et al., NeurIPS 2021)",
-          "yoso": "YOSO (Zeng et al., ICML 2021)"}
+YOSO_TASKS = (
+    ("listops", "listops"),
+    ("text", "text"),
+    ("retrieval", "retrieval"),
+    ("image", "image"),
+    ("pathfinder", "pathfinder"),
+)
+PAPERS = {
+    "skeinformer": "Skeinformer (Chen, Zeng et al., arXiv:2112.05359v1)",
+    "skyformer": "Skyformer (Chen, Zeng et al., NeurIPS 2021)",
+    "yoso": "YOSO (Zeng et al., ICML 2021)",
+}
 # the preset that runs each paper's protocol and task settings (conf/experiment/*_paper.yaml; YOSO's LRA
 # configs are the Nystromformer code's): only its runs are compared with that paper
 PAPER_PRESET = {"skeinformer": "skeinformer_paper", "skyformer": "skyformer_paper", "yoso": "nystromformer_paper"}
-STYLES = ("paper", "full")   # paper: mean as the paper prints it; full: mean ± std (n) [interval] marks
+STYLES = ("paper", "full")  # paper: mean as the paper prints it; full: mean ± std (n) [interval] marks
 
 
 @dataclass(frozen=True)
 class TableSpec:
-    key: str                     # file stem and label
-    paper: str                   # key of PAPERS
-    table: str                   # "table1" ... as in paper_results.csv
+    key: str  # file stem and label
+    paper: str  # key of PAPERS
+    table: str  # "table1" ... as in paper_results.csv
     caption: str
-    rows: tuple                  # ((attn label, paper's row name), ...)
-    tasks: tuple                 # ((task, header), ...)
-    metrics: tuple               # ((metric key, header), ...)
-    group_by: str = "task"       # with several metrics: "task" (task over metrics) or "metric"
-    average: str | None = None   # header of the average column, if the paper has one
+    rows: tuple  # ((attn label, paper's row name), ...)
+    tasks: tuple  # ((task, header), ...)
+    metrics: tuple  # ((metric key, header), ...)
+    group_by: str = "task"  # with several metrics: "task" (task over metrics) or "metric"
+    average: str | None = None  # header of the average column, if the paper has one
 
     @property
     def title(self) -> str:
@@ -97,24 +118,73 @@ class TableSpec:
 
 
 TABLES = (
-    TableSpec("skeinformer_table1", "skeinformer", "table1",
-              "Classification accuracy (%) on the test sets of LRA", SKEIN_ROWS, SKEIN_TASKS,
-              (("acc", ""),), average="Average"),
-    TableSpec("skeinformer_table2", "skeinformer", "table2",
-              "Training steps (k), training time (minutes) per thousand steps, and batch accumulation steps",
-              SKEIN_ROWS, SKEIN_TASKS, (("steps_k", "step"), ("min_per_1k", "time"), ("accum", "accu"))),
-    TableSpec("skeinformer_table3", "skeinformer", "table3", "Training steps (k) and total training time (minutes)",
-              SKEIN_ROWS, SKEIN_TASKS, (("steps_k", "steps"), ("train_min", "time"))),
-    TableSpec("skeinformer_table4", "skeinformer", "table4",
-              "Actual batch size (bz) and gradient accumulation steps (accu)", SKEIN_ROWS, SKEIN_TASKS,
-              (("batch", "bz"), ("accum", "accu"))),
-    TableSpec("skyformer_table1", "skyformer", "table1", "Classification accuracy (%) on LRA", SKY_ROWS,
-              SKEIN_TASKS, (("acc", ""),), average="AVG."),
-    TableSpec("skyformer_table2", "skyformer", "table2",
-              "Training time (hours) and peak memory usage (GB)", SKY_ROWS, SKY_ABBR,
-              (("hours", "Time (h)"), ("mem_gb", "Memory (GB)")), group_by="metric"),
-    TableSpec("yoso_table3", "yoso", "table3", "Test accuracy (%) on LRA, including no attention (none)",
-              YOSO_ROWS, YOSO_TASKS, (("acc", ""),), average="Avg"),
+    TableSpec(
+        "skeinformer_table1",
+        "skeinformer",
+        "table1",
+        "Classification accuracy (%) on the test sets of LRA",
+        SKEIN_ROWS,
+        SKEIN_TASKS,
+        (("acc", ""),),
+        average="Average",
+    ),
+    TableSpec(
+        "skeinformer_table2",
+        "skeinformer",
+        "table2",
+        "Training steps (k), training time (minutes) per thousand steps, and batch accumulation steps",
+        SKEIN_ROWS,
+        SKEIN_TASKS,
+        (("steps_k", "step"), ("min_per_1k", "time"), ("accum", "accu")),
+    ),
+    TableSpec(
+        "skeinformer_table3",
+        "skeinformer",
+        "table3",
+        "Training steps (k) and total training time (minutes)",
+        SKEIN_ROWS,
+        SKEIN_TASKS,
+        (("steps_k", "steps"), ("train_min", "time")),
+    ),
+    TableSpec(
+        "skeinformer_table4",
+        "skeinformer",
+        "table4",
+        "Actual batch size (bz) and gradient accumulation steps (accu)",
+        SKEIN_ROWS,
+        SKEIN_TASKS,
+        (("batch", "bz"), ("accum", "accu")),
+    ),
+    TableSpec(
+        "skyformer_table1",
+        "skyformer",
+        "table1",
+        "Classification accuracy (%) on LRA",
+        SKY_ROWS,
+        SKEIN_TASKS,
+        (("acc", ""),),
+        average="AVG.",
+    ),
+    TableSpec(
+        "skyformer_table2",
+        "skyformer",
+        "table2",
+        "Training time (hours) and peak memory usage (GB)",
+        SKY_ROWS,
+        SKY_ABBR,
+        (("hours", "Time (h)"), ("mem_gb", "Memory (GB)")),
+        group_by="metric",
+    ),
+    TableSpec(
+        "yoso_table3",
+        "yoso",
+        "table3",
+        "Test accuracy (%) on LRA, including no attention (none)",
+        YOSO_ROWS,
+        YOSO_TASKS,
+        (("acc", ""),),
+        average="Avg",
+    ),
 )
 
 
@@ -126,9 +196,9 @@ def own_paper(preset: str) -> str | None:
 
 @dataclass(frozen=True)
 class Column:
-    task: str          # task name, or "average"
-    metric: str        # key of METRICS
-    path: tuple        # header path, outer to inner, e.g. ("Text", "step") or ("ListOps",)
+    task: str  # task name, or "average"
+    metric: str  # key of METRICS
+    path: tuple  # header path, outer to inner, e.g. ("Text", "step") or ("ListOps",)
 
 
 @dataclass
@@ -138,22 +208,23 @@ class Cell:
     ``base_*``: Welch's comparison with the same column of the row's baseline (``base_test`` is "" where it
     does not apply: the baseline itself, a setting, no baseline cell; NOT_COMPARABLE for a timing on
     another device). ``paper_test`` and ``delta_low``/``delta_high``: the comparison with the paper."""
+
     mean: float = math.nan
     std: float = math.nan
     n: int = 0
-    values: tuple = ()            # distinct values of a setting metric
+    values: tuple = ()  # distinct values of a setting metric
     paper: float = math.nan
     paper_text: str | None = None
     average: bool = False
     ci_low: float = math.nan
     ci_high: float = math.nan
-    ci_note: str = ""             # FEW_SEEDS or SEEDS_DIFFER when a measured cell has no interval
-    base_diff: float = math.nan   # ours - baseline's mean
-    base_low: float = math.nan    # Welch 95% interval of that difference
+    ci_note: str = ""  # FEW_SEEDS or SEEDS_DIFFER when a measured cell has no interval
+    base_diff: float = math.nan  # ours - baseline's mean
+    base_low: float = math.nan  # Welch 95% interval of that difference
     base_high: float = math.nan
-    base_test: str = ""           # stats.CANNOT_SEPARATE / SEPARATED / NOT_TESTABLE / NOT_COMPARABLE, or ""
-    loaded: bool = False          # a timing with a run on a shared or busy machine (records.loaded)
-    devices: tuple = ()           # the devices its runs ran on
+    base_test: str = ""  # stats.CANNOT_SEPARATE / SEPARATED / NOT_TESTABLE / NOT_COMPARABLE, or ""
+    loaded: bool = False  # a timing with a run on a shared or busy machine (records.loaded)
+    devices: tuple = ()  # the devices its runs ran on
 
     @property
     def empty(self) -> bool:
@@ -187,15 +258,15 @@ class Cell:
 
 @dataclass
 class Row:
-    key: str          # rows.RowInfo.key (attention, overrides, name, data, trial)
-    name: str         # as printed: the paper's row name, or the label of rows the paper lacks
-    in_paper: bool    # the paper's row, run as the paper ran it (the preset's own configuration)
+    key: str  # rows.RowInfo.key (attention, overrides, name, data, trial)
+    name: str  # as printed: the paper's row name, or the label of rows the paper lacks
+    in_paper: bool  # the paper's row, run as the paper ran it (the preset's own configuration)
     cells: list = field(default_factory=list)
     seeds: int = 0
     info: R.RowInfo | None = None
-    base: str | None = None       # key of the baseline row, None: no Standard under the same settings
-    base_name: str = ""           # its printed name
-    settings: str = ""            # the full override text where the label shortened it (a footnote)
+    base: str | None = None  # key of the baseline row, None: no Standard under the same settings
+    base_name: str = ""  # its printed name
+    settings: str = ""  # the full override text where the label shortened it (a footnote)
 
 
 @dataclass
@@ -204,12 +275,12 @@ class Built:
     preset: str
     columns: list
     rows: list
-    compare: bool                 # the paper's value and Δ are printed
+    compare: bool  # the paper's value and Δ are printed
     n_runs: int
     style: str = "full"
-    own: bool = False             # the preset runs this table's paper's protocol: the paper's caption
-    about: list = field(default_factory=list)     # what the cells are: protocol, task settings, data
-    refused: str = ""             # why a comparison asked for is not printed
+    own: bool = False  # the preset runs this table's paper's protocol: the paper's caption
+    about: list = field(default_factory=list)  # what the cells are: protocol, task settings, data
+    refused: str = ""  # why a comparison asked for is not printed
 
 
 @lru_cache(maxsize=1)
@@ -248,8 +319,11 @@ def cell_stats(assigned: pd.DataFrame) -> dict:
     fields = sorted({m.field for m in METRICS.values()})
     out = {}
     for (task, key), g in assigned.groupby(["task", "row"], sort=True):
-        stats = {"_seeds": int(g["seed"].nunique()), "_loaded": bool(g["loaded"].eq(True).any()),
-                 "_devices": tuple(sorted({str(d) for d in g["device"].dropna()}))}
+        stats = {
+            "_seeds": int(g["seed"].nunique()),
+            "_loaded": bool(g["loaded"].eq(True).any()),
+            "_devices": tuple(sorted({str(d) for d in g["device"].dropna()})),
+        }
         seeds = g["seed"].to_numpy()
         for f in fields:
             v = g[f].to_numpy(dtype=float)
@@ -317,8 +391,12 @@ def _about(spec: TableSpec, assigned: pd.DataFrame, preset: str, own: bool) -> l
     """What the table's cells are: the protocol and task settings of its runs, and the data per task."""
     lines = []
     plain = assigned[assigned["tag"].fillna("") == ""] if len(assigned) else assigned
-    tasks = [t for t, _ in spec.tasks if t in set(assigned["task"])] + \
-        sorted(set(assigned["task"]) - {t for t, _ in spec.tasks}) if len(assigned) else []
+    tasks = (
+        [t for t, _ in spec.tasks if t in set(assigned["task"])]
+        + sorted(set(assigned["task"]) - {t for t, _ in spec.tasks})
+        if len(assigned)
+        else []
+    )
     settings = []
     for t in tasks:
         g = plain[plain["task"] == t] if len(plain) else plain
@@ -331,22 +409,40 @@ def _about(spec: TableSpec, assigned: pd.DataFrame, preset: str, own: bool) -> l
     if own:
         lines.append(f"Preset `{preset}`: the protocol of {PAPERS[spec.paper]} ({'; '.join(settings)}).")
     else:
-        lines.append(f"Preset `{preset}`: {'; '.join(settings) or 'no runs'} — not the paper's protocol; laid out "
-                     f"as {spec.title}, without its numbers.")
+        lines.append(
+            f"Preset `{preset}`: {'; '.join(settings) or 'no runs'} — not the paper's protocol; laid out "
+            f"as {spec.title}, without its numbers."
+        )
     main = R.main_data(assigned) if len(assigned) else {}
     for t in tasks:
         g = assigned[(assigned["task"] == t) & (assigned["data_id"].fillna("") == main.get(t, ""))]
         desc = next((d for d in g["data_desc"] if d), "")
         did = main.get(t, "")
         generated = own and "generated" in set(g["data_kind"])  # the papers read the released files
-        lines.append(f"Data, {task_name(t)}: " + (f"{desc} (id {did})" if desc else f"id {did}" if did else
-                                                   "not recorded (records from before the data field)")
-                     + (" — generated here, not the released files the paper read" if generated else "") + ".")
+        lines.append(
+            f"Data, {task_name(t)}: "
+            + (
+                f"{desc} (id {did})"
+                if desc
+                else f"id {did}"
+                if did
+                else "not recorded (records from before the data field)"
+            )
+            + (" — generated here, not the released files the paper read" if generated else "")
+            + "."
+        )
     return lines
 
 
-def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = False,
-          drop_empty: bool = True, trials: bool = False, style: str | None = None) -> Built:
+def build(
+    spec: TableSpec,
+    runs: pd.DataFrame,
+    preset: str,
+    compare: bool = False,
+    drop_empty: bool = True,
+    trials: bool = False,
+    style: str | None = None,
+) -> Built:
     """Fill ``spec`` from the runs of the table set ``preset`` (``runs`` holds every record).
 
     Args:
@@ -365,8 +461,10 @@ def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = Fals
     cols = columns(spec, extra_tasks)
     refused = ""
     if compare and not own:
-        refused = (f"Not compared with {PAPERS[spec.paper]}: preset `{preset}` does not run that paper's protocol "
-                   f"and task settings (`{PAPER_PRESET[spec.paper]}` does).")
+        refused = (
+            f"Not compared with {PAPERS[spec.paper]}: preset `{preset}` does not run that paper's protocol "
+            f"and task settings (`{PAPER_PRESET[spec.paper]}` does)."
+        )
     shown = compare and own
     paper = paper_lookup(spec) if shown else {}
     names = dict(spec.rows)
@@ -379,8 +477,11 @@ def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = Fals
     rows += [Row(k, label[k], False, info=infos[k], settings=settings.get(k, "")) for k in extra]
     for row in rows:
         row.base = base_of.get(row.key)
-        row.base_name = "" if row.base is None else (names.get(BASELINE) if infos[row.base].plain and
-                                                       not infos[row.base].name else label[row.base])
+        row.base_name = (
+            ""
+            if row.base is None
+            else (names.get(BASELINE) if infos[row.base].plain and not infos[row.base].name else label[row.base])
+        )
         per_task = {}
         for col in cols:
             if col.task == "average":
@@ -392,8 +493,14 @@ def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = Fals
             by_seed = {}
             if got is not None and got[2]:
                 mean, std, n, values, by_seed = got
-                cell = Cell(mean * metric.scale, std * metric.scale, n, tuple(v * metric.scale for v in values),
-                            loaded=metric.timing and st["_loaded"], devices=st["_devices"])
+                cell = Cell(
+                    mean * metric.scale,
+                    std * metric.scale,
+                    n,
+                    tuple(v * metric.scale for v in values),
+                    loaded=metric.timing and st["_loaded"],
+                    devices=st["_devices"],
+                )
                 if not metric.setting:
                     _set_interval(cell, metric)
             if row.in_paper and (row.key, col.task, col.metric) in paper:
@@ -412,17 +519,30 @@ def build(spec: TableSpec, runs: pd.DataFrame, preset: str, compare: bool = Fals
         rows = [r for r in rows if any(not c.empty for c in r.cells)]
     _compare_with_baseline(rows, cols)
     style = style or ("paper" if own else "full")
-    return Built(spec, preset, cols, rows, shown, len(assigned), style, own,
-                 _about(spec, assigned, preset, own), refused)
+    return Built(
+        spec, preset, cols, rows, shown, len(assigned), style, own, _about(spec, assigned, preset, own), refused
+    )
 
 
 def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
     """One row per table set × task × row (lra/collect/rows.py): seeds, and mean/std/n of every metric, with
     ``<field>_ci95`` the half-width of the mean's 95% t-interval over seeds (nan under MIN_SEEDS seeds),
     the row's label, overrides, data, baseline row and whether a run of it was timed under load."""
-    fields = ["test_acc", "best_val_acc", "majority_acc", "steps", "train_time_s", "eval_time_s",
-              "time_per_1k_steps_s", "tokens_per_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "micro_batch",
-              "accum_steps", "effective_batch"]
+    fields = [
+        "test_acc",
+        "best_val_acc",
+        "majority_acc",
+        "steps",
+        "train_time_s",
+        "eval_time_s",
+        "time_per_1k_steps_s",
+        "tokens_per_s",
+        "peak_mem_bytes",
+        "peak_mem_estimate_bytes",
+        "micro_batch",
+        "accum_steps",
+        "effective_batch",
+    ]
     out = []
     for preset in sorted(set(runs["preset"].dropna())):
         assigned, infos = R.assign(runs[runs["preset"] == preset], trials=trials)
@@ -430,13 +550,22 @@ def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
         base_of = R.baselines(infos)
         for (task, key), g in assigned.groupby(["task", "row"], sort=True):
             info = infos[key]
-            r = {"preset": preset, "task": task, "attn": info.attn, "variant": info.tag, "row": key,
-                 "label": label[key], "name": info.name, "data_id": next(iter(sorted(set(g["data_id"].fillna("")))), ""),
-                 "base": base_of.get(key) or "",
-                 "seeds": ",".join(str(int(s)) for s in sorted(g["seed"].unique())), "n_runs": len(g),
-                 "hardware": ",".join(sorted({str(h) for h in g["hardware"].dropna()})),
-                 "device": ",".join(sorted({str(h) for h in g["device"].dropna()})),
-                 "loaded": bool(g["loaded"].eq(True).any())}
+            r = {
+                "preset": preset,
+                "task": task,
+                "attn": info.attn,
+                "variant": info.tag,
+                "row": key,
+                "label": label[key],
+                "name": info.name,
+                "data_id": next(iter(sorted(set(g["data_id"].fillna("")))), ""),
+                "base": base_of.get(key) or "",
+                "seeds": ",".join(str(int(s)) for s in sorted(g["seed"].unique())),
+                "n_runs": len(g),
+                "hardware": ",".join(sorted({str(h) for h in g["hardware"].dropna()})),
+                "device": ",".join(sorted({str(h) for h in g["device"].dropna()})),
+                "loaded": bool(g["loaded"].eq(True).any()),
+            }
             for f in fields:
                 v = g[f].to_numpy(dtype=float)
                 v = v[np.isfinite(v)]
@@ -445,7 +574,21 @@ def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
                 r[f"{f}_n"] = int(v.size)
                 r[f"{f}_ci95"] = half_width(r[f"{f}_std"], int(v.size)) if v.size >= MIN_SEEDS else math.nan
             out.append(r)
-    cols = ["preset", "task", "attn", "variant", "row", "label", "name", "data_id", "base", "seeds", "n_runs",
-            "hardware", "device", "loaded"]
+    cols = [
+        "preset",
+        "task",
+        "attn",
+        "variant",
+        "row",
+        "label",
+        "name",
+        "data_id",
+        "base",
+        "seeds",
+        "n_runs",
+        "hardware",
+        "device",
+        "loaded",
+    ]
     cols += [f"{f}_{s}" for f in fields for s in ("mean", "std", "n", "ci95")]
     return pd.DataFrame(out, columns=cols)

@@ -28,14 +28,19 @@ from typing import Callable
 
 from lra.doctor import checks
 from lra.doctor.base import CHECKS, STATUSES, Budget, Options, Result, one_line
-from lra.doctor.env import environment as read_environment, lines as environment_lines
+from lra.doctor.env import environment as read_environment
+from lra.doctor.env import lines as environment_lines
 from lra.files import write_json, write_text
 
 __all__ = ["CHECKS", "Options", "Result", "run", "write_report", "report_folder"]
 
 
-def run(opts: Options, say: Callable[[str], None] = print, results: list[Result] | None = None,
-        environment: dict | None = None) -> tuple[dict, list[Result]]:
+def run(
+    opts: Options,
+    say: Callable[[str], None] = print,
+    results: list[Result] | None = None,
+    environment: dict | None = None,
+) -> tuple[dict, list[Result]]:
     """The environment and the checks ``opts`` selects, each result said as it comes.
 
     Args:
@@ -71,9 +76,17 @@ def run(opts: Options, say: Callable[[str], None] = print, results: list[Result]
 
 def render_markdown(environment: dict, results: list[Result], opts: Options) -> str:
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    out = ["# lra-doctor report", "", f"{environment['date']} · {'quick shapes' if opts.quick else 'preset ' + opts.preset}"
-           f" · hardware={opts.hardware} · checks: {', '.join(opts.checks)}", "",
-           "**" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**", "", "## Environment", ""]
+    out = [
+        "# lra-doctor report",
+        "",
+        f"{environment['date']} · {'quick shapes' if opts.quick else 'preset ' + opts.preset}"
+        f" · hardware={opts.hardware} · checks: {', '.join(opts.checks)}",
+        "",
+        "**" + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**",
+        "",
+        "## Environment",
+        "",
+    ]
     out += [f"- {ln}" for ln in environment_lines(environment)]
     for name in opts.checks:
         rows = [r for r in results if r.check == name]
@@ -84,10 +97,12 @@ def render_markdown(environment: dict, results: list[Result], opts: Options) -> 
 
 def write_report(folder: Path, environment: dict, results: list[Result], opts: Options) -> Path:
     """``report.md`` and ``report.json`` in ``folder`` (each written to a temporary name, then renamed)."""
-    meta = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
-            for k, v in asdict(opts).items()}
-    write_json(folder / "report.json", {"environment": environment, "options": meta,
-                                        "results": [asdict(r) for r in results]})
+    meta = {
+        k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()
+    }
+    write_json(
+        folder / "report.json", {"environment": environment, "options": meta, "results": [asdict(r) for r in results]}
+    )
     return write_text(folder / "report.md", render_markdown(environment, results, opts))
 
 

@@ -40,18 +40,34 @@ def _overrides(opts: Options, task: str, backend: str) -> list[str]:
     return [f"task={task}", *bench.backend_overrides(backend), f"experiment={opts.shapes_preset}", *opts.run_overrides]
 
 
-def _task_config(opts: Options, tasks: tuple, backends: tuple, modes: tuple, capped: bool = True,
-                 memory: bool = True, repeats: int | None = None) -> bench.TaskConfig:
+def _task_config(
+    opts: Options,
+    tasks: tuple,
+    backends: tuple,
+    modes: tuple,
+    capped: bool = True,
+    memory: bool = True,
+    repeats: int | None = None,
+) -> bench.TaskConfig:
     """bench's task mode for one check: the whole step only, at the fitted micro-batch, capped on a CPU
     (and at quick shapes, for check 1's smoke run) unless ``capped`` is False."""
     quick = opts.quick
     cap = capped and (quick or not _cuda(opts))
     return bench.TaskConfig(
-        tasks=tasks, backends=backends, hardware=opts.hardware, device=opts.device, quick=quick,
+        tasks=tasks,
+        backends=backends,
+        hardware=opts.hardware,
+        device=opts.device,
+        quick=quick,
         max_batch=CPU_MAX_BATCH[quick] if cap else None,
-        repeats=repeats or (1 if quick else (20 if _cuda(opts) else 5)), warmup=0 if quick else 1,
-        threads=torch.get_num_threads(), memory=memory, parts=("step",), modes=modes,
-        overrides=(*([] if quick else [f"experiment={opts.shapes_preset}"]), *opts.device_overrides))
+        repeats=repeats or (1 if quick else (20 if _cuda(opts) else 5)),
+        warmup=0 if quick else 1,
+        threads=torch.get_num_threads(),
+        memory=memory,
+        parts=("step",),
+        modes=modes,
+        overrides=(*([] if quick else [f"experiment={opts.shapes_preset}"]), *opts.device_overrides),
+    )
 
 
 def all_backends(opts: Options) -> tuple:
@@ -64,8 +80,10 @@ def _measure(cfg: bench.TaskConfig, task: str, backend: str) -> list[dict]:
     try:
         rows = bench.measure_backend(cfg, task, backend, log=lambda _: None)
     except Exception as e:  # noqa: BLE001 - a broken backend is named, the others go on
-        rows = [{"task": task, "backend": backend, "part": "step", "mode": m, "status": "error", "reason": one_line(e)}
-                for m in cfg.modes or ("eager",)]
+        rows = [
+            {"task": task, "backend": backend, "part": "step", "mode": m, "status": "error", "reason": one_line(e)}
+            for m in cfg.modes or ("eager",)
+        ]
     finally:
         gc.collect()
         if torch.cuda.is_available():
@@ -87,8 +105,9 @@ def _row_result(check: str, r: dict) -> Result:
     return Result(check, item, status, detail=f"{r.get('status')}: {r.get('reason', '')}", data=r)
 
 
-def _each(check: str, items: list[tuple[str, str]], budget: Budget,
-          one: Callable[[str, str], Iterator[Result]]) -> Iterator[Result]:
+def _each(
+    check: str, items: list[tuple[str, str]], budget: Budget, one: Callable[[str, str], Iterator[Result]]
+) -> Iterator[Result]:
     """``one(task, backend)``'s results for each item while the check's budget lasts; a skip for the rest."""
     for task, backend in items:
         yield from one(task, backend) if budget.left() else [budget.skip(check, f"{task}/{backend}")]
@@ -121,8 +140,9 @@ def backends(opts: Options, budget: Budget) -> Iterator[Result]:
 
     def one(task: str, backend: str) -> Iterator[Result]:
         # does it run, at what cost: 3 timed steps (on a GPU most of an item is its compilation)
-        for r in _measure(_task_config(opts, (task,), (backend,), modes[backend], repeats=None if opts.quick else 3),
-                          task, backend):
+        for r in _measure(
+            _task_config(opts, (task,), (backend,), modes[backend], repeats=None if opts.quick else 3), task, backend
+        ):
             yield _row_result("backends", r)
 
     yield from _each("backends", [(t, b) for b in all_backends(opts) for t in opts.tasks], budget, one)
@@ -161,11 +181,21 @@ def fit(opts: Options, budget: Budget) -> Iterator[Result]:
         err = peak / est - 1.0
         status = "pass" if abs(err) <= FIT_TOLERANCE else "warn"
         how = "cuda.max_memory_allocated" if _cuda(opts) else "live tensor storages"
-        yield Result("fit", item, status, f"estimate {est / MIB:.1f} MiB, measured {peak / MIB:.1f} MiB ({err:+.2%})",
-                     f"micro-batch {micro}, {precision}, measured as {how}"
-                     + ("" if status == "pass" else f"; beyond ±{FIT_TOLERANCE:.0%}"),
-                     data={"estimate_bytes": est, "measured_bytes": peak, "error": err, "micro_batch": micro,
-                           "precision": precision})
+        yield Result(
+            "fit",
+            item,
+            status,
+            f"estimate {est / MIB:.1f} MiB, measured {peak / MIB:.1f} MiB ({err:+.2%})",
+            f"micro-batch {micro}, {precision}, measured as {how}"
+            + ("" if status == "pass" else f"; beyond ±{FIT_TOLERANCE:.0%}"),
+            data={
+                "estimate_bytes": est,
+                "measured_bytes": peak,
+                "error": err,
+                "micro_batch": micro,
+                "precision": precision,
+            },
+        )
 
     names = _names(opts, FIT_BACKENDS, 3)
     yield from _each("fit", [(t, b) for t in _paired_tasks(opts) for b in names], budget, one)
@@ -180,20 +210,30 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
     def one(task: str, backend: str) -> Iterator[Result]:
         item = f"{task}/{backend} ({preset} shapes)"
         try:
-            o = overhead_check.measure([f"task={task}", *bench.backend_overrides(backend), f"experiment={preset}",
-                                        *opts.run_overrides], **sizes)
+            o = overhead_check.measure(
+                [f"task={task}", *bench.backend_overrides(backend), f"experiment={preset}", *opts.run_overrides],
+                **sizes,
+            )
         except Exception as e:  # noqa: BLE001
             yield Result("overhead", item, "fail", detail=one_line(e))
             return
         status = "pass" if o.ratio <= overhead_check.TARGET else "warn"
-        yield Result("overhead", item, status,
-                     f"{o.ratio:.3f}x a bare loop, {o.host_ms:+.2f} ms of host work per step "
-                     f"({o.harness_ms:.2f} vs {o.bare_ms:.2f} ms)",
-                     f"median of {o.blocks} interleaved blocks of {o.block} steps, micro-batch {o.micro_batch} x "
-                     f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
-                     + ("" if status == "pass" else f"; above {overhead_check.TARGET}, with the machine's load "
-                        f"average at {load_average():.1f} on {default_threads()} cores: measure again on a calm machine if it is busy"),
-                     data=o.as_dict())
+        yield Result(
+            "overhead",
+            item,
+            status,
+            f"{o.ratio:.3f}x a bare loop, {o.host_ms:+.2f} ms of host work per step "
+            f"({o.harness_ms:.2f} vs {o.bare_ms:.2f} ms)",
+            f"median of {o.blocks} interleaved blocks of {o.block} steps, micro-batch {o.micro_batch} x "
+            f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
+            + (
+                ""
+                if status == "pass"
+                else f"; above {overhead_check.TARGET}, with the machine's load "
+                f"average at {load_average():.1f} on {default_threads()} cores: measure again on a calm machine if it is busy"
+            ),
+            data=o.as_dict(),
+        )
 
     yield from _each("overhead", [("listops", b) for b in _names(opts, PAIR, 1)], budget, one)
 
@@ -212,17 +252,27 @@ def compiled(opts: Options, budget: Budget) -> Iterator[Result]:
         rows = {r["mode"]: r for r in _measure(_task_config(opts, (task,), (backend,), bench.MODES), task, backend)}
         bad = [r for r in rows.values() if r.get("status") != "ok"]
         if bad:
-            yield Result("compile", item, "fail", detail=f"{bad[0]['mode']}: {bad[0].get('status')}: "
-                                                         f"{bad[0].get('reason', '')}", data=rows)
+            yield Result(
+                "compile",
+                item,
+                "fail",
+                detail=f"{bad[0]['mode']}: {bad[0].get('status')}: " f"{bad[0].get('reason', '')}",
+                data=rows,
+            )
             return
         e, c = rows["eager"], rows["compiled"]
         ratio = c["time_ms"] / e["time_ms"]
         status = "pass" if ratio <= COMPILE_SLOWER else "warn"
-        yield Result("compile", item, status,
-                     f"compiled {c['time_ms']:.1f} ms vs eager {e['time_ms']:.1f} ms ({ratio:.2f}x), "
-                     f"compilation {c['first_call_s']:.0f} s",
-                     f"whole step, micro-batch {e['micro_batch']} x {e['accum_steps']}"
-                     + ("" if status == "pass" else "; compiled is slower here"), data={"eager": e, "compiled": c})
+        yield Result(
+            "compile",
+            item,
+            status,
+            f"compiled {c['time_ms']:.1f} ms vs eager {e['time_ms']:.1f} ms ({ratio:.2f}x), "
+            f"compilation {c['first_call_s']:.0f} s",
+            f"whole step, micro-batch {e['micro_batch']} x {e['accum_steps']}"
+            + ("" if status == "pass" else "; compiled is slower here"),
+            data={"eager": e, "compiled": c},
+        )
 
     yield from _each("compile", [(t, b) for t in tasks for b in names], budget, one)
 
@@ -245,8 +295,9 @@ def cost(opts: Options, budget: Budget) -> Iterator[Result]:
     def one(task: str, backend: str) -> Iterator[Result]:
         modes = _modes(opts, backend)[-1:]  # what the run would train: compiled where it compiles
         # the run's own micro-batch, but on a CPU at the papers' shapes (a step takes minutes there)
-        r = _measure(_task_config(opts, (task,), (backend,), modes, capped=not opts.quick, memory=False), task,
-                     backend)[0]
+        r = _measure(
+            _task_config(opts, (task,), (backend,), modes, capped=not opts.quick, memory=False), task, backend
+        )[0]
         item = f"{task}/{backend} ({opts.shapes_preset})"
         if r.get("status") != "ok":
             yield _row_result("cost", {**r, "task": task, "backend": f"{backend} ({opts.shapes_preset})"})
@@ -255,15 +306,25 @@ def cost(opts: Options, budget: Budget) -> Iterator[Result]:
         micro_per_step = spec.train.batch_size // r["micro_batch"]  # capped on a CPU: more micro-batches a step
         step_s = r["time_ms"] / 1e3 * micro_per_step
         steps = spec.train.max_steps
-        yield Result("cost", item, "pass",
-                     f"{_duration(step_s)} per optimizer step, {_hours(step_s * 1000)} per 1k steps, "
-                     f"{_hours(step_s * steps)} for its {steps} steps",
-                     f"{r['mode']}, {micro_per_step} micro-batch(es) of {r['micro_batch']} a step; training only "
-                     f"(evaluation adds to it); an early stop ends sooner",
-                     data={"step_s": step_s, "max_steps": steps, "total_s": step_s * steps, "row": r})
+        yield Result(
+            "cost",
+            item,
+            "pass",
+            f"{_duration(step_s)} per optimizer step, {_hours(step_s * 1000)} per 1k steps, "
+            f"{_hours(step_s * steps)} for its {steps} steps",
+            f"{r['mode']}, {micro_per_step} micro-batch(es) of {r['micro_batch']} a step; training only "
+            f"(evaluation adds to it); an early stop ends sooner",
+            data={"step_s": step_s, "max_steps": steps, "total_s": step_s * steps, "row": r},
+        )
 
     yield from _each("cost", [(t, b) for t in opts.tasks for b in _names(opts, PAIR, 1)], budget, one)
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[Options, Budget], Iterator[Result]]] = {
-    "backends": backends, "fit": fit, "overhead": overhead, "compile": compiled, "resume": resume, "cost": cost}
+    "backends": backends,
+    "fit": fit,
+    "overhead": overhead,
+    "compile": compiled,
+    "resume": resume,
+    "cost": cost,
+}

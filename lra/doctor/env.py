@@ -7,9 +7,7 @@ import importlib.metadata as md
 import os
 import platform
 
-
 import torch
-
 from packaging.requirements import Requirement
 
 from lra.devices import default_threads, device_name
@@ -28,8 +26,14 @@ def extras() -> dict[str, tuple[str, ...]]:
         return {}
     out = {}
     for extra in sorted(set(meta.get_all("Provides-Extra") or []) - {"dev"}):
-        names = [r.name for r in reqs if r.marker and r.marker.evaluate({"extra": extra})
-                 and not r.marker.evaluate({"extra": ""}) and r.name != "lra-harness"]
+        names = [
+            r.name
+            for r in reqs
+            if r.marker
+            and r.marker.evaluate({"extra": extra})
+            and not r.marker.evaluate({"extra": ""})
+            and r.name != "lra-harness"
+        ]
         out[extra] = (*names, *APART.get(extra, ()))
     return out
 
@@ -51,13 +55,19 @@ def environment(device: str) -> dict:
     cuda = device.startswith("cuda")
     env = {
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "python": platform.python_version(), "platform": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
         "git": git_commit(short=True),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "lightning": _version("lightning"), "hydra": _version("hydra-core"), "numpy": _version("numpy"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "lightning": _version("lightning"),
+        "hydra": _version("hydra-core"),
+        "numpy": _version("numpy"),
         "triton": _version("triton"),
-        "device": device, "device_name": device_name(device),
-        "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1) if cuda else None,
+        "device": device,
+        "device_name": device_name(device),
+        "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda else None,
         "cpu_cores": default_threads(),
         "threads": torch.get_num_threads(),
         "load": round(load_average(), 2),
@@ -72,17 +82,17 @@ def environment(device: str) -> dict:
 def lines(env: dict) -> list[str]:
     """The environment as the console and report.md show it, a line a subject."""
     dev = env["device_name"] + (f", {env['device_memory_gib']} GiB" if env.get("device_memory_gib") else "")
-    cuda = f"CUDA {env['cuda']}" + (f", cuDNN {env['cudnn']}" if env.get("cudnn") else "") if env["cuda"] else "CPU build"
+    cuda = (
+        f"CUDA {env['cuda']}" + (f", cuDNN {env['cudnn']}" if env.get("cudnn") else "") if env["cuda"] else "CPU build"
+    )
     installed = [k for k, v in env["extras"].items() if v]
     missing = [k for k, v in env["extras"].items() if not v]
     return [
-        f"device: {env['device']}: {dev}" + (f", compute capability {env['compute_capability']}"
-                                            if env.get("compute_capability") else ""),
+        f"device: {env['device']}: {dev}"
+        + (f", compute capability {env['compute_capability']}" if env.get("compute_capability") else ""),
         f"torch {env['torch']} ({cuda}{', triton ' + env['triton'] if env.get('triton') else ''}), "
         f"lightning {env['lightning']}, hydra-core {env['hydra']}, numpy {env['numpy']}, python {env['python']}",
         f"{env['cpu_cores']} CPU cores, {env['threads']} torch threads, load {env['load']}; {env['platform']}; "
         f"git {env['git'] or 'n/a'}",
         f"extras installed: {', '.join(installed) or 'none'}; not installed: {', '.join(missing) or 'none'}",
     ]
-
-

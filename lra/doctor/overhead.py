@@ -34,9 +34,9 @@ from lra.config import RunSpec, load
 from lra.data import Split
 from lra.devices import sync as _sync
 from lra.fit import Plan, plan
+from lra.loop import wire
 from lra.model import build_model
 from lra.module import warmup_linear_decay
-from lra.loop import wire
 
 
 def synthetic_splits(spec: RunSpec, n_train: int, n_eval: int, seed: int = 0) -> dict[str, Split]:
@@ -154,8 +154,15 @@ class Overhead:
         return asdict(self)
 
 
-def measure(overrides: list[str], *, blocks: int = 8, block: int = 20, warmup: int = 10, seed: int = 0,
-            workdir: Path | None = None) -> Overhead:
+def measure(
+    overrides: list[str],
+    *,
+    blocks: int = 8,
+    block: int = 20,
+    warmup: int = 10,
+    seed: int = 0,
+    workdir: Path | None = None,
+) -> Overhead:
     """The harness against the bare loop for the run ``overrides`` describe (e.g. ``task=listops
     attn=softmax experiment=quick``), on random data of the task's shapes.
 
@@ -173,13 +180,19 @@ def measure(overrides: list[str], *, blocks: int = 8, block: int = 20, warmup: i
     """
     steps = warmup + blocks * block
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        args = [*overrides, f"train.max_steps={steps}", f"train.eval_every={steps + 1}", "train.patience=null",
-                "fit.cache=false", f"seed={seed}"]
+        args = [
+            *overrides,
+            f"train.max_steps={steps}",
+            f"train.eval_every={steps + 1}",
+            "train.patience=null",
+            "fit.cache=false",
+            f"seed={seed}",
+        ]
         spec = load(args, run_dir=Path(tmp) / "run")
         spec.run_dir.mkdir(parents=True)
         p = plan(spec, use_cache=False)
         # one epoch, as most of a run's steps are, within 256 MiB of int32 tokens (a paper-sized batch rolls over)
-        n = min(spec.train.batch_size * (steps + 1), 2 ** 26 // (spec.model.seq_len * (2 if spec.model.dual else 1)))
+        n = min(spec.train.batch_size * (steps + 1), 2**26 // (spec.model.seq_len * (2 if spec.model.dual else 1)))
         n = max(n, spec.train.batch_size)
         splits = synthetic_splits(spec, n, p.micro_batch, seed)
         L.seed_everything(seed, workers=True, verbose=False)
@@ -190,6 +203,15 @@ def measure(overrides: list[str], *, blocks: int = 8, block: int = 20, warmup: i
             timer.bare = BareLoop(spec, p, timer.device, spec.hardware.precision, spec.hardware.compile, seed)
             fit_interruptible(w)
     pairs = list(zip(timer.harness_s, timer.bare_s[1:]))  # bare block i + 1 runs right after harness block i
-    return Overhead(statistics.median(h / b for h, b in pairs), statistics.median((h - b) * 1e3 for h, b in pairs),
-                    statistics.median(timer.harness_s) * 1e3, statistics.median(timer.bare_s[1:]) * 1e3,
-                    len(pairs), block, p.micro_batch, p.accum_steps, spec.hardware.precision, spec.hardware.compile)
+    return Overhead(
+        statistics.median(h / b for h, b in pairs),
+        statistics.median((h - b) * 1e3 for h, b in pairs),
+        statistics.median(timer.harness_s) * 1e3,
+        statistics.median(timer.bare_s[1:]) * 1e3,
+        len(pairs),
+        block,
+        p.micro_batch,
+        p.accum_steps,
+        spec.hardware.precision,
+        spec.hardware.compile,
+    )

@@ -26,10 +26,20 @@ import torch
 
 from lra.doctor.base import Budget, Options, Result
 
-TINY = ["task=listops", "attn=softmax", "experiment=quick", "protocol.listops.data.n_train=256",
-        "protocol.listops.data.n_val=64", "protocol.listops.data.n_test=64", "train.max_steps=30",
-        "train.eval_every=8", "hardware.micro_batch=16", "train.ckpt_every_steps=3", "trainer.progress=false",
-        "num_threads=1"]
+TINY = [
+    "task=listops",
+    "attn=softmax",
+    "experiment=quick",
+    "protocol.listops.data.n_train=256",
+    "protocol.listops.data.n_val=64",
+    "protocol.listops.data.n_test=64",
+    "train.max_steps=30",
+    "train.eval_every=8",
+    "hardware.micro_batch=16",
+    "train.ckpt_every_steps=3",
+    "trainer.progress=false",
+    "num_threads=1",
+]
 SAME = ("status", "steps", "steps_to_best", "stop_reason", "micro_batch", "accum_steps", "tested_ckpt")
 CLOSE = ("test_acc", "test_loss", "best_val_acc")
 KILL_AT = 9  # a checkpoint past the first evaluation, mid-way between two
@@ -37,13 +47,25 @@ CUDA_TOLERANCE = 1e-4  # on losses and accuracies: last-bit differences of atomi
 
 
 def _env(scratch: Path, name: str) -> dict:
-    return {**os.environ, "LRA_DATA": str(scratch / f"data-{name}"), "LRA_RUNS": str(scratch / name),
-            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "LRA_DATA": str(scratch / f"data-{name}"),
+        "LRA_RUNS": str(scratch / name),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _start(scratch: Path, name: str, extra: list[str], procs: list) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "lra.train", *TINY, *extra], env=_env(scratch, name),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lra.train", *TINY, *extra],
+        env=_env(scratch, name),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     procs.append(proc)
     return proc
 
@@ -86,8 +108,11 @@ def _record(runs: Path) -> dict:
 
 def _val_curve(runs: Path) -> list[tuple[int, float, float]]:
     with open(next(runs.rglob("metrics.csv")), newline="") as f:
-        return [(int(float(r["step"])), float(r["val/loss"]), float(r["val/acc"]))
-                for r in csv.DictReader(f) if r.get("val/loss")]
+        return [
+            (int(float(r["step"])), float(r["val/loss"]), float(r["val/acc"]))
+            for r in csv.DictReader(f)
+            if r.get("val/loss")
+        ]
 
 
 def compare(ref: dict, resumed: dict, ref_curve: list, curve: list) -> tuple[list[str], float]:
@@ -95,7 +120,9 @@ def compare(ref: dict, resumed: dict, ref_curve: list, curve: list) -> tuple[lis
     diffs = [f"{k}: {resumed.get(k)!r} != {ref.get(k)!r}" for k in SAME if resumed.get(k) != ref.get(k)]
     if [c[0] for c in curve] != [c[0] for c in ref_curve]:
         diffs.append(f"evaluation steps {[c[0] for c in curve]} != {[c[0] for c in ref_curve]}")
-    nums = [abs(float(resumed[k]) - float(ref[k])) for k in CLOSE if resumed.get(k) is not None and ref.get(k) is not None]
+    nums = [
+        abs(float(resumed[k]) - float(ref[k])) for k in CLOSE if resumed.get(k) is not None and ref.get(k) is not None
+    ]
     nums += [abs(a - b) for x, y in zip(curve, ref_curve) for a, b in zip(x[1:], y[1:])]
     return diffs, max(nums, default=0.0)
 
@@ -120,8 +147,14 @@ def check(opts: Options, budget: Budget) -> Iterator[Result]:
             return
         rc, out = _finish(_start(scratch, "killed", extra, procs), deadline)
         if rc != 0 or "resuming from" not in out:
-            yield Result("resume", item, "fail", detail=f"the restarted run exited {rc}"
-                         + ("" if "resuming from" in out else " without resuming") + f": {out.strip()[-300:]}")
+            yield Result(
+                "resume",
+                item,
+                "fail",
+                detail=f"the restarted run exited {rc}"
+                + ("" if "resuming from" in out else " without resuming")
+                + f": {out.strip()[-300:]}",
+            )
             return
         ref, resumed = _record(scratch / "ref"), _record(scratch / "killed")
         diffs, largest = compare(ref, resumed, _val_curve(scratch / "ref"), _val_curve(scratch / "killed"))
@@ -134,12 +167,24 @@ def check(opts: Options, budget: Budget) -> Iterator[Result]:
     cuda = opts.device.startswith("cuda")
     tolerance = CUDA_TOLERANCE if cuda else 0.0
     status = "pass" if not diffs and largest <= tolerance else "fail"
-    figure = (f"killed at step {step}, resumed to step {resumed['steps']}: "
-              + ("identical to the uninterrupted run" if largest == 0 and not diffs else
-                 f"largest difference {largest:.2e} in losses and accuracies"))
+    figure = f"killed at step {step}, resumed to step {resumed['steps']}: " + (
+        "identical to the uninterrupted run"
+        if largest == 0 and not diffs
+        else f"largest difference {largest:.2e} in losses and accuracies"
+    )
     detail = "; ".join(diffs) if diffs else ("" if status == "pass" else f"above the tolerance {tolerance:g}")
     if cuda and status == "pass":
         detail = f"tolerance on CUDA {tolerance:g}"
-    yield Result("resume", item, status, figure, detail,
-                 data={"killed_at": step, "largest_difference": largest, "differences": diffs,
-                       "test_acc": [ref.get("test_acc"), resumed.get("test_acc")]})
+    yield Result(
+        "resume",
+        item,
+        status,
+        figure,
+        detail,
+        data={
+            "killed_at": step,
+            "largest_difference": largest,
+            "differences": diffs,
+            "test_acc": [ref.get("test_acc"), resumed.get("test_acc")],
+        },
+    )

@@ -54,15 +54,15 @@ imports it, and a run knows nothing of the sweep that launched it):
 
 from lra.hydra_glue import Composer
 from lra.sweep.base import (
-                            FINISHED,
-                            LEGACY_MANIFEST,
-                            MANIFEST_VERSION,
-                            MARKER,
-                            SWEEP_OPTIONS,
-                            Interrupted,
-                            Refusal,
-                            interruptible,
-                            signal_of,
+    FINISHED,
+    LEGACY_MANIFEST,
+    MANIFEST_VERSION,
+    MARKER,
+    SWEEP_OPTIONS,
+    Interrupted,
+    Refusal,
+    interruptible,
+    signal_of,
 )
 from lra.sweep.driver import run_grid
 from lra.sweep.grid import Grid, apply_cli, available_grids, definition, load_grid, sweep_key, switch
@@ -70,7 +70,31 @@ from lra.sweep.manifest import Job
 from lra.sweep.progress import GridWatch, Progress
 from lra.sweep.share import ShareError, check_sharing, gpu_of_slot, job_share, share_plan
 
-__all__ = ["FINISHED", "LEGACY_MANIFEST", "MANIFEST_VERSION", "MARKER", "SWEEP_OPTIONS", "Composer", "Grid",
-           "GridWatch", "Interrupted", "Job", "Progress", "Refusal", "ShareError", "apply_cli", "available_grids",
-           "check_sharing", "definition", "gpu_of_slot", "interruptible", "job_share", "load_grid", "run_grid",
-           "share_plan", "signal_of", "switch", "sweep_key"]
+__all__ = [
+    "FINISHED",
+    "LEGACY_MANIFEST",
+    "MANIFEST_VERSION",
+    "MARKER",
+    "SWEEP_OPTIONS",
+    "Composer",
+    "Grid",
+    "GridWatch",
+    "Interrupted",
+    "Job",
+    "Progress",
+    "Refusal",
+    "ShareError",
+    "apply_cli",
+    "available_grids",
+    "check_sharing",
+    "definition",
+    "gpu_of_slot",
+    "interruptible",
+    "job_share",
+    "load_grid",
+    "run_grid",
+    "share_plan",
+    "signal_of",
+    "switch",
+    "sweep_key",
+]

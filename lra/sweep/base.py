@@ -14,11 +14,18 @@ log = logging.getLogger("lra.sweep")
 
 GRID_DIR = CONF_DIR / "sweep"
 FINISHED = ("completed", "stopped_early", "stuck")  # = lra.train.FINISHED: lra.train returns at once
-MARKER = ".sweep_job.json"        # written by run_job in the run folder: who runs it, attempts
-SWEEP_OPTIONS = ("grid", "parallel", "jobs_per_gpu", "dry_run", "n_trials", "progress")   # consumed here, never passed to a run
-MANIFEST_VERSION = 2                # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
-LEGACY_MANIFEST = "manifest.json"   # a version-1 manifest: read as it is, never rewritten or deleted
-STOP_GRACE_S = 10.0                 # an interrupted sweep's jobs get this long to end on their own signal
+MARKER = ".sweep_job.json"  # written by run_job in the run folder: who runs it, attempts
+SWEEP_OPTIONS = (
+    "grid",
+    "parallel",
+    "jobs_per_gpu",
+    "dry_run",
+    "n_trials",
+    "progress",
+)  # consumed here, never passed to a run
+MANIFEST_VERSION = 2  # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
+LEGACY_MANIFEST = "manifest.json"  # a version-1 manifest: read as it is, never rewritten or deleted
+STOP_GRACE_S = 10.0  # an interrupted sweep's jobs get this long to end on their own signal
 
 
 class Refusal(SystemExit):
@@ -50,7 +57,7 @@ def interruptible():
     """SIGINT and SIGTERM raise :class:`Interrupted` in the driver, once: a second signal while the sweep
     winds down is ignored, so the jobs are stopped and the manifest is written (without this a SIGTERM
     ends the driver at once, silently, its manifest left saying ``pending``)."""
-    if threading.current_thread() is not threading.main_thread():   # signal.signal works in the main thread only
+    if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
         yield
         return
     got: list[int] = []

@@ -42,16 +42,20 @@ grids: {grids}"""
 
 
 def parser() -> Parser:
-    p = Parser(prog="python -m lra.sweep", usage=USAGE, description=ABOUT,
-               epilog=EPILOG.format(grids=", ".join(available_grids())),
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="python -m lra.sweep",
+        usage=USAGE,
+        description=ABOUT,
+        epilog=EPILOG.format(grids=", ".join(available_grids())),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="grid=<name>, the sweep's options, overrides")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    args = p.parse_intermixed_args(argv).overrides   # --help exits here: nothing read or written
+    args = p.parse_intermixed_args(argv).overrides  # --help exits here: nothing read or written
     if not any(a.startswith("grid=") for a in args):
         p.error("no grid=<name>")
     return command(args, grid_or_search)
@@ -65,8 +69,10 @@ def grid_or_search(grid, opts: dict, hydra_ovs: list[str]) -> int:
     try:
         from lra.sweep.search import run_search  # noqa: PLC0415 - an optional dependency, not a cycle
     except ImportError as e:
-        raise SystemExit(f"lra.sweep: grid={grid.name} is an Optuna search and {e.name or 'optuna'} is not "
-                         "installed: pip install -e '.[sweep]' (or -c constraints.txt for the tested versions)")
+        raise SystemExit(
+            f"lra.sweep: grid={grid.name} is an Optuna search and {e.name or 'optuna'} is not "
+            "installed: pip install -e '.[sweep]' (or -c constraints.txt for the tested versions)"
+        )
     return run_search(grid, opts, hydra_ovs)
 
 
@@ -75,7 +81,7 @@ def command(args: list[str], run) -> int:
     line folded in, ``run(grid, opts, hydra_ovs)``. A refusal is one line on stderr and exit code 2 (75:
     the sweep is in use); an interruption before any job started is one line and 130/143."""
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)   # optuna's SQLite storage is chatty
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # optuna's SQLite storage is chatty
     name = [a for a in args if a.startswith("grid=")][-1].split("=", 1)[1]
     grid = None
     try:
@@ -86,11 +92,14 @@ def command(args: list[str], run) -> int:
         print(e, file=sys.stderr)
         raise
     except SystemExit as e:
-        if isinstance(e.code, str):   # the sweep's one-line refusals: bad input, exit 2 (README)
+        if isinstance(e.code, str):  # the sweep's one-line refusals: bad input, exit 2 (README)
             print(e.code, file=sys.stderr)
             raise Refusal(e.code) from None
         raise
-    except KeyboardInterrupt as e:   # before any job started (run_grid and run_search say it themselves after)
-        print(f"lra.sweep {name}: interrupted by {signal.Signals(signal_of(e)).name} before any job started; "
-              f"resume with: {(grid.command if grid else '') or 'the same command'}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # before any job started (run_grid and run_search say it themselves after)
+        print(
+            f"lra.sweep {name}: interrupted by {signal.Signals(signal_of(e)).name} before any job started; "
+            f"resume with: {(grid.command if grid else '') or 'the same command'}",
+            file=sys.stderr,
+        )
         return 128 + signal_of(e)

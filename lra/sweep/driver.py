@@ -29,7 +29,10 @@ log = logging.getLogger("lra.sweep")
 # ----------------------------------------------------------------------------- grid sweeps
 def _wandb_group(name: str, jobs_ovs: list[list[str]]) -> list[str]:
     """W&B groups the runs of a sweep: conf/logger/wandb.yaml reads WANDB_RUN_GROUP, set in every job."""
-    if any(o.startswith("logger=") and "wandb" in o for ovs in jobs_ovs for o in ovs) and "WANDB_RUN_GROUP" not in os.environ:
+    if (
+        any(o.startswith("logger=") and "wandb" in o for ovs in jobs_ovs for o in ovs)
+        and "WANDB_RUN_GROUP" not in os.environ
+    ):
         return [f"++hydra.job.env_set.WANDB_RUN_GROUP={name}"]
     return []
 
@@ -57,10 +60,12 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
         if j.run_dir is None:
             continue
         if j.run_dir in seen:
-            raise SystemExit(f"lra.sweep: two jobs of grid {grid.name} name one run folder, {j.run_dir}: "
-                             f"[{' '.join(seen[j.run_dir].overrides)}] and [{' '.join(j.overrides)}] are one "
-                             f"configuration, or differ only in how a run executes (lra.naming.UNTAGGED); remove "
-                             f"one of the grid's values")
+            raise SystemExit(
+                f"lra.sweep: two jobs of grid {grid.name} name one run folder, {j.run_dir}: "
+                f"[{' '.join(seen[j.run_dir].overrides)}] and [{' '.join(j.overrides)}] are one "
+                f"configuration, or differ only in how a run executes (lra.naming.UNTAGGED); remove "
+                f"one of the grid's values"
+            )
         seen[j.run_dir] = j
     return primary, jobs
 
@@ -102,8 +107,10 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             except ShareError as e:
                 raise SystemExit(f"lra.sweep: {e}") from None
             if not opts["dry_run"] and any(s is None for _, s in shares):
-                raise SystemExit(f"lra.sweep: jobs_per_gpu={k} with hardware=auto: a GPU of {','.join(gpus)} did not "
-                                 "report its memory to torch.cuda; check the GPUs or name a profile (hardware=h100_80gb)")
+                raise SystemExit(
+                    f"lra.sweep: jobs_per_gpu={k} with hardware=auto: a GPU of {','.join(gpus)} did not "
+                    "report its memory to torch.cuda; check the GPUs or name a profile (hardware=h100_80gb)"
+                )
         if opts["dry_run"]:
             _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares)
             path, previous = find_manifest(folder, key, jobs, root)
@@ -112,32 +119,62 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             return 0
         with sweep_lock(folder):
             manifest, previous = find_manifest(folder, key, jobs, root)
-            head = {"grid": grid.name, "kind": "grid", "key": key, "definition": defn, "command": grid.command,
-                    "launcher": kind, "parallel": parallel, "plain_hydra_command": plain_hydra_command(grid, hydra_ovs),
-                    **({"jobs_per_gpu": k, "gpus": gpus} if k else {})}
+            head = {
+                "grid": grid.name,
+                "kind": "grid",
+                "key": key,
+                "definition": defn,
+                "command": grid.command,
+                "launcher": kind,
+                "parallel": parallel,
+                "plain_hydra_command": plain_hydra_command(grid, hydra_ovs),
+                **({"jobs_per_gpu": k, "gpus": gpus} if k else {}),
+            }
             write_manifest(manifest, head, jobs, root, previous)
             skipped = len(jobs) - len(todo)
-            print(f"lra.sweep {grid.name}: {len(jobs)} jobs, {len(todo)} to run, {skipped} skipped "
-                  f"({fmt_counts(counts(jobs))}); launcher {kind}, {parallel} at a time"
-                  + (f", {k} per GPU on GPUs {','.join(gpus)}" if k else "") + f"; manifest {manifest}",
-                  flush=True)
+            print(
+                f"lra.sweep {grid.name}: {len(jobs)} jobs, {len(todo)} to run, {skipped} skipped "
+                f"({fmt_counts(counts(jobs))}); launcher {kind}, {parallel} at a time"
+                + (f", {k} per GPU on GPUs {','.join(gpus)}" if k else "")
+                + f"; manifest {manifest}",
+                flush=True,
+            )
             stopped = None
             try:
                 if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
                     prepare_data(todo)
                 if todo:
-                    launch(composer, primary, grid, todo, kind, parallel, folder, hydra_ovs, manifest, head, jobs,
-                           root, every_s=opts["progress"] if opts["progress"] is not None else 30.0,
-                           jobs_per_gpu=k, gpus=gpus)
-            except KeyboardInterrupt as e:   # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
+                    launch(
+                        composer,
+                        primary,
+                        grid,
+                        todo,
+                        kind,
+                        parallel,
+                        folder,
+                        hydra_ovs,
+                        manifest,
+                        head,
+                        jobs,
+                        root,
+                        every_s=opts["progress"] if opts["progress"] is not None else 30.0,
+                        jobs_per_gpu=k,
+                        gpus=gpus,
+                    )
+            except KeyboardInterrupt as e:  # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
                 stopped = signal_of(e)
                 stop_jobs([j.run_dir for j in todo], stopped)
-            for j in jobs:   # each job's status as its folder says now, whatever the launcher reported
+            for j in jobs:  # each job's status as its folder says now, whatever the launcher reported
                 j.refresh()
             wall = time.time() - t0
-            inv = {"started": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
-                   "wall_s": round(wall, 1), "launched": len(todo), "skipped": skipped, "command": grid.command,
-                   **({"interrupted": signal.Signals(stopped).name} if stopped else {})}
+            inv = {
+                "started": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
+                "wall_s": round(wall, 1),
+                "launched": len(todo),
+                "skipped": skipped,
+                "command": grid.command,
+                **({"interrupted": signal.Signals(stopped).name} if stopped else {}),
+            }
             write_manifest(manifest, {**head, "invocation": inv}, jobs, root)
     if stopped:
         print(interrupted_line(grid.name, stopped, counts(jobs), grid.command), file=sys.stderr, flush=True)
@@ -153,8 +190,10 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
 
 def interrupted_line(name: str, signum: int, job_counts: dict[str, int], command: str) -> str:
     """The one line an interrupted sweep ends with: what happened, where its jobs stand, how to go on."""
-    return (f"lra.sweep {name}: interrupted by {signal.Signals(signum).name}: {fmt_counts(job_counts)}; "
-            f"resume with: {command or 'the same command'}")
+    return (
+        f"lra.sweep {name}: interrupted by {signal.Signals(signum).name}: {fmt_counts(job_counts)}; "
+        f"resume with: {command or 'the same command'}"
+    )
 
 
 def prepare_data(todo: list[Job]) -> None:
@@ -175,45 +214,68 @@ def prepare_data(todo: list[Job]) -> None:
             log.warning("could not prepare data for %s here: %s", j.task, str(e).splitlines()[0])
 
 
-def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job], kind: str, parallel: int,
-           folder: Path, hydra_ovs: list[str], manifest: Path, head: dict, jobs: list[Job], root: Path,
-           every_s: float = 30.0, jobs_per_gpu: int | None = None, gpus: list[str] | None = None) -> None:
+def launch(
+    composer: Composer,
+    primary: DictConfig,
+    grid: Grid,
+    todo: list[Job],
+    kind: str,
+    parallel: int,
+    folder: Path,
+    hydra_ovs: list[str],
+    manifest: Path,
+    head: dict,
+    jobs: list[Job],
+    root: Path,
+    every_s: float = 30.0,
+    jobs_per_gpu: int | None = None,
+    gpus: list[str] | None = None,
+) -> None:
     from hydra.core.plugins import Plugins
 
     extra = [f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}", "hydra.output_subdir=null"]
-    if jobs_per_gpu:   # run_job places each slot (and divides the memory) from these
-        extra += [f"++hydra.job.env_set.LRA_SWEEP_JOBS_PER_GPU={jobs_per_gpu}",
-                  f"++hydra.job.env_set.LRA_SWEEP_GPUS={quote(','.join(gpus or []))}"]
+    if jobs_per_gpu:  # run_job places each slot (and divides the memory) from these
+        extra += [
+            f"++hydra.job.env_set.LRA_SWEEP_JOBS_PER_GPU={jobs_per_gpu}",
+            f"++hydra.job.env_set.LRA_SWEEP_GPUS={quote(','.join(gpus or []))}",
+        ]
     if kind in ("local", "slurm"):
         if not any(o.startswith("hydra.launcher.submitit_folder=") for o in hydra_ovs):
             extra.append(f"hydra.launcher.submitit_folder={quote(folder / '.submitit' / '%j')}")
         extra += _resources(kind, primary, todo, hydra_ovs, parallel)
-    primary = composer.primary(list(primary.hydra.overrides.hydra) + extra + list(primary.hydra.overrides.task),
-                               logging=True)
+    primary = composer.primary(
+        list(primary.hydra.overrides.hydra) + extra + list(primary.hydra.overrides.task), logging=True
+    )
     ctx = composer.context(primary)
     ctx.callbacks.on_multirun_start(config=primary, config_name="config")
     launcher = Plugins.instance().instantiate_launcher(hydra_context=ctx, task_function=run_job, config=primary)
     OmegaConf.save(primary, folder / f"multirun-{head['key']}.yaml")
     size = len(todo) if kind == "slurm" else (parallel if kind == "local" else 1)
     slots = (parallel if parallel > 1 else len(todo)) if kind == "slurm" else size
-    watch = GridWatch([j.run_dir for j in todo], Progress(f"lra.sweep {grid.name}", parallel=slots,
-                                                           every_s=every_s), since=time.time() - 5)
+    watch = GridWatch(
+        [j.run_dir for j in todo],
+        Progress(f"lra.sweep {grid.name}", parallel=slots, every_s=every_s),
+        since=time.time() - 5,
+    )
     watch.start()
     idx = 0
     try:
         with ctrl_c_to_the_driver(kind == "local"):
             for start in range(0, len(todo), size):
-                batch = todo[start:start + size]
+                batch = todo[start : start + size]
                 try:
                     launcher.launch([j.overrides for j in batch], initial_job_idx=idx)
                 except Exception as e:  # noqa: BLE001 - a job killed hard (OOM, node lost): the others go on
-                    log.error("a job of this batch died without a result (%s: %s); its folder keeps what it wrote",
-                              type(e).__name__, e)
+                    log.error(
+                        "a job of this batch died without a result (%s: %s); its folder keeps what it wrote",
+                        type(e).__name__,
+                        e,
+                    )
                 idx += len(batch)
                 for j in batch:
                     j.refresh()
                 write_manifest(manifest, head, jobs, root)
-    finally:   # interrupted too: no progress line after the sweep's last word
+    finally:  # interrupted too: no progress line after the sweep's last word
         watch.stop()
     watch.tick()
     ctx.callbacks.on_multirun_end(config=primary, config_name="config")
@@ -222,7 +284,11 @@ def launch(composer: Composer, primary: DictConfig, grid: Grid, todo: list[Job],
 def _resources(kind: str, primary: DictConfig, todo: list[Job], hydra_ovs: list[str], parallel: int) -> list[str]:
     given = {o.split("=", 1)[0] for o in hydra_ovs}
     out = []
-    if kind == "local" and "hydra.launcher.gpus_per_node" not in given and primary.hydra.launcher.get("gpus_per_node") is None:
+    if (
+        kind == "local"
+        and "hydra.launcher.gpus_per_node" not in given
+        and primary.hydra.launcher.get("gpus_per_node") is None
+    ):
         gpus = gpu_count()  # submitit_local hides every GPU unless told how many the job gets
         if gpus:
             out.append(f"hydra.launcher.gpus_per_node={gpus}")
@@ -232,7 +298,7 @@ def _resources(kind: str, primary: DictConfig, todo: list[Job], hydra_ovs: list[
         devices = {str(o.split("=", 1)[1]) for j in todo for o in j.overrides if o.startswith("trainer.devices=")}
         if len(devices) == 1:
             n = devices.pop()
-            if n.isdigit() and int(n) > 1:   # Lightning on SLURM: one task per device
+            if n.isdigit() and int(n) > 1:  # Lightning on SLURM: one task per device
                 for key in ("tasks_per_node", "gpus_per_node"):
                     if f"hydra.launcher.{key}" not in given:
                         out.append(f"hydra.launcher.{key}={n}")
@@ -244,31 +310,44 @@ def fmt_counts(c: dict[str, int]) -> str:
 
 
 def _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, jobs_per_gpu=None, gpus=(), shares=None) -> None:
-    print(f"grid {grid.name}: {len(jobs)} jobs ({fmt_counts(counts(jobs))}); would run {len(todo)} with "
-          f"launcher {kind}, {parallel} at a time"
-          + (f", {jobs_per_gpu} per GPU on GPUs {','.join(gpus)} (slot s on GPU s // {jobs_per_gpu}; each run "
-             f"hardware.total_gib = total / {jobs_per_gpu}, fit budget (total - {jobs_per_gpu} x context) / "
-             f"({jobs_per_gpu} x (1 + margin)))" if jobs_per_gpu else ""))
+    print(
+        f"grid {grid.name}: {len(jobs)} jobs ({fmt_counts(counts(jobs))}); would run {len(todo)} with "
+        f"launcher {kind}, {parallel} at a time"
+        + (
+            f", {jobs_per_gpu} per GPU on GPUs {','.join(gpus)} (slot s on GPU s // {jobs_per_gpu}; each run "
+            f"hardware.total_gib = total / {jobs_per_gpu}, fit budget (total - {jobs_per_gpu} x context) / "
+            f"({jobs_per_gpu} x (1 + margin)))"
+            if jobs_per_gpu
+            else ""
+        )
+    )
     placed = dict(zip(map(id, todo), shares or []))
     for j in jobs:
         where = rel_path(j.run_dir, root) if j.run_dir else f"{' '.join(j.overrides)}: {j.error}"
-        print(f"  {'run ' if j in todo else 'skip'} {j.status if not j.error else 'invalid':12s} {where}"
-              + (_fmt_share(*placed[id(j)]) if id(j) in placed else ""))
-    print("plain Hydra equivalent (no manifest, finished runs return at once):\n  "
-          + plain_hydra_command(grid, hydra_ovs))
+        print(
+            f"  {'run ' if j in todo else 'skip'} {j.status if not j.error else 'invalid':12s} {where}"
+            + (_fmt_share(*placed[id(j)]) if id(j) in placed else "")
+        )
+    print(
+        "plain Hydra equivalent (no manifest, finished runs return at once):\n  " + plain_hydra_command(grid, hydra_ovs)
+    )
 
 
 def _fmt_share(gpu: str, share: dict | None) -> str:
     if share is None:
         return f"  [GPU {gpu}; hardware=auto: budget from the GPU's memory at run time]"
-    return (f"  [GPU {gpu}; hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB, "
-            f"allocator limit {share['limit_gib']:.2f} GiB]")
+    return (
+        f"  [GPU {gpu}; hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB, "
+        f"allocator limit {share['limit_gib']:.2f} GiB]"
+    )
 
 
 def _print_summary(grid, jobs, todo, root, manifest, wall) -> None:
     c = counts(jobs)
-    print(f"\nlra.sweep {grid.name}: {len(jobs)} jobs in {wall:.0f} s: {fmt_counts(c)} "
-          f"({len(todo)} launched this time)")
+    print(
+        f"\nlra.sweep {grid.name}: {len(jobs)} jobs in {wall:.0f} s: {fmt_counts(c)} "
+        f"({len(todo)} launched this time)"
+    )
     for j in jobs:
         if j.error:
             print(f"  invalid  {' '.join(j.overrides)}: {j.error}")

@@ -22,14 +22,14 @@ log = logging.getLogger("lra.sweep")
 @dataclass
 class Grid:
     name: str
-    overrides: dict[str, str]            # key -> "key=value", fixed for every job
-    axes: dict[str, list[str]]           # key -> ["key=v1", "key=v2", ...]
-    launcher: str | None = None          # conf/hydra/launcher entry (None: Hydra's basic launcher)
+    overrides: dict[str, str]  # key -> "key=value", fixed for every job
+    axes: dict[str, list[str]]  # key -> ["key=v1", "key=v2", ...]
+    launcher: str | None = None  # conf/hydra/launcher entry (None: Hydra's basic launcher)
     parallel: int = 1
-    jobs_per_gpu: int | None = None      # k runs share each GPU (None: each parallel job its own GPUs)
-    search: dict | None = None           # {sweeper, n_trials, params: {key: "interval(..)"}}
+    jobs_per_gpu: int | None = None  # k runs share each GPU (None: each parallel job its own GPUs)
+    search: dict | None = None  # {sweeper, n_trials, params: {key: "interval(..)"}}
     doc: str = ""
-    command: str = ""                    # the lra.sweep command line that runs it (apply_cli): the resume line
+    command: str = ""  # the lra.sweep command line that runs it (apply_cli): the resume line
 
     def jobs(self) -> list[list[str]]:
         fixed = [v for k, v in self.overrides.items() if k not in self.axes]
@@ -49,8 +49,9 @@ def _scalar(v) -> str:
 def load_grid(name: str) -> Grid:
     path = GRID_DIR / f"{name}.yaml"
     if not path.exists():
-        raise SystemExit(f"lra.sweep: no grid {name!r} (conf/sweep/{name}.yaml); available: "
-                         f"{', '.join(available_grids())}")
+        raise SystemExit(
+            f"lra.sweep: no grid {name!r} (conf/sweep/{name}.yaml); available: " f"{', '.join(available_grids())}"
+        )
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
     unknown = set(raw) - {"overrides", "grid", "launcher", "parallel", "jobs_per_gpu", "search"}
     if unknown:
@@ -58,13 +59,23 @@ def load_grid(name: str) -> Grid:
     fixed: dict[str, str] = {}
     for line in raw.get("overrides") or []:
         fixed[_key_of(line)] = str(line)
-    axes = {str(k): [f"{k}={_scalar(v)}" for v in (vals if isinstance(vals, list) else [vals])]
-            for k, vals in (raw.get("grid") or {}).items()}
+    axes = {
+        str(k): [f"{k}={_scalar(v)}" for v in (vals if isinstance(vals, list) else [vals])]
+        for k, vals in (raw.get("grid") or {}).items()
+    }
     doc = "\n".join(l[2:] for l in path.read_text().splitlines() if l.startswith("# "))
-    return Grid(name=name, overrides=fixed, axes=axes, launcher=raw.get("launcher"),
-                parallel=int(raw.get("parallel") or 1), search=raw.get("search"), doc=doc,
-                jobs_per_gpu=_positive_int("jobs_per_gpu", raw["jobs_per_gpu"]) if raw.get("jobs_per_gpu") is not None
-                else None)
+    return Grid(
+        name=name,
+        overrides=fixed,
+        axes=axes,
+        launcher=raw.get("launcher"),
+        parallel=int(raw.get("parallel") or 1),
+        search=raw.get("search"),
+        doc=doc,
+        jobs_per_gpu=_positive_int("jobs_per_gpu", raw["jobs_per_gpu"])
+        if raw.get("jobs_per_gpu") is not None
+        else None,
+    )
 
 
 def override_parser():
@@ -80,8 +91,10 @@ def _parse(parser, line: str):
     try:
         return parser.parse_override(str(line))
     except HydraException as e:
-        raise SystemExit(f"lra.sweep: {line!r} is not an override ({str(e).splitlines()[0]}); give key=value, "
-                         "a list key=a,b or a sweep key=range(0,3)") from None
+        raise SystemExit(
+            f"lra.sweep: {line!r} is not an override ({str(e).splitlines()[0]}); give key=value, "
+            "a list key=a,b or a sweep key=range(0,3)"
+        ) from None
 
 
 def _key_of(line: str) -> str:
@@ -89,7 +102,7 @@ def _key_of(line: str) -> str:
 
 
 # ----------------------------------------------------------------------------- which sweep this is
-NOT_DEFINING = ("force", "name")   # re-runs the same jobs (a name is a label): the same sweep
+NOT_DEFINING = ("force", "name")  # re-runs the same jobs (a name is a label): the same sweep
 LAUNCH_ONLY = ("hydra/launcher", "hydra.launcher.", "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging")
 
 
@@ -115,8 +128,13 @@ def definition(grid: Grid, hydra_ovs: list[str]) -> dict:
             axes[k] = canon
     fixed = {k: v for k, v in fixed.items() if k.lstrip("+~") not in NOT_DEFINING}
     hydra = sorted(o for o in hydra_ovs if not o.lstrip("+~").startswith(LAUNCH_ONLY))
-    return {"kind": "grid", "grid": grid.name, "fixed": dict(sorted(fixed.items())),
-            "axes": dict(sorted(axes.items())), "hydra": hydra}
+    return {
+        "kind": "grid",
+        "grid": grid.name,
+        "fixed": dict(sorted(fixed.items())),
+        "axes": dict(sorted(axes.items())),
+        "hydra": hydra,
+    }
 
 
 def sweep_key(defn: dict) -> str:
@@ -141,7 +159,7 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
             elif key == "progress":
                 opts[key] = _seconds(key, value)
             continue
-        if grid.search is not None and arg.lstrip("~").startswith("search."):   # the search block itself
+        if grid.search is not None and arg.lstrip("~").startswith("search."):  # the search block itself
             grid.search = _edit_search(grid.search, arg)
             continue
         ov = _parse(parser, arg)
@@ -149,19 +167,21 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
         if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
             hydra_ovs.append(arg)
         elif ov.is_sweep_override():
-            if grid.search is not None:   # a search-space entry (choice, range, interval): lra.search reads it
+            if grid.search is not None:  # a search-space entry (choice, range, interval): lra.search reads it
                 grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
                 grid.overrides.pop(k, None)
                 continue
             if not ov.is_discrete_sweep():
-                raise SystemExit(f"lra.sweep: {arg!r}: a grid takes lists of values (a,b,c or range()); "
-                                 "intervals belong to a search")
+                raise SystemExit(
+                    f"lra.sweep: {arg!r}: a grid takes lists of values (a,b,c or range()); "
+                    "intervals belong to a search"
+                )
             grid.axes[k] = [f"{k}={v}" for v in ov.sweep_string_iterator()]
             grid.overrides.pop(k, None)
         else:
             if k in grid.axes:
                 del grid.axes[k]
-            if grid.search is not None:   # a fixed value replaces that search parameter
+            if grid.search is not None:  # a fixed value replaces that search parameter
                 params = grid.search.get("params") or {}
                 for name in [n for n in params if n.lstrip("+~") == k.lstrip("+~")]:
                     del params[name]
@@ -194,7 +214,7 @@ def _seconds(key: str, value: str) -> float:
         x = float(value)
     except ValueError:
         x = float("nan")
-    if not (x >= 0 and x != float("inf")):   # NaN fails every comparison: refused with the rest
+    if not (x >= 0 and x != float("inf")):  # NaN fails every comparison: refused with the rest
         raise SystemExit(f"lra.sweep: {key}={value}: give a number of seconds >= 0 (0: a line on changes only)")
     return x
 
@@ -202,9 +222,9 @@ def _seconds(key: str, value: str) -> float:
 def _edit_search(search: dict, arg: str) -> dict:
     """``search.pruner.name=hyperband`` sets, ``~search.pruner.n_startup_trials`` deletes a key of the block."""
     key, _, value = arg.lstrip("~").partition("=")
-    if key.startswith("search.params."):   # a parameter's name holds dots (train.lr): one key
+    if key.startswith("search.params."):  # a parameter's name holds dots (train.lr): one key
         params = dict(search.get("params") or {})
-        name = key[len("search.params."):]
+        name = key[len("search.params.") :]
         if arg.startswith("~"):
             if name not in params:
                 raise SystemExit(f"lra.sweep: {arg!r}: the search has no parameter {name!r} ({', '.join(params)})")

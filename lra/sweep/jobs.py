@@ -49,10 +49,20 @@ def run_job(cfg: DictConfig) -> float | None:
     if tag is not None and info.get("run_tag") not in (None, tag):  # run_tag names the folder: never happens
         raise RuntimeError(f"run folder collision: {run_dir} holds a run of [{info['run_tag']}], this job is [{tag}]")
     if rank0:
-        info.update(attempts=int(info.get("attempts", 0)) + 1, host=socket.gethostname(), pid=os.getpid(),
-                    slurm_job=_slurm_job_id(), started=now_iso(), t_start=time.time(), finished=None, t_end=None,
-                    returncode=None,
-                    overrides=overrides, override_dirname=name, run_tag=tag)
+        info.update(
+            attempts=int(info.get("attempts", 0)) + 1,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            slurm_job=_slurm_job_id(),
+            started=now_iso(),
+            t_start=time.time(),
+            finished=None,
+            t_end=None,
+            returncode=None,
+            overrides=overrides,
+            override_dirname=name,
+            run_tag=tag,
+        )
         write_json(marker, info)
     env = dict(os.environ)
     extra = assign_gpus(env, int(hc.job.get("num") or 0), cfg)
@@ -65,7 +75,7 @@ def run_job(cfg: DictConfig) -> float | None:
         rc = proc.wait()
     except BaseException:  # Ctrl-C, a scheduler's signal: let lra.train write its "interrupted" record
         with contextlib.suppress(Exception):
-            proc.wait(timeout=5)          # a Ctrl-C reached it too
+            proc.wait(timeout=5)  # a Ctrl-C reached it too
         with contextlib.suppress(Exception):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -79,8 +89,10 @@ def run_job(cfg: DictConfig) -> float | None:
             write_json(marker, info)
     rec = read_record(run_dir) or {}
     if rc != 0 or rec.get("status") not in FINISHED:
-        raise RuntimeError(f"lra.train exited {rc}, status {rec.get('status')!r}: {rec.get('reason')} "
-                           f"(log: {run_dir / 'train.log'})")
+        raise RuntimeError(
+            f"lra.train exited {rc}, status {rec.get('status')!r}: {rec.get('reason')} "
+            f"(log: {run_dir / 'train.log'})"
+        )
     return rec.get("best_val_acc")
 
 
@@ -90,7 +102,7 @@ def ctrl_c_for_the_run() -> None:
     here (a handler is reset to the default in an exec'd child; this process just waits for lra.train
     and reports how it ended)."""
     if os.environ.get("SUBMITIT_EXECUTOR") != "local" or threading.current_thread() is not threading.main_thread():
-        return   # the basic launcher runs jobs in the driver: its Ctrl-C handling is the driver's
+        return  # the basic launcher runs jobs in the driver: its Ctrl-C handling is the driver's
     if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
         signal.signal(signal.SIGINT, lambda signum, frame: None)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -126,18 +138,26 @@ def assign_gpus(env: dict, job_num: int, cfg: DictConfig) -> list[str]:
         gpu = gpu_of_slot(job_num % parallel, k, gpus)
         share = job_share(hw_of(cfg), k, gpu, total_of=lambda g: device_total_gib(g, env))
         if share is None:
-            raise ShareError(f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
-                             "(e.g. hardware=h100_80gb)")
+            raise ShareError(
+                f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
+                "(e.g. hardware=h100_80gb)"
+            )
         env["CUDA_VISIBLE_DEVICES"] = gpu
         env[MEMORY_LIMIT_ENV] = f"{share['limit_gib']:.6f}"
-        log.info("GPU %s shared by up to %d runs: hardware.total_gib=%s (fit budget %.2f GiB), allocator limit "
-                 "%.2f GiB", gpu, k, share["total_gib"], share["budget_gib"], share["limit_gib"])
+        log.info(
+            "GPU %s shared by up to %d runs: hardware.total_gib=%s (fit budget %.2f GiB), allocator limit " "%.2f GiB",
+            gpu,
+            k,
+            share["total_gib"],
+            share["budget_gib"],
+            share["limit_gib"],
+        )
         return [f"hardware.total_gib={share['total_gib']}"]
     visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     per_job = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) and cfg.trainer.devices > 0 else 1
     if parallel > 1 and env.get("SUBMITIT_EXECUTOR") == "local" and len(visible) >= parallel * per_job:
         slot = job_num % parallel
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[slot * per_job:(slot + 1) * per_job])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[slot * per_job : (slot + 1) * per_job])
     return []
 
 
@@ -164,8 +184,9 @@ def alive(info: dict | None) -> bool:
         return False
     if info.get("slurm_job"):
         try:
-            out = subprocess.run(["squeue", "-h", "-j", str(info["slurm_job"])], capture_output=True, text=True,
-                                 timeout=30)
+            out = subprocess.run(
+                ["squeue", "-h", "-j", str(info["slurm_job"])], capture_output=True, text=True, timeout=30
+            )
             return out.returncode == 0 and bool(out.stdout.strip())
         except (OSError, subprocess.SubprocessError):
             return False
@@ -178,8 +199,9 @@ def alive(info: dict | None) -> bool:
     return True
 
 
-def stop_jobs(run_dirs: list[Path], signum: int, grace_s: float | None = None, wait_s: float = 60.0,
-              poll_s: float = 0.2) -> list[int]:
+def stop_jobs(
+    run_dirs: list[Path], signum: int, grace_s: float | None = None, wait_s: float = 60.0, poll_s: float = 0.2
+) -> list[int]:
     """After the driver was interrupted: give the runs still holding their folders ``grace_s`` to end by
     themselves (a Ctrl-C, ``timeout`` or a scheduler signals the whole process group: each lra.train
     writes its ``interrupted`` record), then send ``signum`` to those still there (the driver alone was
@@ -191,7 +213,7 @@ def stop_jobs(run_dirs: list[Path], signum: int, grace_s: float | None = None, w
     def holders() -> dict[Path, int]:
         return {d: pid for d in run_dirs if (pid := holder_pid(d)) is not None}
 
-    def busy() -> bool:   # a run, or the job process around it that has yet to mark its folder finished
+    def busy() -> bool:  # a run, or the job process around it that has yet to mark its folder finished
         return bool(holders()) or any(_job_here(read_json(d / MARKER)) for d in run_dirs)
 
     deadline = time.monotonic() + grace_s
@@ -224,7 +246,7 @@ def run_status(run_dir: Path) -> tuple[str, dict]:
         return rec["status"], rec
     if alive(read_json(run_dir / MARKER)):
         return "running", rec
-    if rec.get("status") and rec["status"] != "running":   # "running" with nobody on it: killed
+    if rec.get("status") and rec["status"] != "running":  # "running" with nobody on it: killed
         return rec["status"], rec
     if (run_dir / MARKER).exists() or (run_dir / "checkpoints").exists():
         return "interrupted", rec

@@ -27,8 +27,8 @@ class Job:
     error: str | None = None
     status: str = "pending"
     record: dict = field(default_factory=dict)
-    data: tuple | None = None            # (task config, data root): what lra.data prepares for it
-    hw: dict | None = None               # its hardware profile and trainer.devices (jobs_per_gpu shares)
+    data: tuple | None = None  # (task config, data root): what lra.data prepares for it
+    hw: dict | None = None  # its hardware profile and trainer.devices (jobs_per_gpu shares)
 
     def refresh(self) -> None:
         if self.run_dir is not None:
@@ -37,11 +37,21 @@ class Job:
     def row(self, root: Path) -> dict:
         r = self.record
         marker = read_json(self.run_dir / MARKER) if self.run_dir else None
-        return {"run_dir": rel_path(self.run_dir, root) if self.run_dir else None, "overrides": self.overrides,
-                "task": self.task, "attn": self.attn, "seed": self.seed, "status": self.status,
-                "error": self.error, "reason": r.get("reason"), "test_acc": r.get("test_acc"),
-                "best_val_acc": r.get("best_val_acc"), "steps": r.get("steps"),
-                "train_time_s": r.get("train_time_s"), "attempts": (marker or {}).get("attempts", 0)}
+        return {
+            "run_dir": rel_path(self.run_dir, root) if self.run_dir else None,
+            "overrides": self.overrides,
+            "task": self.task,
+            "attn": self.attn,
+            "seed": self.seed,
+            "status": self.status,
+            "error": self.error,
+            "reason": r.get("reason"),
+            "test_acc": r.get("test_acc"),
+            "best_val_acc": r.get("best_val_acc"),
+            "steps": r.get("steps"),
+            "train_time_s": r.get("train_time_s"),
+            "attempts": (marker or {}).get("attempts", 0),
+        }
 
 
 def rel_path(path: Path, root: Path) -> str:
@@ -72,21 +82,32 @@ def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path) -> tuple[
     if path.exists():
         return path, read_json(path) or {}
     legacy = read_json(folder / LEGACY_MANIFEST) or {}
-    ours = _job_ids([{"run_dir": rel_path(j.run_dir, root) if j.run_dir else None, "overrides": j.overrides}
-                     for j in jobs])
+    ours = _job_ids(
+        [{"run_dir": rel_path(j.run_dir, root) if j.run_dir else None, "overrides": j.overrides} for j in jobs]
+    )
     if legacy.get("kind", "grid") == "grid" and legacy.get("jobs") and _job_ids(legacy["jobs"]) == ours:
-        return path, {"created": legacy.get("created"), "invocations": legacy.get("invocations", []),
-                      "migrated_from": LEGACY_MANIFEST}
+        return path, {
+            "created": legacy.get("created"),
+            "invocations": legacy.get("invocations", []),
+            "migrated_from": LEGACY_MANIFEST,
+        }
     return path, {}
 
 
 def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path, previous: dict | None = None) -> None:
     """Every job's row as its folder says now; ``previous``: what to carry over when ``path`` is new."""
     old = read_json(path) or previous or {}
-    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created") or now_iso(), "updated": now_iso(),
-            "runs_root": str(root), **head, "invocations": old.get("invocations", []),
-            **({"migrated_from": old["migrated_from"]} if old.get("migrated_from") else {}),
-            "counts": counts(jobs), "jobs": [j.row(root) for j in jobs]}
+    body = {
+        "schema_version": MANIFEST_VERSION,
+        "created": old.get("created") or now_iso(),
+        "updated": now_iso(),
+        "runs_root": str(root),
+        **head,
+        "invocations": old.get("invocations", []),
+        **({"migrated_from": old["migrated_from"]} if old.get("migrated_from") else {}),
+        "counts": counts(jobs),
+        "jobs": [j.row(root) for j in jobs],
+    }
     if head.get("invocation"):
         body["invocations"] = body["invocations"] + [head["invocation"]]
         del body["invocation"]

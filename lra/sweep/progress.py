@@ -41,16 +41,18 @@ class Progress:
         self._last: tuple | None = None
         self._t = -float("inf")
 
-    def update(self, done: int, running: int, failed: int, pending: int, durations=(),
-               running_elapsed=()) -> str | None:
+    def update(
+        self, done: int, running: int, failed: int, pending: int, durations=(), running_elapsed=()
+    ) -> str | None:
         counts = (done, running, failed, pending)
         now = self.clock()
         if counts == self._last and (self.every_s <= 0 or now - self._t < self.every_s):
             return None
         mean = sum(durations) / len(durations) if durations else None
         eta = eta_s(pending, self.parallel, durations, running_elapsed)
-        line = (f"[{self.label}] {done} done, {running} running, {failed} failed, {pending} pending; "
-                + (f"mean {fmt_s(mean)}/job, ETA {fmt_s(eta)}" if mean is not None else "ETA after the first job"))
+        line = f"[{self.label}] {done} done, {running} running, {failed} failed, {pending} pending; " + (
+            f"mean {fmt_s(mean)}/job, ETA {fmt_s(eta)}" if mean is not None else "ETA after the first job"
+        )
         self.emit(line)
         self._last, self._t = counts, now
         return line
@@ -82,13 +84,18 @@ class GridWatch(threading.Thread):
         for d in self.run_dirs:
             state, secs = job_progress(d, self.since, now)
             states[state].append(secs)
-        return self.progress.update(len(states["done"]), len(states["running"]), len(states["failed"]),
-                                    len(states["pending"]), durations=states["done"],
-                                    running_elapsed=states["running"])
+        return self.progress.update(
+            len(states["done"]),
+            len(states["running"]),
+            len(states["failed"]),
+            len(states["pending"]),
+            durations=states["done"],
+            running_elapsed=states["running"],
+        )
 
     def run(self) -> None:
         while not self._halt.wait(self.poll_s):
-            with contextlib.suppress(Exception):   # a half-visible file on a network disk: next tick
+            with contextlib.suppress(Exception):  # a half-visible file on a network disk: next tick
                 self.tick()
 
     def stop(self) -> None:

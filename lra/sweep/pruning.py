@@ -94,8 +94,15 @@ def pruned_info(run_dir: Path) -> dict | None:
 class OptunaPruning(Callback):
     """Report the monitored metric to an Optuna trial after every validation; stop when pruned."""
 
-    def __init__(self, storage: str, study_name: str, trial_number: int, monitor: str = "val/acc",
-                 grid: str | None = None, params: dict | str | None = None):
+    def __init__(
+        self,
+        storage: str,
+        study_name: str,
+        trial_number: int,
+        monitor: str = "val/acc",
+        grid: str | None = None,
+        params: dict | str | None = None,
+    ):
         self.storage, self.study_name, self.trial_number = str(storage), str(study_name), int(trial_number)
         self.monitor, self.grid = monitor, (None if grid is None else str(grid))
         # the sampled values come as JSON: a key such as ++attn.options.k is no Hydra dict key
@@ -117,13 +124,20 @@ class OptunaPruning(Callback):
             if value is not None:
                 value, step = float(value), int(trainer.global_step)
                 trial = self._handle()
-                trial.report(value, step)   # a resumed run reports a step again: Optuna keeps the first
+                trial.report(value, step)  # a resumed run reports a step again: Optuna keeps the first
                 prune = trial.should_prune()
                 if prune:
                     log.info("trial %d pruned at step %d (%s %.4f)", self.trial_number, step, self.monitor, value)
-                    write_json(Path(trainer.default_root_dir) / PRUNED_FILE,
-                                      {"trial": self.trial_number, "study": self.study_name, "step": step,
-                                       "value": value, "monitor": self.monitor})
+                    write_json(
+                        Path(trainer.default_root_dir) / PRUNED_FILE,
+                        {
+                            "trial": self.trial_number,
+                            "study": self.study_name,
+                            "step": step,
+                            "value": value,
+                            "monitor": self.monitor,
+                        },
+                    )
         prune = bool(trainer.strategy.broadcast(prune, src=0))
         if prune:
             self.pruned_at = int(trainer.global_step)
@@ -132,8 +146,12 @@ class OptunaPruning(Callback):
     def record_fields(self) -> dict:
         """What the run record says of this trial: which one it is (``search``, pruned or not), and if pruned,
         at which step (the collector treats it as an early stop)."""
-        search = {"study": self.study_name, "trial": self.trial_number, "grid": self.grid,
-                  "params": self.params, "objective": OBJECTIVE}
+        search = {
+            "study": self.study_name,
+            "trial": self.trial_number,
+            "grid": self.grid,
+            "params": self.params,
+            "objective": OBJECTIVE,
+        }
         pruned = {} if self.pruned_at is None else {"stop_reason": "pruned", "pruned_at_step": self.pruned_at}
         return {"search": search, **pruned}
-

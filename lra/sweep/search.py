@@ -76,8 +76,10 @@ def parse_space(params: dict) -> dict[str, optuna.distributions.BaseDistribution
         try:
             ov = override_parser().parse_override(f"{key}={spec}")
         except Exception as e:  # noqa: BLE001 - Hydra's grammar error, told in one line
-            raise SystemExit(f"lra.sweep: search.params.{key}={spec!r} does not parse ({str(e).splitlines()[0]}); "
-                             "use choice(a,b), range(lo,hi,step=s), interval(lo,hi) or tag(log, interval(lo,hi))")
+            raise SystemExit(
+                f"lra.sweep: search.params.{key}={spec!r} does not parse ({str(e).splitlines()[0]}); "
+                "use choice(a,b), range(lo,hi,step=s), interval(lo,hi) or tag(log, interval(lo,hi))"
+            )
         sweep = ov.value()
         kind = type(sweep).__name__
         if kind == "ChoiceSweep":
@@ -93,11 +95,14 @@ def parse_space(params: dict) -> dict[str, optuna.distributions.BaseDistribution
         elif kind == "IntervalSweep":
             space[key] = FloatDistribution(float(sweep.start), float(sweep.end), log="log" in sweep.tags)
         else:
-            raise SystemExit(f"lra.sweep: search.params.{key}={spec!r} is one value, not a range to search; "
-                             "put fixed values in `overrides`")
+            raise SystemExit(
+                f"lra.sweep: search.params.{key}={spec!r} is one value, not a range to search; "
+                "put fixed values in `overrides`"
+            )
     if not space:
-        raise SystemExit("lra.sweep: the search has no params; add search.params (e.g. train.lr: "
-                         "tag(log, interval(1e-5, 3e-3)))")
+        raise SystemExit(
+            "lra.sweep: the search has no params; add search.params (e.g. train.lr: " "tag(log, interval(1e-5, 3e-3)))"
+        )
     return space
 
 
@@ -119,14 +124,15 @@ class ProcessRunner:
 class Active:
     number: int
     run_dir: Path
-    proc: object                      # Popen-like: poll(), send_signal(), wait(), pid
+    proc: object  # Popen-like: poll(), send_signal(), wait(), pid
     t_start: float
-    slot: int = 0                     # 0 <= slot < parallel: which GPU(s) it holds
+    slot: int = 0  # 0 <= slot < parallel: which GPU(s) it holds
 
 
 @dataclass
 class Search:
     """One study and the plumbing around it (what :func:`drive` needs, built by :func:`prepare`)."""
+
     name: str
     storage: str
     folder: Path
@@ -135,20 +141,20 @@ class Search:
     fixed: list[str]
     target: int
     parallel: int
-    job_dir: Callable[[list[str]], Path]          # overrides -> the run folder lra.train will use
+    job_dir: Callable[[list[str]], Path]  # overrides -> the run folder lra.train will use
     hydra_ovs: list[str] = field(default_factory=list)
     sampler: dict = field(default_factory=dict)
     pruner: dict = field(default_factory=lambda: dict(DEFAULT_PRUNER))
     tag: str = ""
-    jobs_per_gpu: int | None = None   # k trials share each GPU of ``gpus`` (lra.sweep's jobs_per_gpu)
+    jobs_per_gpu: int | None = None  # k trials share each GPU of ``gpus`` (lra.sweep's jobs_per_gpu)
     gpus: list[str] = field(default_factory=list)
-    hw: dict = field(default_factory=dict)   # the trials' hardware profile (their share is computed from it)
-    legacy_name: str | None = None    # the study's name before keys (continued when its fixed overrides match)
-    key: str = ""                     # lra.sweep.sweep_key of ``definition``: in the study's and manifest's names
-    started: list[int] = field(default_factory=list)   # trials this driver launched (the invocation's count)
+    hw: dict = field(default_factory=dict)  # the trials' hardware profile (their share is computed from it)
+    legacy_name: str | None = None  # the study's name before keys (continued when its fixed overrides match)
+    key: str = ""  # lra.sweep.sweep_key of ``definition``: in the study's and manifest's names
+    started: list[int] = field(default_factory=list)  # trials this driver launched (the invocation's count)
     definition: dict = field(default_factory=dict)
-    command: str = ""                 # the lra.sweep command line (the resume line)
-    grid: str = ""                    # the search file (conf/sweep/<grid>.yaml), for the trials' records
+    command: str = ""  # the lra.sweep command line (the resume line)
+    grid: str = ""  # the search file (conf/sweep/<grid>.yaml), for the trials' records
 
     @property
     def manifest(self) -> Path:
@@ -180,7 +186,7 @@ def open_study(s: Search) -> optuna.Study:
         name = str(spec.pop("name", "tpe"))
         if name not in SAMPLERS:
             raise SystemExit(f"lra.sweep: search.sampler.name={name!r}: allowed {', '.join(SAMPLERS)}")
-        if spec.get("seed") is not None:   # a continued study must not replay the first invocation's draws
+        if spec.get("seed") is not None:  # a continued study must not replay the first invocation's draws
             spec["seed"] = int(spec["seed"]) + n
         study.sampler = SAMPLERS[name](**spec)
         study.pruner = make_pruner(s.pruner)
@@ -192,7 +198,7 @@ def open_study(s: Search) -> optuna.Study:
 def recover(study: optuna.Study) -> list[int]:
     """Trials left RUNNING by a killed driver (the sweep lock says no driver is live): FAIL, marked
     ``interrupted``, and their parameters enqueued again (the same run folder: lra.train resumes it)."""
-    storage = study._storage          # noqa: SLF001 - the study's own storage object (public API on it)
+    storage = study._storage  # noqa: SLF001 - the study's own storage object (public API on it)
     sid = storage.get_study_id_from_name(study.study_name)
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -203,7 +209,7 @@ def recover(study: optuna.Study) -> list[int]:
 
 def requeue(study: optuna.Study, trial, tid: int, status: str | None = None) -> None:
     """An interrupted trial: FAIL, marked ``interrupted`` (it does not count), its parameters enqueued again."""
-    storage = study._storage          # noqa: SLF001
+    storage = study._storage  # noqa: SLF001
     storage.set_trial_user_attr(tid, "interrupted", True)
     if status:
         storage.set_trial_user_attr(tid, "status", status)
@@ -215,15 +221,18 @@ def requeue(study: optuna.Study, trial, tid: int, status: str | None = None) -> 
 
 def counted(study: optuna.Study) -> list:
     """The trials that make up ``n_trials``: all but interrupted ones (re-queued) and the queue itself."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING
+    ]
 
 
 def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | None) -> TrialState:
     """Tell the study how trial ``number`` ended, from what its run left in ``run_dir``."""
     status, rec = run_status(run_dir)
     pruned = pruned_info(run_dir)
-    storage = study._storage          # noqa: SLF001
+    storage = study._storage  # noqa: SLF001
     tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
     storage.set_trial_user_attr(tid, "status", status)
     storage.set_trial_user_attr(tid, "returncode", returncode)
@@ -242,8 +251,17 @@ def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | No
 
 
 def trial_command(s: Search, number: int, params: dict, run_dir: Path, extra: list[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "lra.train", *s.fixed, *param_overrides(params), *s.hydra_ovs, *extra,
-            *pruning_callback(s, number, params), f"hydra.run.dir={quote(run_dir)}"]
+    return [
+        sys.executable,
+        "-m",
+        "lra.train",
+        *s.fixed,
+        *param_overrides(params),
+        *s.hydra_ovs,
+        *extra,
+        *pruning_callback(s, number, params),
+        f"hydra.run.dir={quote(run_dir)}",
+    ]
 
 
 def pruning_callback(s: Search, number: int, params: dict | None = None) -> list[str]:
@@ -251,10 +269,14 @@ def pruning_callback(s: Search, number: int, params: dict | None = None) -> list
     (``callbacks.<name>._target_``): the run knows nothing of searches. ``params`` (the sampled values) go as
     JSON: a key such as ``++attn.options.k`` is no Hydra dict key."""
     node = "+callbacks.optuna_pruning"
-    return [f"{node}._target_={OptunaPruning.__module__}.{OptunaPruning.__name__}",
-            f"{node}.storage={quote(s.storage)}", f"{node}.study_name={quote(s.name)}", f"{node}.trial_number={number}",
-            *([f"{node}.grid={quote(s.grid)}"] if s.grid else []),
-            f"{node}.params={quote(json.dumps(dict(params or {}), default=str))}"]
+    return [
+        f"{node}._target_={OptunaPruning.__module__}.{OptunaPruning.__name__}",
+        f"{node}.storage={quote(s.storage)}",
+        f"{node}.study_name={quote(s.name)}",
+        f"{node}.trial_number={number}",
+        *([f"{node}.grid={quote(s.grid)}"] if s.grid else []),
+        f"{node}.params={quote(json.dumps(dict(params or {}), default=str))}",
+    ]
 
 
 def _mark(run_dir: Path, **update) -> None:
@@ -266,12 +288,18 @@ def _mark(run_dir: Path, **update) -> None:
     write_json(run_dir / MARKER, info)
 
 
-def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None = None, poll_s: float = 1.0,
-          clock: Callable[[], float] = time.time) -> None:
+def drive(
+    s: Search,
+    study: optuna.Study,
+    runner=None,
+    progress: Progress | None = None,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.time,
+) -> None:
     """Ask, launch, wait, tell, until the study holds ``s.target`` trials (or none can start)."""
     runner = runner or ProcessRunner()
     active: list[Active] = []
-    deferred: list[tuple] = []        # (trial, run dir) asked while its folder is busy (a killed driver's orphan)
+    deferred: list[tuple] = []  # (trial, run dir) asked while its folder is busy (a killed driver's orphan)
     durations: list[float] = []
     failed = 0
 
@@ -281,14 +309,25 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
     def launch(trial, run_dir: Path) -> None:
         ovs = s.fixed + param_overrides(trial.params)
         run_dir.mkdir(parents=True, exist_ok=True)
-        slot = min(set(range(s.parallel)) - {a.slot for a in active})   # the slot a finished trial freed
+        slot = min(set(range(s.parallel)) - {a.slot for a in active})  # the slot a finished trial freed
         place, extra = trial_placement(s, slot)
         cmd = trial_command(s, trial.number, trial.params, run_dir, extra)
         log.info("trial %d: %s -> %s", trial.number, " ".join(param_overrides(trial.params)), rel_path(run_dir, s.root))
         env = {**os.environ, **place}
         proc = runner.start(cmd, env, s.folder / "logs" / f"{s.tag or 'trial'}-{trial.number}.log")
-        _mark(run_dir, host=socket.gethostname(), pid=proc.pid, started=now_iso(), t_start=clock(), finished=None,
-              t_end=None, returncode=None, trial=trial.number, study=s.name, overrides=ovs)
+        _mark(
+            run_dir,
+            host=socket.gethostname(),
+            pid=proc.pid,
+            started=now_iso(),
+            t_start=clock(),
+            finished=None,
+            t_end=None,
+            returncode=None,
+            trial=trial.number,
+            study=s.name,
+            overrides=ovs,
+        )
         active.append(Active(trial.number, run_dir, proc, clock(), slot))
         s.started.append(trial.number)
 
@@ -300,7 +339,7 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                     deferred.remove(ready)
                     launch(*ready)
                 elif s.target > len(counted(study)) and len(deferred) < s.parallel:
-                    trial = study.ask(s.space)     # a re-queued trial (WAITING) comes first
+                    trial = study.ask(s.space)  # a re-queued trial (WAITING) comes first
                     run_dir = s.job_dir(s.fixed + param_overrides(trial.params))
                     if busy(run_dir):
                         deferred.append((trial, run_dir))
@@ -312,9 +351,14 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                 break
             if progress is not None:
                 now = clock()
-                progress.update(done=len(durations), running=len(active), failed=failed,
-                                pending=max(s.target - len(counted(study)), 0) + len(deferred),
-                                durations=durations, running_elapsed=[now - a.t_start for a in active])
+                progress.update(
+                    done=len(durations),
+                    running=len(active),
+                    failed=failed,
+                    pending=max(s.target - len(counted(study)), 0) + len(deferred),
+                    durations=durations,
+                    running_elapsed=[now - a.t_start for a in active],
+                )
             for a in list(active):
                 rc = a.proc.poll()
                 if rc is None:
@@ -330,22 +374,28 @@ def drive(s: Search, study: optuna.Study, runner=None, progress: Progress | None
                 if progress is not None and not active and not deferred and s.target <= len(counted(study)):
                     progress.update(done=len(durations), running=0, failed=failed, pending=0, durations=durations)
             time.sleep(poll_s)
-    except BaseException as e:   # Ctrl-C / SIGTERM: each trial writes its "interrupted" record; re-run resumes
+    except BaseException as e:  # Ctrl-C / SIGTERM: each trial writes its "interrupted" record; re-run resumes
         interrupted = isinstance(e, KeyboardInterrupt)
-        stop_trials(active, signal_of(e) if interrupted else signal.SIGTERM,
-                    grace_s=STOP_GRACE_S if interrupted else 0.0, clock=clock)
-        if interrupted:   # the study says so now, not at the next start: the manifest stays true
+        stop_trials(
+            active,
+            signal_of(e) if interrupted else signal.SIGTERM,
+            grace_s=STOP_GRACE_S if interrupted else 0.0,
+            clock=clock,
+        )
+        if interrupted:  # the study says so now, not at the next start: the manifest stays true
             for a in active:
                 _mark(a.run_dir, finished=now_iso(), t_end=clock(), returncode=a.proc.poll())
             settle(study, {a.number: (a.run_dir, a.proc.poll()) for a in active}, [t.number for t, _ in deferred])
         raise
 
 
-def stop_trials(active: list[Active], signum: int, grace_s: float, wait_s: float = 60.0, clock=time.time,
-                poll_s: float = 0.2) -> None:
+def stop_trials(
+    active: list[Active], signum: int, grace_s: float, wait_s: float = 60.0, clock=time.time, poll_s: float = 0.2
+) -> None:
     """The running trials end: ``grace_s`` to end on the signal they got with the driver (a Ctrl-C reaches
     the process group; a second one while lra.train writes its record is what the grace avoids), then
     ``signum`` to the rest, and up to ``wait_s`` for them."""
+
     def running():
         return [a for a in active if a.proc.poll() is None]
 
@@ -364,7 +414,7 @@ def settle(study: optuna.Study, stopped: dict[int, tuple[Path, int | None]], def
     """After an interruption, the trials the study still has RUNNING: one whose run finished anyway is
     told as usual (:func:`finish`); the others (stopped, or asked while their folder was busy) are
     re-queued as :func:`recover` would at the next start, with the status their folder shows."""
-    storage = study._storage          # noqa: SLF001
+    storage = study._storage  # noqa: SLF001
     sid = storage.get_study_id_from_name(study.study_name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.number in stopped:
@@ -383,7 +433,7 @@ def _gpu_slot(k: int, parallel: int, visible: list[str] | None = None) -> dict:
     visible = visible_gpus() if visible is None else visible
     if parallel > 1 and len(visible) >= parallel:
         per = len(visible) // parallel
-        return {"CUDA_VISIBLE_DEVICES": ",".join(visible[k * per:(k + 1) * per])}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible[k * per : (k + 1) * per])}
     return {}
 
 
@@ -395,23 +445,35 @@ def trial_placement(s: Search, slot: int) -> tuple[dict, list[str]]:
     gpu = gpu_of_slot(slot, s.jobs_per_gpu, s.gpus)
     share = job_share(s.hw, s.jobs_per_gpu, gpu, total_of=device_total_gib)
     if share is None:
-        raise ShareError(f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
-                         "(e.g. hardware=h100_80gb)")
-    return ({"CUDA_VISIBLE_DEVICES": gpu, MEMORY_LIMIT_ENV: f"{share['limit_gib']:.6f}"},
-            [f"hardware.total_gib={share['total_gib']}"])
+        raise ShareError(
+            f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
+            "(e.g. hardware=h100_80gb)"
+        )
+    return (
+        {"CUDA_VISIBLE_DEVICES": gpu, MEMORY_LIMIT_ENV: f"{share['limit_gib']:.6f}"},
+        [f"hardware.total_gib={share['total_gib']}"],
+    )
 
 
 # ----------------------------------------------------------------------------- manifest
 def trial_rows(study: optuna.Study, s: Search) -> list[dict]:
     rows = []
     for t in study.get_trials(deepcopy=False):
-        params = t.params or dict(t.system_attrs.get("fixed_params") or {})   # a queued trial: what it will run
+        params = t.params or dict(t.system_attrs.get("fixed_params") or {})  # a queued trial: what it will run
         run_dir = None
         with contextlib.suppress(Exception):
             run_dir = rel_path(s.job_dir(s.fixed + param_overrides(params)), s.root)
-        rows.append({"number": t.number, "state": t.state.name, "value": t.value, "params": params,
-                     "run_dir": run_dir, **{k: v for k, v in t.user_attrs.items()},
-                     "last_step": max(t.intermediate_values) if t.intermediate_values else None})
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "params": params,
+                "run_dir": run_dir,
+                **{k: v for k, v in t.user_attrs.items()},
+                "last_step": max(t.intermediate_values) if t.intermediate_values else None,
+            }
+        )
     return rows
 
 
@@ -420,13 +482,25 @@ def write_manifest(study: optuna.Study, s: Search, invocation: dict) -> dict:
     with contextlib.suppress(ValueError):
         best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
     old = read_json(s.manifest) or {}
-    body = {"schema_version": MANIFEST_VERSION, "created": old.get("created", now_iso()), "updated": now_iso(),
-            "kind": "search", "study": s.name, "storage": s.storage, "runs_root": str(s.root),
-            "n_trials_target": s.target, "fixed_overrides": s.fixed,
-            "space": {k: repr(v) for k, v in s.space.items()}, "pruner": s.pruner,
-            "key": s.key, "definition": s.definition, "command": s.command,
-            "invocations": old.get("invocations", []) + ([invocation] if invocation else []),
-            "best": best, "trials": trial_rows(study, s)}
+    body = {
+        "schema_version": MANIFEST_VERSION,
+        "created": old.get("created", now_iso()),
+        "updated": now_iso(),
+        "kind": "search",
+        "study": s.name,
+        "storage": s.storage,
+        "runs_root": str(s.root),
+        "n_trials_target": s.target,
+        "fixed_overrides": s.fixed,
+        "space": {k: repr(v) for k, v in s.space.items()},
+        "pruner": s.pruner,
+        "key": s.key,
+        "definition": s.definition,
+        "command": s.command,
+        "invocations": old.get("invocations", []) + ([invocation] if invocation else []),
+        "best": best,
+        "trials": trial_rows(study, s),
+    }
     write_json(s.manifest, body)
     return body
 
@@ -436,24 +510,32 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     spec = dict(grid.search or {})
     unknown = set(spec) - set(SEARCH_KEYS)
     if unknown:
-        raise SystemExit(f"lra.sweep: conf/sweep/{grid.name}.yaml search has unknown keys {sorted(unknown)}; "
-                         f"allowed: {', '.join(SEARCH_KEYS)} (the Hydra sweeper plugin is gone: no `sweeper`)")
+        raise SystemExit(
+            f"lra.sweep: conf/sweep/{grid.name}.yaml search has unknown keys {sorted(unknown)}; "
+            f"allowed: {', '.join(SEARCH_KEYS)} (the Hydra sweeper plugin is gone: no `sweeper`)"
+        )
     if grid.axes:
-        raise SystemExit(f"lra.sweep: a search fixes task/attn/seed in `overrides` (one study per search file); "
-                         f"got the grid axes {sorted(grid.axes)}")
+        raise SystemExit(
+            f"lra.sweep: a search fixes task/attn/seed in `overrides` (one study per search file); "
+            f"got the grid axes {sorted(grid.axes)}"
+        )
     for o in hydra_ovs:
         if o.startswith(("hydra/launcher=", "hydra.launcher.")) and o != "hydra/launcher=basic":
-            raise SystemExit(f"lra.sweep: {o!r}: a search runs its trials as processes on this machine "
-                             "(parallel=N at a time); launchers apply to grids")
+            raise SystemExit(
+                f"lra.sweep: {o!r}: a search runs its trials as processes on this machine "
+                "(parallel=N at a time); launchers apply to grids"
+            )
     hydra_ovs = [o for o in hydra_ovs if not o.startswith(("hydra/launcher=", "hydra.launcher."))]
     space = parse_space(spec.get("params"))
     fixed = list(grid.overrides.values())
     try:
         primary = composer.primary(hydra_ovs + fixed)
     except Exception as e:  # noqa: BLE001 - Hydra's own message, cut to its first line
-        raise SystemExit(f"lra.sweep: the search's overrides do not compose ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0]}); check `overrides` of conf/sweep/{grid.name}.yaml and the "
-                         "command line")
+        raise SystemExit(
+            f"lra.sweep: the search's overrides do not compose ({type(e).__name__}: "
+            f"{str(e).splitlines()[0]}); check `overrides` of conf/sweep/{grid.name}.yaml and the "
+            "command line"
+        )
     root = Path(str(primary.runs_root))
     preset, task, attn = str(primary.preset), str(primary.task.name), str(primary.attn.label)
 
@@ -465,8 +547,10 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     try:
         job_dir(fixed + param_overrides(probe))
     except Exception as e:  # noqa: BLE001 - told in one line
-        raise SystemExit(f"lra.sweep: the search's runs do not compose ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0]}); check `overrides` and search.params of conf/sweep/{grid.name}.yaml")
+        raise SystemExit(
+            f"lra.sweep: the search's runs do not compose ({type(e).__name__}: "
+            f"{str(e).splitlines()[0]}); check `overrides` and search.params of conf/sweep/{grid.name}.yaml"
+        )
     folder = root / preset / "sweeps" / grid.name
     storage = str(spec.get("storage") or f"sqlite:///{folder / 'optuna.db'}")
     target = int(opts["n_trials"] if opts["n_trials"] is not None else spec.get("n_trials", 20))
@@ -481,7 +565,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     gpus = visible_gpus() if k else []
     parallel = int(opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel))
     hw = hw_of(primary)
-    if k:   # what a grid checks; the same one line before any trial
+    if k:  # what a grid checks; the same one line before any trial
         try:
             check_sharing(k, parallel, gpus, "local")
             job_share(hw, k, gpus[0], total_of=lambda g: None)
@@ -490,27 +574,55 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     sampler = dict(spec.get("sampler") or {"name": "tpe", "seed": 0})
     defn = search_definition(grid.name, fixed, space, sampler, pruner, hydra_ovs)
     key = sweep_key(defn)
-    return Search(name=f"{grid.name}-{preset}-{task}-{attn}-{key}", storage=storage, folder=folder, root=root,
-                  space=space, fixed=fixed, target=target, parallel=parallel, jobs_per_gpu=k, gpus=gpus, hw=hw,
-                  job_dir=job_dir, hydra_ovs=hydra_ovs, sampler=sampler, pruner=pruner, tag=f"{task}-{attn}-{key}",
-                  legacy_name=f"{grid.name}-{preset}-{task}-{attn}", key=key, definition=defn, command=grid.command,
-                  grid=grid.name)
+    return Search(
+        name=f"{grid.name}-{preset}-{task}-{attn}-{key}",
+        storage=storage,
+        folder=folder,
+        root=root,
+        space=space,
+        fixed=fixed,
+        target=target,
+        parallel=parallel,
+        jobs_per_gpu=k,
+        gpus=gpus,
+        hw=hw,
+        job_dir=job_dir,
+        hydra_ovs=hydra_ovs,
+        sampler=sampler,
+        pruner=pruner,
+        tag=f"{task}-{attn}-{key}",
+        legacy_name=f"{grid.name}-{preset}-{task}-{attn}",
+        key=key,
+        definition=defn,
+        command=grid.command,
+        grid=grid.name,
+    )
 
 
-def search_definition(grid: str, fixed: list[str], space: dict, sampler: dict, pruner: dict,
-                      hydra_ovs: list[str]) -> dict:
+def search_definition(
+    grid: str, fixed: list[str], space: dict, sampler: dict, pruner: dict, hydra_ovs: list[str]
+) -> dict:
     """What a search is, whatever the spelling (lra.sweep.definition for searches): the fixed overrides
     with canonical values, the space as Optuna distributions, the sampler and the pruner. Left out:
     ``n_trials`` (the same study, grown), parallel, jobs_per_gpu and the storage (where, not what)."""
-    return {"kind": "search", "grid": grid, "fixed": dict(sorted(canonical(o) for o in fixed)),
-            "space": {k: repr(space[k]) for k in sorted(space)}, "sampler": sampler, "pruner": pruner,
-            "hydra": sorted(o for o in hydra_ovs if not o.lstrip("+~").startswith(LAUNCH_ONLY))}
+    return {
+        "kind": "search",
+        "grid": grid,
+        "fixed": dict(sorted(canonical(o) for o in fixed)),
+        "space": {k: repr(space[k]) for k in sorted(space)},
+        "sampler": sampler,
+        "pruner": pruner,
+        "hydra": sorted(o for o in hydra_ovs if not o.lstrip("+~").startswith(LAUNCH_ONLY)),
+    }
 
 
 def _fmt_trial_share(s: Search) -> str:
     share = job_share(s.hw, s.jobs_per_gpu, s.gpus[0], total_of=lambda g: None)
-    return (f" (hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB each)" if share
-            else " (hardware=auto: 1/k of the GPU's memory, read at run time)")
+    return (
+        f" (hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB each)"
+        if share
+        else " (hardware=auto: 1/k of the GPU's memory, read at run time)"
+    )
 
 
 def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
@@ -527,30 +639,49 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             study = open_study(s)
             requeued = recover(study)
             have = len(counted(study))
-            print(f"lra.sweep {grid.name}: study {s.name} ({s.storage}): {have}/{s.target} trials"
-                  + (f", {len(requeued)} interrupted trial(s) re-queued ({requeued})" if requeued else "")
-                  + (f"; running {s.target - have} more, {s.parallel} at a time" if have < s.target
-                     else "; nothing to do"), flush=True)
-            progress = Progress(label=f"lra.sweep {grid.name}", parallel=s.parallel,
-                                every_s=30.0 if opts.get("progress") is None else float(opts["progress"]))
+            print(
+                f"lra.sweep {grid.name}: study {s.name} ({s.storage}): {have}/{s.target} trials"
+                + (f", {len(requeued)} interrupted trial(s) re-queued ({requeued})" if requeued else "")
+                + (
+                    f"; running {s.target - have} more, {s.parallel} at a time"
+                    if have < s.target
+                    else "; nothing to do"
+                ),
+                flush=True,
+            )
+            progress = Progress(
+                label=f"lra.sweep {grid.name}",
+                parallel=s.parallel,
+                every_s=30.0 if opts.get("progress") is None else float(opts["progress"]),
+            )
             stopped = None
             try:
                 drive(s, study, progress=progress)
-            except KeyboardInterrupt as e:   # SIGINT or SIGTERM: drive stopped and re-queued the running trials
+            except KeyboardInterrupt as e:  # SIGINT or SIGTERM: drive stopped and re-queued the running trials
                 stopped = signal_of(e)
             finally:
-                body = write_manifest(study, s, {"started": _dt_iso(t0), "wall_s": round(time.time() - t0, 1),
-                                                 "launched": len(s.started),
-                                                 "command": s.command,
-                                                 **({"interrupted": signal.Signals(stopped).name} if stopped else {})})
+                body = write_manifest(
+                    study,
+                    s,
+                    {
+                        "started": _dt_iso(t0),
+                        "wall_s": round(time.time() - t0, 1),
+                        "launched": len(s.started),
+                        "command": s.command,
+                        **({"interrupted": signal.Signals(stopped).name} if stopped else {}),
+                    },
+                )
     states: dict[str, int] = {}
     for t in body["trials"]:
         states[t["state"]] = states.get(t["state"], 0) + 1
     if stopped:
         left = max(s.target - len(counted(study)), 0)
-        print(f"lra.sweep {grid.name}: interrupted by {signal.Signals(stopped).name}: {len(body['trials'])} trials "
-              f"({fmt_counts(states)}), {left} of {s.target} to go; resume with: {s.command or 'the same command'}",
-              file=sys.stderr, flush=True)
+        print(
+            f"lra.sweep {grid.name}: interrupted by {signal.Signals(stopped).name}: {len(body['trials'])} trials "
+            f"({fmt_counts(states)}), {left} of {s.target} to go; resume with: {s.command or 'the same command'}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + stopped
     print(f"\nlra.sweep {grid.name}: {len(body['trials'])} trials ({fmt_counts(states)}) in {time.time() - t0:.0f} s")
     if body["best"]:
@@ -564,17 +695,20 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
 def _print_plan(s: Search, grid: Grid) -> None:
     """dry_run=true: the study (the one an earlier version named, when it is taken over), nothing written."""
     n = 0
-    db = s.storage[len("sqlite:///"):] if s.storage.startswith("sqlite:///") else None
-    if db is None or Path(db).exists():   # reading a missing SQLite file would create it
+    db = s.storage[len("sqlite:///") :] if s.storage.startswith("sqlite:///") else None
+    if db is None or Path(db).exists():  # reading a missing SQLite file would create it
         storage = storage_for(s.storage)
         adopt_legacy(s, storage)
         with contextlib.suppress(KeyError):
             n = len(counted(optuna.load_study(study_name=s.name, storage=storage)))
-    print(f"search {grid.name}: study {s.name} in {s.storage}; {n} trials so far, target {s.target}, "
-          f"{s.parallel} at a time"
-          + (f", {s.jobs_per_gpu} per GPU on GPUs {','.join(s.gpus)}" + _fmt_trial_share(s) if s.jobs_per_gpu
-             else "") + f"; fixed {' '.join(s.fixed)}; space "
-          + ", ".join(f"{k}: {v!r}" for k, v in s.space.items()) + f"; pruner {s.pruner}; manifest {s.manifest}")
+    print(
+        f"search {grid.name}: study {s.name} in {s.storage}; {n} trials so far, target {s.target}, "
+        f"{s.parallel} at a time"
+        + (f", {s.jobs_per_gpu} per GPU on GPUs {','.join(s.gpus)}" + _fmt_trial_share(s) if s.jobs_per_gpu else "")
+        + f"; fixed {' '.join(s.fixed)}; space "
+        + ", ".join(f"{k}: {v!r}" for k, v in s.space.items())
+        + f"; pruner {s.pruner}; manifest {s.manifest}"
+    )
 
 
 def _dt_iso(t: float) -> str:

@@ -50,8 +50,10 @@ def gpu_of_slot(slot: int, jobs_per_gpu: int, gpus: list[str]) -> str:
     """Job slot s (0 <= s < parallel) runs on GPU s // k: slots 0..k-1 share the first GPU, and so on."""
     i = slot // jobs_per_gpu
     if i >= len(gpus):
-        raise ShareError(f"job slot {slot} with jobs_per_gpu={jobs_per_gpu} needs GPU #{i}, but only "
-                         f"{len(gpus)} are visible ({','.join(gpus) or 'none'})")
+        raise ShareError(
+            f"job slot {slot} with jobs_per_gpu={jobs_per_gpu} needs GPU #{i}, but only "
+            f"{len(gpus)} are visible ({','.join(gpus) or 'none'})"
+        )
     return gpus[i]
 
 
@@ -59,15 +61,21 @@ def check_sharing(jobs_per_gpu: int, parallel: int, gpus: list[str], kind: str) 
     """What jobs_per_gpu needs, checked before anything runs."""
     k = jobs_per_gpu
     if kind != "local":
-        raise ShareError(f"jobs_per_gpu={k} shares the GPUs of this machine between the local launcher's parallel "
-                         f"jobs; the {kind} launcher cannot: add hydra/launcher=local (or drop jobs_per_gpu)")
+        raise ShareError(
+            f"jobs_per_gpu={k} shares the GPUs of this machine between the local launcher's parallel "
+            f"jobs; the {kind} launcher cannot: add hydra/launcher=local (or drop jobs_per_gpu)"
+        )
     if not gpus:
-        raise ShareError(f"jobs_per_gpu={k}: no GPU visible here (CUDA_VISIBLE_DEVICES empty or nvidia-smi lists "
-                         "none); set CUDA_VISIBLE_DEVICES=<ids> or drop jobs_per_gpu")
+        raise ShareError(
+            f"jobs_per_gpu={k}: no GPU visible here (CUDA_VISIBLE_DEVICES empty or nvidia-smi lists "
+            "none); set CUDA_VISIBLE_DEVICES=<ids> or drop jobs_per_gpu"
+        )
     if parallel > k * len(gpus):
-        raise ShareError(f"parallel={parallel} with jobs_per_gpu={k} needs parallel <= jobs_per_gpu x GPUs = "
-                         f"{k} x {len(gpus)} = {k * len(gpus)} (visible: {','.join(gpus)}); lower parallel or "
-                         "raise jobs_per_gpu")
+        raise ShareError(
+            f"parallel={parallel} with jobs_per_gpu={k} needs parallel <= jobs_per_gpu x GPUs = "
+            f"{k} x {len(gpus)} = {k * len(gpus)} (visible: {','.join(gpus)}); lower parallel or "
+            "raise jobs_per_gpu"
+        )
 
 
 def device_total_gib(gpu: str, env=None) -> float | None:
@@ -75,9 +83,14 @@ def device_total_gib(gpu: str, env=None) -> float | None:
     process holds no CUDA context on a card the runs share. None: no such CUDA device here."""
     code = "import torch; print(torch.cuda.get_device_properties(0).total_memory)"
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                             env={**(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": gpu})
-        return int(out.stdout.strip().splitlines()[-1]) / 2 ** 30 if out.returncode == 0 else None
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": gpu},
+        )
+        return int(out.stdout.strip().splitlines()[-1]) / 2**30 if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
 
@@ -88,23 +101,34 @@ def job_share(hw: dict, jobs_per_gpu: int, gpu: str, total_of=device_total_gib) 
     ``hw``: the job's composed hardware profile. None: hardware=auto and the GPU is not here to ask."""
     k, name = jobs_per_gpu, hw.get("name")
     if str(hw.get("devices", 1)) != "1":
-        raise ShareError(f"jobs_per_gpu={k} places single-GPU runs; this grid has trainer.devices={hw['devices']}: "
-                         "drop one of the two")
+        raise ShareError(
+            f"jobs_per_gpu={k} places single-GPU runs; this grid has trainer.devices={hw['devices']}: "
+            "drop one of the two"
+        )
     total = hw.get("total_gib")
     if total is None:
         if name != "auto":
-            raise ShareError(f"jobs_per_gpu={k} with hardware={name}: the profile has no GPU memory to share; use "
-                             "hardware=auto or a GPU profile (conf/hardware/, e.g. hardware=h100_80gb)")
+            raise ShareError(
+                f"jobs_per_gpu={k} with hardware={name}: the profile has no GPU memory to share; use "
+                "hardware=auto or a GPU profile (conf/hardware/, e.g. hardware=h100_80gb)"
+            )
         total = total_of(gpu)
         if total is None:
             return None
     context, margin = float(hw.get("cuda_context_gib") or 0.0), float(hw.get("allocator_margin") or 0.0)
     limit = limit_gib(total, context, k)
     if limit <= 0:
-        raise ShareError(f"jobs_per_gpu={k} on hardware={name} ({float(total):.2f} GiB, a {context} GiB CUDA context "
-                         f"per run) leaves {limit:.2f} GiB per run; lower jobs_per_gpu")
-    return {"gpu": gpu, "total_gib": share_gib(total, k), "limit_gib": round(limit, 6),
-            "budget_gib": budget_gib(total, context, margin, k), "profile_total_gib": float(total)}
+        raise ShareError(
+            f"jobs_per_gpu={k} on hardware={name} ({float(total):.2f} GiB, a {context} GiB CUDA context "
+            f"per run) leaves {limit:.2f} GiB per run; lower jobs_per_gpu"
+        )
+    return {
+        "gpu": gpu,
+        "total_gib": share_gib(total, k),
+        "limit_gib": round(limit, 6),
+        "budget_gib": budget_gib(total, context, margin, k),
+        "profile_total_gib": float(total),
+    }
 
 
 def share_plan(todo: list, jobs_per_gpu: int, parallel: int, gpus: list[str], total_of=device_total_gib) -> list:
@@ -112,7 +136,7 @@ def share_plan(todo: list, jobs_per_gpu: int, parallel: int, gpus: list[str], to
     i-th job in slot i % parallel."""
     totals: dict[str, float | None] = {}
 
-    def cached(gpu):   # hardware=auto: ask each GPU once
+    def cached(gpu):  # hardware=auto: ask each GPU once
         if gpu not in totals:
             totals[gpu] = total_of(gpu)
         return totals[gpu]
@@ -126,12 +150,16 @@ def share_plan(todo: list, jobs_per_gpu: int, parallel: int, gpus: list[str], to
 
 def hw_of(cfg: DictConfig) -> dict:
     hw = OmegaConf.to_container(cfg.hardware, resolve=True)
-    return {"name": hw.get("name"), "total_gib": hw.get("total_gib"), "cuda_context_gib": hw.get("cuda_context_gib"),
-            "allocator_margin": hw.get("allocator_margin"),
-            "devices": OmegaConf.to_container(cfg.trainer, resolve=True).get("devices", 1)}
+    return {
+        "name": hw.get("name"),
+        "total_gib": hw.get("total_gib"),
+        "cuda_context_gib": hw.get("cuda_context_gib"),
+        "allocator_margin": hw.get("allocator_margin"),
+        "devices": OmegaConf.to_container(cfg.trainer, resolve=True).get("devices", 1),
+    }
 
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def share_gib(total_gib: float, k: int) -> float:

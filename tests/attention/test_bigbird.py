@@ -1,14 +1,13 @@
 """bigbird against dense float64 softmax under the same block pattern; pattern rules; randomness policy;
 memory linear in n."""
 
-
 import pytest
 import torch
 
 import attention
+from attention.testing import qkv
 from tests.oracles import dense_softmax
 from tests.test_attention_contract import LargestTensor
-from attention.testing import qkv
 
 H, D = 2, 16
 
@@ -17,7 +16,7 @@ def some_masks(n):
     middle = torch.ones(2, n, dtype=torch.bool)
     middle[0, 20:57] = False
     middle[1, 60:64] = False
-    middle[1, n - 3:] = False
+    middle[1, n - 3 :] = False
     end = torch.arange(n)[None, :] < torch.tensor([[n - 37], [n - 5]])
     return {"end": end, "middle": middle}
 
@@ -39,11 +38,20 @@ def check_layout_rules(layout, window_blocks, random_blocks):
 
 @pytest.mark.parametrize("redraw", ["fixed", "per_call"])
 @pytest.mark.parametrize("where", ["end", "middle"])
-@pytest.mark.parametrize("n,block,window_blocks,random_blocks", [(200, 16, 3, 3), (128, 8, 5, 2), (90, 32, 3, 3),
-                                                                   (150, 10, 1, 0)])
+@pytest.mark.parametrize(
+    "n,block,window_blocks,random_blocks", [(200, 16, 3, 3), (128, 8, 5, 2), (90, 32, 3, 3), (150, 10, 1, 0)]
+)
 def test_bigbird_matches_masked_softmax(redraw, where, n, block, window_blocks, random_blocks):
-    m = attention.build("bigbird", num_heads=H, head_dim=D, max_len=n, block_size=block, redraw=redraw,
-                        window_blocks=window_blocks, random_blocks=random_blocks)
+    m = attention.build(
+        "bigbird",
+        num_heads=H,
+        head_dim=D,
+        max_len=n,
+        block_size=block,
+        redraw=redraw,
+        window_blocks=window_blocks,
+        random_blocks=random_blocks,
+    )
     q, k, v = qkv(n=n)
     mask = some_masks(n)[where]
     torch.manual_seed(4)
@@ -135,11 +143,13 @@ def test_memory_linear_in_n():
             m(q, k, v).sum().backward()
         sizes[n] = probe.largest
     assert sizes[4096] <= 2.1 * sizes[2048]
-    assert sizes[4096] < 4096 ** 2 / 4
+    assert sizes[4096] < 4096**2 / 4
 
 
-@pytest.mark.parametrize("bad", [{"block_size": 0}, {"random_blocks": -1}, {"window_blocks": 2},
-                                 {"window_blocks": 0}, {"redraw": "per_step"}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"block_size": 0}, {"random_blocks": -1}, {"window_blocks": 2}, {"window_blocks": 0}, {"redraw": "per_step"}],
+)
 def test_bigbird_invalid_options_named(bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import attention
+from attention import informer as inf
 from attention.testing import padding_shift
 from tests.oracles import dense_softmax, rand_qkv, structured_qkv
-from attention import informer as inf
 
 NAMES = ["informer", "informer_mask"]
 B, H, P = 2, 2, 8
@@ -17,12 +17,12 @@ B, H, P = 2, 2, 8
 
 def pad_masks(n):
     end = torch.ones(B, n, dtype=torch.bool)
-    end[0, n - 17:] = False
-    end[1, n - 5:] = False
+    end[0, n - 17 :] = False
+    end[1, n - 5 :] = False
     middle = torch.ones(B, n, dtype=torch.bool)
     middle[0, 10:27] = False
     middle[1, 30:34] = False
-    middle[1, n - 3:] = False
+    middle[1, n - 3 :] = False
     start = torch.ones(B, n, dtype=torch.bool)
     start[0, :20] = False
     start[1, :2] = False

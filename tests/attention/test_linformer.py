@@ -17,12 +17,12 @@ def pad_masks(n):
     middle = torch.ones(B, n, dtype=torch.bool)
     middle[0, 10:27] = False
     middle[1, 30:34] = False
-    middle[1, n - 3:] = False
+    middle[1, n - 3 :] = False
     start = torch.ones(B, n, dtype=torch.bool)
     start[0, :20] = False
     start[1, :2] = False
     end = torch.ones(B, n, dtype=torch.bool)
-    end[0, n - 17:] = False
+    end[0, n - 17 :] = False
     return {"middle": middle, "start": start, "end": end}
 
 
@@ -66,12 +66,15 @@ def test_linformer_matches_dense_reference_shorter_than_max_len(sharing, where):
     torch.testing.assert_close(out[keep], ref[keep], atol=1e-10, rtol=1e-9)
 
 
-@pytest.mark.parametrize("sharing,shapes", [
-    ("none", {"E": (H, 64, 16), "F": (H, 64, 16)}),
-    ("headwise", {"E": (64, 16), "F": (64, 16)}),
-    ("kv", {"E": (64, 16)}),
-    ("layerwise", {"E": (64, 16)}),
-])
+@pytest.mark.parametrize(
+    "sharing,shapes",
+    [
+        ("none", {"E": (H, 64, 16), "F": (H, 64, 16)}),
+        ("headwise", {"E": (64, 16), "F": (64, 16)}),
+        ("kv", {"E": (64, 16)}),
+        ("layerwise", {"E": (64, 16)}),
+    ],
+)
 def test_linformer_parameters_registered_and_trained(sharing, shapes):
     """E, F are real parameters (in state_dict, optimiser-visible, receive gradients): the seed code's were not."""
     m = attention.build("linformer", num_heads=H, head_dim=P, max_len=64, k=16, sharing=sharing)
@@ -192,8 +195,9 @@ def test_jlt_redraw_policy():
     assert torch.equal(a, b) and not torch.equal(b, call(q, k, v))
 
 
-@pytest.mark.parametrize("name,opts", [("linformer", {"k": 8}), ("linformer_jlt", {"k": 8}),
-                                       ("linformer_jlt", {"k": 8, "redraw": "fixed"})])
+@pytest.mark.parametrize(
+    "name,opts", [("linformer", {"k": 8}), ("linformer_jlt", {"k": 8}), ("linformer_jlt", {"k": 8, "redraw": "fixed"})]
+)
 def test_padding_at_start_invariance(name, opts):
     n = 48
     m = build(name, n, **opts).float()

@@ -60,8 +60,7 @@ def test_normal_002_entries_in_public_draw_order(sharing):
     if sharing == "none":  # F is the next draw of the same shape
         torch.testing.assert_close(m.F.detach(), 0.02 * torch.randn(*lead, kk, n).transpose(-1, -2), atol=0, rtol=0)
     torch.manual_seed(0)
-    big = attention.build("linformer", num_heads=H, head_dim=P, max_len=512, k=128, sharing=sharing,
-                          init="normal_0.02")
+    big = attention.build("linformer", num_heads=H, head_dim=P, max_len=512, k=128, sharing=sharing, init="normal_0.02")
     assert abs(big.E.std().item() - 0.02) < 0.0005
 
 
@@ -91,8 +90,12 @@ def test_modules_do_not_share_projections():
     """No class-level sharing: a second module (layer or model) draws and owns its own E, and
     training one leaves the other alone (cross-layer sharing is a tie the model makes)."""
     torch.manual_seed(0)
-    a = attention.build("linformer", num_heads=H, head_dim=P, max_len=32, k=4, sharing="kv_per_head", init="normal_0.02")
-    b = attention.build("linformer", num_heads=H, head_dim=P, max_len=32, k=4, sharing="kv_per_head", init="normal_0.02")
+    a = attention.build(
+        "linformer", num_heads=H, head_dim=P, max_len=32, k=4, sharing="kv_per_head", init="normal_0.02"
+    )
+    b = attention.build(
+        "linformer", num_heads=H, head_dim=P, max_len=32, k=4, sharing="kv_per_head", init="normal_0.02"
+    )
     assert a.E is not b.E and not torch.equal(a.E, b.E)
 
 

@@ -1,14 +1,13 @@
 """longformer against dense float64 softmax under the same band+global mask; memory linear in n."""
 
-
 import pytest
 import torch
 
 import attention
-from tests.oracles import dense_softmax
-from tests.test_attention_contract import LargestTensor
 from attention.longformer import longformer_pattern
 from attention.testing import qkv
+from tests.oracles import dense_softmax
+from tests.test_attention_contract import LargestTensor
 
 H, D = 2, 16
 
@@ -25,8 +24,8 @@ def reference_pattern(n, window, num_global):
 def some_masks(n):
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[0, 7:30] = False
-    mask[1, n // 2:n // 2 + 3] = False
-    mask[1, n - 9:] = False
+    mask[1, n // 2 : n // 2 + 3] = False
+    mask[1, n - 9 :] = False
     return {"middle": mask, "end": torch.arange(n)[None, :] < torch.tensor([[n - 13], [n]])}
 
 
@@ -71,7 +70,7 @@ def test_memory_linear_in_n():
             m(q, k, v).sum().backward()
         sizes[n] = probe.largest
     assert sizes[4096] <= 2.1 * sizes[2048]
-    assert sizes[4096] < 4096 ** 2 / 8
+    assert sizes[4096] < 4096**2 / 8
 
 
 @pytest.mark.parametrize("bad", [{"window": 7}, {"window": 0}, {"window": 2.0}, {"num_global": -1}])

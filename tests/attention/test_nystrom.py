@@ -25,7 +25,7 @@ def odd_masks(n):
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[0, 10:31] = False
     mask[1, 40:43] = False
-    mask[1, n - 6:] = False
+    mask[1, n - 6 :] = False
     return mask
 
 
@@ -41,10 +41,10 @@ def reference_nystrom(q, k, v, mask, m):
         L = len(real)
         used = min(m, L)
         bounds = [math.ceil(s * L / used) for s in range(used + 1)]  # rank r in segment floor(r·used/L)
-        segments = [real[bounds[s]:bounds[s + 1]] for s in range(used)]
+        segments = [real[bounds[s] : bounds[s + 1]] for s in range(used)]
         assert all(len(s) > 0 for s in segments) and sum(len(s) for s in segments) == L
         for h in range(q.shape[1]):
-            qs, ks = q[b, h] / d ** 0.25, k[b, h] / d ** 0.25
+            qs, ks = q[b, h] / d**0.25, k[b, h] / d**0.25
             ql = torch.stack([qs[s].mean(0) for s in segments])
             kl = torch.stack([ks[s].mean(0) for s in segments])
             k1 = torch.softmax(qs @ kl.T, -1)
@@ -134,7 +134,7 @@ def test_conv_residual_adds_depthwise_conv_of_masked_v():
     padded = torch.nn.functional.pad(vm, (0, 0, 2, 2))
     for h in range(H):
         for t in range(5):
-            conv[:, h] += w[h, 0, t, 0] * padded[:, h, t:t + 128]
+            conv[:, h] += w[h, 0, t, 0] * padded[:, h, t : t + 128]
     torch.testing.assert_close(m(q, k, v, mask).double(), base(q, k, v, mask).double() + conv, atol=1e-5, rtol=1e-4)
     assert sum(p.numel() for p in m.parameters()) == H * 5
     assert not list(base.parameters())
@@ -148,8 +148,9 @@ def test_all_padding_sample_is_finite():
     assert torch.isfinite(m(q, k, v, mask)).all()
 
 
-@pytest.mark.parametrize("bad", [{"landmarks": 0}, {"pinv_iterations": -1}, {"conv_kernel": 4},
-                                 {"conv_kernel": -3}, {"landmarks": 2.5}])
+@pytest.mark.parametrize(
+    "bad", [{"landmarks": 0}, {"pinv_iterations": -1}, {"conv_kernel": 4}, {"conv_kernel": -3}, {"landmarks": 2.5}]
+)
 def test_nystrom_invalid_options_named(bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

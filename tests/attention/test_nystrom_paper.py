@@ -19,8 +19,9 @@ PAPER = {"landmark_mean": "padded", "pinv_init": "batch_colsum"}
 def smooth_qkv(n=128, seed=0, batch=2):
     """float64 random walks along the sequence (segment means are then representative)."""
     g = torch.Generator().manual_seed(seed)
-    return [2 * torch.randn(batch, H, n, D, generator=g, dtype=torch.float64).cumsum(2) / math.sqrt(n)
-            for _ in range(3)]
+    return [
+        2 * torch.randn(batch, H, n, D, generator=g, dtype=torch.float64).cumsum(2) / math.sqrt(n) for _ in range(3)
+    ]
 
 
 def with_garbage(x, mask, value=50.0):
@@ -41,9 +42,9 @@ def reference_padded(q, k, v, mask, m, conv_weight=None, scale=None):
         real = mask[i].nonzero().flatten()
         keep = mask[i].double()[:, None]
         for j in range(h):
-            qs, ks = q[i, j] * keep / d ** 0.25, k[i, j] * keep / d ** 0.25
-            ql = torch.stack([qs[s * seg:(s + 1) * seg].mean(0) for s in range(m)])
-            kl = torch.stack([ks[s * seg:(s + 1) * seg].mean(0) for s in range(m)])
+            qs, ks = q[i, j] * keep / d**0.25, k[i, j] * keep / d**0.25
+            ql = torch.stack([qs[s * seg : (s + 1) * seg].mean(0) for s in range(m)])
+            kl = torch.stack([ks[s * seg : (s + 1) * seg].mean(0) for s in range(m)])
             k1 = torch.softmax(qs @ kl.T, -1)
             k2 = torch.softmax(ql @ kl.T, -1)
             k3 = torch.softmax(ql @ ks[real].T, -1)
@@ -53,7 +54,7 @@ def reference_padded(q, k, v, mask, m, conv_weight=None, scale=None):
                 t = conv_weight.shape[2]
                 vm = torch.nn.functional.pad(v[i, j] * keep, (0, 0, t // 2, t // 2))
                 for r in range(n):
-                    out[i, j, r] += (conv_weight[j, 0, :, 0, None] * vm[r:r + t]).sum(0)
+                    out[i, j, r] += (conv_weight[j, 0, :, 0, None] * vm[r : r + t]).sum(0)
     return out
 
 
@@ -86,8 +87,9 @@ def test_padded_landmarks_match_loop_reference_with_conv(where):
     q, k, v = smooth_qkv(n=128, seed=2)
     mask = masks()[where]
     torch.manual_seed(0)
-    m = attention.build("nystrom", num_heads=H, head_dim=D, max_len=128, landmarks=16, pinv_iterations=60,
-                        conv_kernel=5, **PAPER).double()
+    m = attention.build(
+        "nystrom", num_heads=H, head_dim=D, max_len=128, landmarks=16, pinv_iterations=60, conv_kernel=5, **PAPER
+    ).double()
     ref = reference_padded(q, k, v, mask, 16, conv_weight=m.conv.weight.detach().double())
     out = m(*(with_garbage(t, mask) for t in (q, k, v)), mask)
     torch.testing.assert_close(out, ref, atol=1e-8, rtol=1e-6)
@@ -143,7 +145,7 @@ def test_batch_colsum_start_couples_the_samples():
     colmax = []
     for i in range(2):
         keep = mask[i].double()[None, :, None]
-        qs, ks = q[i] * keep / d ** 0.25, k[i] * keep / d ** 0.25
+        qs, ks = q[i] * keep / d**0.25, k[i] * keep / d**0.25
         ql, kl = qs.view(H, 8, seg, D).mean(2), ks.view(H, 8, seg, D).mean(2)
         colmax.append(torch.softmax(ql @ kl.transpose(-1, -2), -1).sum(-2).max())
     c = max(colmax)
@@ -153,8 +155,9 @@ def test_batch_colsum_start_couples_the_samples():
     alone = m(q[:1], k[:1], v[:1], mask[:1])
     assert colmax[1] > 1.2 * colmax[0]
     torch.testing.assert_close(alone * colmax[0], out[:1] * c, atol=1e-10, rtol=1e-9)
-    per = attention.build("nystrom", num_heads=H, head_dim=D, max_len=64, landmarks=8, pinv_iterations=0,
-                          landmark_mean="padded")
+    per = attention.build(
+        "nystrom", num_heads=H, head_dim=D, max_len=64, landmarks=8, pinv_iterations=0, landmark_mean="padded"
+    )
     torch.testing.assert_close(per(q[:1], k[:1], v[:1], mask[:1]), per(q, k, v, mask)[:1], atol=1e-12, rtol=1e-10)
 
 

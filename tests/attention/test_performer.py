@@ -20,7 +20,7 @@ def reference_favor(q, k, v, mask, omega):
     d, m = q.shape[-1], omega.shape[0]
 
     def phi(x):
-        x = x / d ** 0.25
+        x = x / d**0.25
         return torch.exp(x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(m)
 
     out = torch.zeros_like(q)
@@ -87,7 +87,7 @@ def test_positive_features_estimate_exp_kernel(orthogonal):
         torch.manual_seed(seed)
         omega = gaussian_orthogonal_features(m, d, orthogonal=orthogonal, dtype=torch.float64)
         assert omega.shape == (m, d)
-        phi = lambda x: torch.exp((x / d ** 0.25) @ omega.T - (x / d ** 0.25).square().sum(-1, keepdim=True) / 2)
+        phi = lambda x: torch.exp((x / d**0.25) @ omega.T - (x / d**0.25).square().sum(-1, keepdim=True) / 2)
         ratios.append((phi(q) @ phi(k).T / m) / exact)
     ratio = torch.stack(ratios).mean(0)
     assert (ratio.mean() - 1).abs() < 0.005  # unbiased
@@ -130,7 +130,7 @@ def test_stabiliser_is_per_sample():
     alone = m(q[:1], k[:1], v[:1], mask[:1])
     k2 = k.clone()
     longest = m.omega[m.omega.norm(dim=1).argmax()]
-    k2[1] = D ** 0.25 * longest  # the other sample's keys maximise ω·k' − ‖k'‖²/2: its features dwarf ours
+    k2[1] = D**0.25 * longest  # the other sample's keys maximise ω·k' − ‖k'‖²/2: its features dwarf ours
     together = m(q, k2, v, mask)
     torch.testing.assert_close(together[:1], alone, atol=1e-6, rtol=1e-5)
     assert torch.isfinite(together).all()
@@ -144,8 +144,7 @@ def test_all_padding_sample_is_finite():
     assert torch.isfinite(m(q, k, v, mask)).all()
 
 
-@pytest.mark.parametrize("bad", [{"features": 0}, {"features": 1.5}, {"redraw": "sometimes"},
-                                 {"orthogonal": "yes"}])
+@pytest.mark.parametrize("bad", [{"features": 0}, {"features": 1.5}, {"redraw": "sometimes"}, {"orthogonal": "yes"}])
 def test_performer_invalid_options_named(bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

@@ -12,11 +12,18 @@ import pytest
 import torch
 
 import attention
-from attention.performer import favor_attention, gaussian_orthogonal_features, PerformerOptions
+from attention.performer import PerformerOptions, favor_attention, gaussian_orthogonal_features
 from attention.testing import qkv
 
-PAPER = dict(temperature="d", pad_keys_in_normaliser=True, stabiliser_of="projection", key_stabiliser="batch",
-             feature_eps=1e-4, detach_stabilisers=False, qr_sign_fix=False)
+PAPER = dict(
+    temperature="d",
+    pad_keys_in_normaliser=True,
+    stabiliser_of="projection",
+    key_stabiliser="batch",
+    feature_eps=1e-4,
+    detach_stabilisers=False,
+    qr_sign_fix=False,
+)
 
 
 def build(d=16, features=8, **opts):
@@ -33,8 +40,15 @@ def one_feature(module, d):
 
 def test_paper_defaults_are_off():
     o = PerformerOptions()
-    assert (o.temperature, o.pad_keys_in_normaliser, o.stabiliser_of, o.key_stabiliser, o.feature_eps,
-            o.detach_stabilisers, o.qr_sign_fix) == ("sqrt_d", False, "log_feature", "sample", 0.0, True, True)
+    assert (
+        o.temperature,
+        o.pad_keys_in_normaliser,
+        o.stabiliser_of,
+        o.key_stabiliser,
+        o.feature_eps,
+        o.detach_stabilisers,
+        o.qr_sign_fix,
+    ) == ("sqrt_d", False, "log_feature", "sample", 0.0, True, True)
 
 
 @pytest.mark.parametrize("temperature,t", [("sqrt_d", 4.0), ("d", 16.0)])
@@ -148,7 +162,7 @@ def test_batch_stabiliser_with_eps_couples_samples():
         m = build(d, features=64, **opts)
         longest = m.omega[m.omega.norm(dim=1).argmax()]
         k2 = k.clone()
-        k2[1] = 10 * d ** 0.5 * longest / longest.norm()  # k' = k/√d (temperature d): ω·k' = 10‖ω‖
+        k2[1] = 10 * d**0.5 * longest / longest.norm()  # k' = k/√d (temperature d): ω·k' = 10‖ω‖
         return m(q[:1], k[:1], v[:1]), m(q, k2, v)[:1]
 
     alone, together = sample0(**PAPER)
@@ -165,7 +179,7 @@ def test_projection_stabiliser_with_eps_flattens_long_queries():
     d = 16
     torch.manual_seed(0)
     _, k, v = (t[:1, :1] for t in qkv(n=32))
-    q = torch.nn.functional.normalize(torch.randn(1, 1, 32, d), dim=-1) * math.sqrt(40) * d ** 0.25  # ‖q'‖² = 40
+    q = torch.nn.functional.normalize(torch.randn(1, 1, 32, d), dim=-1) * math.sqrt(40) * d**0.25  # ‖q'‖² = 40
     out = {}
     for of in ("projection", "log_feature"):
         torch.manual_seed(1)
@@ -175,14 +189,16 @@ def test_projection_stabiliser_with_eps_flattens_long_queries():
     assert spread(out["log_feature"]) > 0.1
 
 
-@pytest.mark.parametrize("eps,detach,exact", [(0.0, True, True), (0.0, False, True), (0.1, False, True),
-                                              (0.1, True, False)])
+@pytest.mark.parametrize(
+    "eps,detach,exact", [(0.0, True, True), (0.0, False, True), (0.1, False, True), (0.1, True, False)]
+)
 def test_detached_stabilisers_lose_the_true_gradient_only_with_eps(eps, detach, exact):
     """Finite differences of the forward vs autograd (float64): the maxima no longer cancel when eps > 0,
     so detaching them drops a real term of the gradient."""
     torch.manual_seed(0)
-    m = build(4, features=6, feature_eps=eps, detach_stabilisers=detach, key_stabiliser="batch",
-              stabiliser_of="projection")
+    m = build(
+        4, features=6, feature_eps=eps, detach_stabilisers=detach, key_stabiliser="batch", stabiliser_of="projection"
+    )
     m.omega = m.omega.double()
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 1, 5, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -221,9 +237,19 @@ def test_fixed_paper_draw_is_the_module_level_function():
     assert torch.equal(m.omega, gaussian_orthogonal_features(40, 16, qr_sign_fix=False))
 
 
-@pytest.mark.parametrize("bad", [{"temperature": "1/d"}, {"pad_keys_in_normaliser": "yes"},
-                                 {"stabiliser_of": "max"}, {"key_stabiliser": "head"}, {"feature_eps": -1e-4},
-                                 {"feature_eps": True}, {"detach_stabilisers": 1.5}, {"qr_sign_fix": None}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": "1/d"},
+        {"pad_keys_in_normaliser": "yes"},
+        {"stabiliser_of": "max"},
+        {"key_stabiliser": "head"},
+        {"feature_eps": -1e-4},
+        {"feature_eps": True},
+        {"detach_stabilisers": 1.5},
+        {"qr_sign_fix": None},
+    ],
+)
 def test_paper_options_invalid_named(bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

@@ -174,12 +174,20 @@ def test_polysketch_redraw_policy():
     assert not torch.allclose(per_call(q, k, v), per_call(q, k, v))
 
 
-@pytest.mark.parametrize("name,bad", [
-    ("polysketch", {"sketch_size": 0}), ("polysketch", {"sketch": "countsketch"}), ("polysketch", {"block_size": 0}),
-    ("polysketch", {"normalizer_bias": -1.0}), ("polysketch", {"redraw": "per_step"}),
-    ("polysketch", {"qk_norm": "rms"}),
-    ("polynomial", {"degree": 3}), ("polynomial", {"degree": 0}), ("polynomial", {"causal": "yes"}),
-])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("polysketch", {"sketch_size": 0}),
+        ("polysketch", {"sketch": "countsketch"}),
+        ("polysketch", {"block_size": 0}),
+        ("polysketch", {"normalizer_bias": -1.0}),
+        ("polysketch", {"redraw": "per_step"}),
+        ("polysketch", {"qk_norm": "rms"}),
+        ("polynomial", {"degree": 3}),
+        ("polynomial", {"degree": 0}),
+        ("polynomial", {"causal": "yes"}),
+    ],
+)
 def test_invalid_options_named(name, bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import attention
-from tests.test_attention_contract import LargestTensor
 from attention.testing import masks, qkv
+from tests.test_attention_contract import LargestTensor
 
 H, D = 2, 16
 
@@ -80,13 +80,14 @@ def test_one_chunk_is_exact_shared_qk_attention(n_hashes, where):
 @pytest.mark.parametrize("n,bucket,n_hashes", [(100, 16, 2), (96, 16, 3), (70, 32, 1), (50, 8, 2)])
 def test_multi_round_is_softmax_over_union_of_chunk_sets(redraw, n, bucket, n_hashes):
     """n not a multiple of the bucket size, padding in the middle; duplicates across rounds counted once."""
-    m = attention.build("reformer", num_heads=H, head_dim=D, max_len=n, n_hashes=n_hashes, bucket_size=bucket,
-                        redraw=redraw)
+    m = attention.build(
+        "reformer", num_heads=H, head_dim=D, max_len=n, n_hashes=n_hashes, bucket_size=bucket, redraw=redraw
+    )
     q, k, v = qkv(n=n)
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[0, 10:27] = False
     mask[1, 30:33] = False
-    mask[1, n - 4:] = False
+    mask[1, n - 4 :] = False
     torch.manual_seed(3)
     rotations = m.draw_rotations(n)
     n_chunks = math.ceil(n / bucket)
@@ -153,11 +154,10 @@ def test_memory_linear_in_n():
             m(q, q, v).sum().backward()
         sizes[n] = probe.largest
     assert sizes[4096] <= 2.1 * sizes[2048]
-    assert sizes[4096] < 4096 ** 2 / 8
+    assert sizes[4096] < 4096**2 / 8
 
 
-@pytest.mark.parametrize("bad", [{"n_hashes": 0}, {"bucket_size": 0}, {"bucket_size": 8.0},
-                                 {"redraw": "per_step"}])
+@pytest.mark.parametrize("bad", [{"n_hashes": 0}, {"bucket_size": 0}, {"bucket_size": 8.0}, {"redraw": "per_step"}])
 def test_reformer_invalid_options_named(bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

@@ -10,12 +10,17 @@ import pytest
 import torch
 
 import attention
-from tests.oracles import dense_softmax, rand_qkv, structured_qkv
 from attention import skeinformer as sk
 from attention.testing import masks as contract_masks
+from tests.oracles import dense_softmax, rand_qkv, structured_qkv
 
-SKEIN = ["skeinformer", "skeinformer_uniform", "skeinformer_no_rownorm", "skeinformer_simple_rownorm",
-         "skeinformer_no_pilot"]
+SKEIN = [
+    "skeinformer",
+    "skeinformer_uniform",
+    "skeinformer_no_rownorm",
+    "skeinformer_simple_rownorm",
+    "skeinformer_no_pilot",
+]
 B, H, P = 2, 2, 8
 
 
@@ -53,8 +58,9 @@ def ref_skein(q, k, v, mask, pilots, cols, row_norm, pilot_reuse, incl=None):
                 a = {j: math.exp(float(q[b, h, i] @ k[b, h, j]) / math.sqrt(p)) for j in real}
                 if row_norm == "adaptive":
                     g = math.exp(sum(math.log(a[j]) for j in sel) / len(sel))
-                    num = sum(a[j] * v[b, h, j] for j in sel) + g * sum((v[b, h, j] for j in rest), torch.zeros(p,
-                                                                                                         dtype=q.dtype))
+                    num = sum(a[j] * v[b, h, j] for j in sel) + g * sum(
+                        (v[b, h, j] for j in rest), torch.zeros(p, dtype=q.dtype)
+                    )
                     out[b, h, i] = num / (sum(a[j] for j in sel) + len(rest) * g)
                 elif row_norm == "simple":
                     out[b, h, i] = sum(a[j] * v[b, h, j] for j in sel) / sum(a[j] for j in sel)
@@ -124,9 +130,14 @@ def test_vmean_matches_formula(where):
 
 
 # ---------------------------------------------------------------- the estimator with injected samples
-@pytest.mark.parametrize("name,row_norm,reuse", [("skeinformer", "adaptive", True),
-                                                 ("skeinformer_no_pilot", "adaptive", False),
-                                                 ("skeinformer_simple_rownorm", "simple", True)])
+@pytest.mark.parametrize(
+    "name,row_norm,reuse",
+    [
+        ("skeinformer", "adaptive", True),
+        ("skeinformer_no_pilot", "adaptive", False),
+        ("skeinformer_simple_rownorm", "simple", True),
+    ],
+)
 def test_estimator_matches_dense_reference(monkeypatch, name, row_norm, reuse):
     n, d = 48, 6
     q, k, v = rand_qkv(n, 1, scale=1.5)
@@ -189,7 +200,8 @@ def test_column_probabilities_eq5():
     for i in range(n):
         if real[0, 0, i]:
             want[i] = math.sqrt(sum(float(bp[0, 0, r, i]) ** 2 for r in range(d) if valid[0, 0, r])) * float(
-                v[0, 0, i].norm())
+                v[0, 0, i].norm()
+            )
     torch.testing.assert_close(log_w.softmax(-1)[0, 0], want / want.sum(), atol=1e-12, rtol=1e-10)
 
 
@@ -310,8 +322,7 @@ def test_no_rownorm_is_unbiased():
     n = 64
     q, k, v = rand_qkv(n, 16, b=1, h=1, scale=1.5)
     ref = ((q @ k.transpose(-1, -2)) / math.sqrt(P)).softmax(-1) @ v
-    m = attention.build("skeinformer_no_rownorm", num_heads=1, head_dim=P, max_len=n, num_features=8,
-                        pilot_reuse=False)
+    m = attention.build("skeinformer_no_rownorm", num_heads=1, head_dim=P, max_len=n, num_features=8, pilot_reuse=False)
     torch.manual_seed(0)
     draws = torch.stack([m(q, k, v) for _ in range(400)])
     single = rel_err(draws[0], ref)
@@ -329,9 +340,19 @@ def test_error_ordering_fig1():
 
 
 # ---------------------------------------------------------------- options
-@pytest.mark.parametrize("bad", [{"num_features": 0}, {"num_features": -3}, {"num_features": 2.5},
-                                 {"num_features": "256"}, {"column_sampling": "leverage"},
-                                 {"row_norm": "none"}, {"pilot_reuse": "yes"}, {"pilot_sampling": "bernoulli"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"num_features": 0},
+        {"num_features": -3},
+        {"num_features": 2.5},
+        {"num_features": "256"},
+        {"column_sampling": "leverage"},
+        {"row_norm": "none"},
+        {"pilot_reuse": "yes"},
+        {"pilot_sampling": "bernoulli"},
+    ],
+)
 @pytest.mark.parametrize("name", SKEIN)
 def test_invalid_options_named(name, bad):
     (key,) = bad
@@ -341,12 +362,20 @@ def test_invalid_options_named(name, bad):
 
 def test_variant_defaults():
     d = {name: attention.option_defaults(name) for name in SKEIN}
-    assert d["skeinformer"] == {"num_features": 256, "column_sampling": "importance", "row_norm": "adaptive",
-                                "pilot_reuse": True, "pilot_sampling": "without_replacement",
-                                # the public code's quirks are options, off by default (test_skeinformer_paper.py)
-                                "pilot_heads": "per_head", "pilot_batch": "independent", "draw_from": "real",
-                                "budget": "per_sample", "sketch_weights": "horvitz_thompson",
-                                "pilot_duplicate_grad": "once"}
+    assert d["skeinformer"] == {
+        "num_features": 256,
+        "column_sampling": "importance",
+        "row_norm": "adaptive",
+        "pilot_reuse": True,
+        "pilot_sampling": "without_replacement",
+        # the public code's quirks are options, off by default (test_skeinformer_paper.py)
+        "pilot_heads": "per_head",
+        "pilot_batch": "independent",
+        "draw_from": "real",
+        "budget": "per_sample",
+        "sketch_weights": "horvitz_thompson",
+        "pilot_duplicate_grad": "once",
+    }
     assert d["skeinformer_uniform"]["column_sampling"] == "uniform"
     assert d["skeinformer_no_rownorm"]["row_norm"] == "exact"
     assert d["skeinformer_simple_rownorm"]["row_norm"] == "simple"

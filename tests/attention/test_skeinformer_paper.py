@@ -18,8 +18,14 @@ from attention import skeinformer as sk
 from tests.oracles import dense_softmax, rand_qkv
 
 B, H, P = 2, 2, 8
-PAPER = dict(pilot_sampling="with_replacement", pilot_heads="shared", pilot_batch="shared", draw_from="prefix",
-             budget="batch_shortest", pilot_duplicate_grad="per_copy")
+PAPER = dict(
+    pilot_sampling="with_replacement",
+    pilot_heads="shared",
+    pilot_batch="shared",
+    draw_from="prefix",
+    budget="batch_shortest",
+    pilot_duplicate_grad="per_copy",
+)
 
 
 def build(name="skeinformer", n=16, **opts):
@@ -101,8 +107,12 @@ def test_batch_shortest_budget_matches_eq6(monkeypatch):
     n, d_slots = 16, 8
     q, k, v = rand_qkv(n, 2, b=B, h=H, p=P)
     mask = torch.arange(n)[None, :] < torch.tensor([[16], [4]])
-    draws = torch.tensor([[[5, 1, 12, 0, 2, 3, 4, 6], [15, 9, 3, 7, 8, 10, 11, 13]],
-                          [[2, 0, 3, 1, 4, 5, 6, 7], [1, 3, 0, 2, 4, 5, 6, 7]]])
+    draws = torch.tensor(
+        [
+            [[5, 1, 12, 0, 2, 3, 4, 6], [15, 9, 3, 7, 8, 10, 11, 13]],
+            [[2, 0, 3, 1, 4, 5, 6, 7], [1, 3, 0, 2, 4, 5, 6, 7]],
+        ]
+    )
 
     kths = []
 
@@ -184,8 +194,9 @@ def test_prefix_pilot_on_padding_counts_as_a_uniform_row(monkeypatch):
         return cols, torch.full((1, 1, 1), float("-inf"), dtype=log_w.dtype)
 
     monkeypatch.setattr(sk, "gumbel_topk", fake_topk)
-    attention.build("skeinformer", num_heads=1, head_dim=P, max_len=n, num_features=2,
-                    **{**PAPER, "budget": "per_sample"})(q, k, v, mask)
+    attention.build(
+        "skeinformer", num_heads=1, head_dim=P, max_len=n, num_features=2, **{**PAPER, "budget": "per_sample"}
+    )(q, k, v, mask)
     real = mask[0].nonzero().flatten().tolist()
     a0 = {j: math.exp(float(q[0, 0, 0] @ k[0, 0, j]) / math.sqrt(P)) for j in real}
     want = torch.zeros(n, dtype=torch.float64)
@@ -202,10 +213,12 @@ def test_no_rownorm_unweighted_sketch(monkeypatch):
     mask = torch.ones(B, n, dtype=torch.bool)
     mask[1, 7:13] = False
     cols = [[[0, 3, 17], [5, 6, 14]], [[2, 15, 19], [0, 1, 13]]]
-    monkeypatch.setattr(sk, "gumbel_topk", lambda log_w, d, kth=None: (
-        torch.tensor(cols), torch.full((B, H, 1), 0.3, dtype=log_w.dtype)))  # a finite kappa: HT would weight
-    out = build("skeinformer_no_rownorm", n=n, num_features=3, pilot_reuse=False, sketch_weights="none")(
-        q, k, v, mask)
+    monkeypatch.setattr(
+        sk,
+        "gumbel_topk",
+        lambda log_w, d, kth=None: (torch.tensor(cols), torch.full((B, H, 1), 0.3, dtype=log_w.dtype)),
+    )  # a finite kappa: HT would weight
+    out = build("skeinformer_no_rownorm", n=n, num_features=3, pilot_reuse=False, sketch_weights="none")(q, k, v, mask)
     ref = torch.zeros_like(q)
     for b in range(B):
         real = mask[b].nonzero().flatten().tolist()
@@ -227,8 +240,9 @@ def test_duplicate_pilot_gradient(monkeypatch, mode, copies):
     v.requires_grad_()
     mask = torch.ones(1, n, dtype=torch.bool)
     force_uniforms(monkeypatch, [0.2, 0.25, 0.9])
-    out = attention.build("skeinformer", num_heads=1, head_dim=P, max_len=n, num_features=3,
-                          **{**PAPER, "pilot_duplicate_grad": mode})(q, k, v, mask)
+    out = attention.build(
+        "skeinformer", num_heads=1, head_dim=P, max_len=n, num_features=3, **{**PAPER, "pilot_duplicate_grad": mode}
+    )(q, k, v, mask)
     exact = dense_softmax(q, k, v.detach(), mask)
     torch.testing.assert_close(out[0, 0, 2], exact[0, 0, 2], atol=1e-12, rtol=1e-10)
     out[0, 0, 2].sum().backward()
@@ -237,8 +251,17 @@ def test_duplicate_pilot_gradient(monkeypatch, mode, copies):
 
 
 # ---------------------------------------------------------------- options
-@pytest.mark.parametrize("bad", [{"pilot_heads": "all"}, {"pilot_batch": "global"}, {"draw_from": "left"},
-                                 {"budget": "shortest"}, {"sketch_weights": "ht"}, {"pilot_duplicate_grad": 2}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"pilot_heads": "all"},
+        {"pilot_batch": "global"},
+        {"draw_from": "left"},
+        {"budget": "shortest"},
+        {"sketch_weights": "ht"},
+        {"pilot_duplicate_grad": 2},
+    ],
+)
 def test_invalid_paper_options_named(bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):
@@ -252,5 +275,11 @@ def test_shared_batch_needs_replacement():
 
 def test_defaults_are_clean():
     d = attention.option_defaults("skeinformer")
-    assert (d["pilot_heads"], d["pilot_batch"], d["draw_from"], d["budget"], d["sketch_weights"],
-            d["pilot_duplicate_grad"]) == ("per_head", "independent", "real", "per_sample", "horvitz_thompson", "once")
+    assert (
+        d["pilot_heads"],
+        d["pilot_batch"],
+        d["draw_from"],
+        d["budget"],
+        d["sketch_weights"],
+        d["pilot_duplicate_grad"],
+    ) == ("per_head", "independent", "real", "per_sample", "horvitz_thompson", "once")

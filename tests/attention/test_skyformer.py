@@ -31,7 +31,7 @@ def reference_nystrom_completion(q, k, v, mask, landmarks_per_sample, gamma):
     """κ(Q̃, X_S)(κ(X_S, X_S) + γI)⁻¹κ(X_S, K̃)V with an explicit float64 solve, landmark rows given."""
     q, k, v = q.double(), k.double(), v.double()
     p = q.shape[-1]
-    s = p ** -0.25
+    s = p**-0.25
     out = torch.zeros_like(q)
 
     def kern(a, c):
@@ -99,9 +99,9 @@ def test_skyformer_equals_nystrom_formula_on_its_landmarks():
     assert valid.all()
     for h in range(H):  # the reference takes one head at a time
         lm = [idx[b, h] for b in range(q.shape[0])]
-        ref = reference_nystrom_completion(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], mask, lm, 0.1)
+        ref = reference_nystrom_completion(q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], mask, lm, 0.1)
         real = mask[:, None, :, None].expand_as(ref)
-        torch.testing.assert_close(out[:, h:h + 1][real], ref[real], atol=1e-10, rtol=1e-8)
+        torch.testing.assert_close(out[:, h : h + 1][real], ref[real], atol=1e-10, rtol=1e-8)
 
 
 def test_skyformer_error_shrinks_with_landmarks():
@@ -161,7 +161,7 @@ def test_lemma3_spectrum_and_per_matrix_init():
     for init in ("identity", "colsum"):
         z = newton_schulz_inverse(a, 6, init)
         for i in range(3):  # each matrix alone, without the others
-            torch.testing.assert_close(z[i:i + 1], newton_schulz_inverse(a[i:i + 1], 6, init), atol=0, rtol=0)
+            torch.testing.assert_close(z[i : i + 1], newton_schulz_inverse(a[i : i + 1], 6, init), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("init", ["identity", "colsum"])
@@ -236,11 +236,19 @@ def test_skyformer_redraw_policy():
     assert not torch.allclose(per_call(q, k, v), per_call(q, k, v))
 
 
-@pytest.mark.parametrize("name,bad", [
-    ("kernelized", {"dropout": 1.0}), ("skyformer", {"num_landmarks": 0}), ("skyformer", {"gamma": 0.0}),
-    ("skyformer", {"ns_iters": -1}), ("skyformer", {"ns_init": "random"}), ("skyformer", {"inverse": "lu"}),
-    ("skyformer", {"replacement": "yes"}), ("skyformer", {"redraw": "per_step"}),
-])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("kernelized", {"dropout": 1.0}),
+        ("skyformer", {"num_landmarks": 0}),
+        ("skyformer", {"gamma": 0.0}),
+        ("skyformer", {"ns_iters": -1}),
+        ("skyformer", {"ns_init": "random"}),
+        ("skyformer", {"inverse": "lu"}),
+        ("skyformer", {"replacement": "yes"}),
+        ("skyformer", {"redraw": "per_step"}),
+    ],
+)
 def test_invalid_options_named(name, bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

@@ -10,8 +10,14 @@ import torch
 import attention
 from attention.skyformer import newton_schulz_inverse, sample_landmarks
 
-PAPER = dict(ns_init="colsum_batch", replacement=True, landmark_split="halves", landmark_draw="shared",
-             scale_dim=32, zero_padded_queries=True)
+PAPER = dict(
+    ns_init="colsum_batch",
+    replacement=True,
+    landmark_split="halves",
+    landmark_draw="shared",
+    scale_dim=32,
+    zero_padded_queries=True,
+)
 
 
 def build(name, heads=2, head_dim=8, n=24, **opts):
@@ -33,11 +39,16 @@ def test_shared_halves_draw_positions_by_hand():
     n = 10
     prefix = right_padded([10, 4, 7], n)
     u = torch.tensor([0.0, 0.55, 0.99, 0.25, 0.75])
-    idx, valid = sample_landmarks(torch.cat([prefix, prefix], 1), 3, 5, replacement=True, uniforms=u,
-                                  split="halves", shared=True)
-    expected = torch.tensor([[0, 5, 10 + 9, 10 + 2, 10 + 7],   # m = 10
-                             [0, 2, 10 + 3, 10 + 1, 10 + 3],   # m = 4: ⌊0.99·4⌋ = 3, ⌊0.75·4⌋ = 3
-                             [0, 3, 10 + 6, 10 + 1, 10 + 5]])  # m = 7
+    idx, valid = sample_landmarks(
+        torch.cat([prefix, prefix], 1), 3, 5, replacement=True, uniforms=u, split="halves", shared=True
+    )
+    expected = torch.tensor(
+        [
+            [0, 5, 10 + 9, 10 + 2, 10 + 7],  # m = 10
+            [0, 2, 10 + 3, 10 + 1, 10 + 3],  # m = 4: ⌊0.99·4⌋ = 3, ⌊0.75·4⌋ = 3
+            [0, 3, 10 + 6, 10 + 1, 10 + 5],
+        ]
+    )  # m = 7
     assert valid.all()
     for h in range(3):  # the same for every head
         assert torch.equal(idx[:, h], expected)
@@ -54,7 +65,7 @@ def test_shared_draw_takes_one_rand_of_d_like_the_public_code():
     idx, _ = sample_landmarks(torch.cat([prefix, prefix], 1), 2, d, replacement=True, split="halves", shared=True)
     m = torch.tensor([50.0, 13.0])[:, None]
     hand = (m * u).long()
-    hand[:, d // 2:] += n
+    hand[:, d // 2 :] += n
     assert torch.equal(idx, hand[:, None, :].expand(2, 2, d))
 
 
@@ -113,8 +124,9 @@ def test_colsum_batch_start_is_one_scale_for_the_whole_batch():
     c = max(a[b, h, :, j].sum().item() for b in range(3) for h in range(2) for j in range(5))
     per_matrix = a.sum(-2).amax(-1)
     assert (per_matrix.max() - per_matrix.min()) > 0.02  # a per-matrix start would differ
-    torch.testing.assert_close(newton_schulz_inverse(a, 0, "colsum_batch"), a.transpose(-1, -2) / c,
-                               atol=1e-15, rtol=1e-13)
+    torch.testing.assert_close(
+        newton_schulz_inverse(a, 0, "colsum_batch"), a.transpose(-1, -2) / c, atol=1e-15, rtol=1e-13
+    )
     # one step of Z ← ¼ Z(13I − AZ(15I − AZ(7I − AZ))) from that start, by hand
     eye = torch.eye(5, dtype=torch.float64)
     z0 = a.transpose(-1, -2) / c
@@ -124,8 +136,9 @@ def test_colsum_batch_start_is_one_scale_for_the_whole_batch():
     # the batch couples: changing matrix (2, ·) moves matrix (0, 0) under colsum_batch only
     a2 = a.clone()
     a2[2] = 3 * torch.eye(5, dtype=torch.float64)  # column sums 3: the new batch maximum
-    assert not torch.allclose(newton_schulz_inverse(a2, 3, "colsum_batch")[0, 0],
-                              newton_schulz_inverse(a, 3, "colsum_batch")[0, 0])
+    assert not torch.allclose(
+        newton_schulz_inverse(a2, 3, "colsum_batch")[0, 0], newton_schulz_inverse(a, 3, "colsum_batch")[0, 0]
+    )
     assert torch.equal(newton_schulz_inverse(a2, 3, "colsum")[0, 0], newton_schulz_inverse(a, 3, "colsum")[0, 0])
 
 
@@ -136,7 +149,7 @@ def reference_public(q, k, v, mask, positions, d, *, p_scale=32, gamma=0.1, iter
     A = D^{-½}MD^{-½}, Z₀ = Aᵀ/c with c the largest column sum of every A in the batch, ``iters``
     hyper-power steps, out = κ(Q, X_S) D^{-½} Z D^{-½} κ(X_S, K) V."""
     b_, h_, n, _ = q.shape
-    s = p_scale ** -0.25
+    s = p_scale**-0.25
 
     def kern(x, y):
         return torch.exp(-(x[:, None, :] - y[None, :, :]).square().sum(-1) / 2)
@@ -184,8 +197,9 @@ def test_paper_options_equal_public_formula(scale, padding):
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-9)
     # the clean defaults on the same landmarks differ (start, scale, padded rows)
     torch.manual_seed(11)
-    clean = build("skyformer", n=n, num_landmarks=d, replacement=True, landmark_split="halves",
-                  landmark_draw="shared")(q, k, v, mask)
+    clean = build("skyformer", n=n, num_landmarks=d, replacement=True, landmark_split="halves", landmark_draw="shared")(
+        q, k, v, mask
+    )
     assert (clean - ref).abs().max() > 1e-3
 
 
@@ -221,9 +235,17 @@ def test_zero_padded_queries_changes_padded_rows_only(name):
         torch.testing.assert_close(a[1, :, 15:], hand[:, None, :].expand(2, 9, 8), atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("opt,bad", [("ns_init", "global"), ("landmark_split", "thirds"),
-                                     ("landmark_draw", "per_batch"), ("scale_dim", 0), ("scale_dim", 32.0),
-                                     ("zero_padded_queries", "yes")])
+@pytest.mark.parametrize(
+    "opt,bad",
+    [
+        ("ns_init", "global"),
+        ("landmark_split", "thirds"),
+        ("landmark_draw", "per_batch"),
+        ("scale_dim", 0),
+        ("scale_dim", 32.0),
+        ("zero_padded_queries", "yes"),
+    ],
+)
 def test_invalid_paper_options_named(opt, bad):
     with pytest.raises(ValueError, match=opt):
         build("skyformer", **{opt: bad})

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import attention
-from attention.yoso import auto_hash_bits, draw_hyperplanes, lsh_attention, simhash_codes
 from attention.testing import masks, qkv
+from attention.yoso import auto_hash_bits, draw_hyperplanes, lsh_attention, simhash_codes
 
 H, D, N = 2, 16, 128
 TAU = 8
@@ -205,7 +205,7 @@ def test_yoso_conv_is_yoso_plus_depthwise_conv():
     vp = F.pad(vm, (0, 0, 2, 2))
     for h in range(H):
         for t in range(5):
-            conv[:, h] += w[h, t] * vp[:, h, t:t + N]
+            conv[:, h] += w[h, t] * vp[:, h, t : t + N]
     torch.testing.assert_close(a, b + conv, atol=1e-5, rtol=1e-5)
 
 
@@ -219,11 +219,19 @@ def test_yoso_redraw_policy():
     assert not torch.allclose(per_call(q, k, v), per_call(q, k, v))
 
 
-@pytest.mark.parametrize("name,bad", [
-    ("yoso", {"num_hashes": 0}), ("yoso", {"hash_bits": 0}), ("yoso", {"hash_bits": 21}),
-    ("yoso_conv", {"conv_kernel": 4}), ("yoso", {"redraw": "per_step"}), ("yoso_e", {"output_norm": "sum"}),
-    ("yoso_e", {"backward": "straight_through"}), ("yoso_e", {"hash_bits": 2.5}),
-])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("yoso", {"num_hashes": 0}),
+        ("yoso", {"hash_bits": 0}),
+        ("yoso", {"hash_bits": 21}),
+        ("yoso_conv", {"conv_kernel": 4}),
+        ("yoso", {"redraw": "per_step"}),
+        ("yoso_e", {"output_norm": "sum"}),
+        ("yoso_e", {"backward": "straight_through"}),
+        ("yoso_e", {"hash_bits": 2.5}),
+    ],
+)
 def test_invalid_options_named(name, bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):

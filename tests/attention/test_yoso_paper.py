@@ -14,7 +14,7 @@ import attention.yoso as Y
 from attention.testing import masks, qkv
 
 H, D, N, TAU = 2, 16, 128, 6
-H4 = torch.tensor([[1., 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64)
+H4 = torch.tensor([[1.0, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64)
 
 
 def build(name, **opts):
@@ -34,7 +34,7 @@ def fast_hash_by_hand(x, signs, bits, m):
         s1, s2, s3 = signs[0, p], signs[1, p], signs[2, p]
         y = H4 @ (s3 * (H4 @ (s2 * (H4 @ (s1 * x)))))
         for j in range(4 // bits):
-            codes.append(code_of(y[j * bits:(j + 1) * bits], bits))
+            codes.append(code_of(y[j * bits : (j + 1) * bits], bits))
     return codes[:m]
 
 
@@ -43,9 +43,9 @@ def test_hadamard_planes_hand_example_all_plus():
     """All signs +1: y = H³x = 4·Hx; x = (1, 2, 3, 5) gives Hx = (11, −3, −5, 1), bits 1,0,0,1."""
     signs = torch.ones(3, 1, 4, dtype=torch.float64)
     planes = Y.hadamard_planes(signs, 4, 2, 2)  # (m=2, d=4, τ=2)
-    x = torch.tensor([1., 2, 3, 5], dtype=torch.float64)
+    x = torch.tensor([1.0, 2, 3, 5], dtype=torch.float64)
     y = torch.cat([x @ planes[t] for t in range(2)])  # the 4 projections, code by code
-    torch.testing.assert_close(y, torch.tensor([44., -12, -20, 4], dtype=torch.float64))
+    torch.testing.assert_close(y, torch.tensor([44.0, -12, -20, 4], dtype=torch.float64))
     codes = Y.simhash_codes(x.view(1, 1, 1, 4), planes[None])[0, 0, :, 0].tolist()
     assert codes == [1, 2]  # bits (1, 0) -> 1, (0, 1) -> 2
 
@@ -84,10 +84,10 @@ def test_hadamard_sizes_and_orthogonal_hyperplanes():
     assert set(signs.unique().tolist()) == {-1.0, 1.0}
     planes = Y.hadamard_planes(signs, 32, 10, 8)  # (2, 8, 32, 10)
     gram = planes.transpose(-1, -2) @ planes  # τ hyperplanes of a code: orthogonal, each of norm² 32³
-    torch.testing.assert_close(gram, 32.0 ** 3 * torch.eye(10, dtype=torch.float64).expand_as(gram))
+    torch.testing.assert_close(gram, 32.0**3 * torch.eye(10, dtype=torch.float64).expand_as(gram))
     # codes 0..2 share a transform: together 30 distinct orthogonal columns
     cols = planes[0, :3].permute(1, 0, 2).reshape(32, 30)
-    torch.testing.assert_close(cols.T @ cols, 32.0 ** 3 * torch.eye(30, dtype=torch.float64))
+    torch.testing.assert_close(cols.T @ cols, 32.0**3 * torch.eye(30, dtype=torch.float64))
 
 
 def test_module_hadamard_matches_dense_bernoulli(monkeypatch):
@@ -96,8 +96,9 @@ def test_module_hadamard_matches_dense_bernoulli(monkeypatch):
     mask = masks()["end"]
     m = 5
     width = Y.hadamard_dim(D)
-    signs = Y.draw_hadamard_signs(H, Y.hadamard_parts(m, TAU, width), width, dtype=torch.float64,
-                                  generator=torch.Generator().manual_seed(3))
+    signs = Y.draw_hadamard_signs(
+        H, Y.hadamard_parts(m, TAU, width), width, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    )
     calls = []
     monkeypatch.setattr(Y, "draw_hadamard_signs", lambda *a, **kw: calls.append((a, kw)) or signs)
     out = build("yoso", num_hashes=m, hash_bits=TAU, hash_family="hadamard")(q, k, v, mask)
@@ -133,8 +134,9 @@ def test_draw_per_sample_uses_each_samples_own_planes(monkeypatch, family):
     for b in range(2):
         monkeypatch.setattr(Y, name, lambda *a, batch=None, **kw: drawn[b])
         alone = build("yoso", num_hashes=m, hash_bits=TAU, hash_family=family)(
-            q[b:b + 1], k[b:b + 1], v[b:b + 1], mask[b:b + 1])
-        torch.testing.assert_close(out[b:b + 1], alone, atol=1e-12, rtol=1e-10)
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], mask[b : b + 1]
+        )
+        torch.testing.assert_close(out[b : b + 1], alone, atol=1e-12, rtol=1e-10)
 
 
 def test_draw_per_sample_decouples_identical_samples():
@@ -232,16 +234,23 @@ def test_cos_scale_lower_bound_slope():
     (build("yoso_e", hash_bits=TAU, cos_scale=0.9, output_norm="none")(qa, k, v) * up).sum().backward()
     qb = q.clone().requires_grad_()
     x = F.normalize(qb, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    w = ((1 - torch.acos(0.9 * x.detach()) / math.pi) ** TAU)
+    w = (1 - torch.acos(0.9 * x.detach()) / math.pi) ** TAU
     ((w + 0.9 * (TAU / 2) * w * (x - x.detach())) @ v * up).sum().backward()
     torch.testing.assert_close(qa.grad, qb.grad, atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("name,bad", [
-    ("yoso", {"hash_family": "fast"}), ("yoso", {"draw_per_sample": 1}), ("yoso_e", {"zero_padded_queries": "yes"}),
-    ("yoso", {"norm_eps": 0.0}), ("yoso_e", {"norm_eps": 1.0}), ("yoso_e", {"cos_scale": 0.0}),
-    ("yoso_e", {"cos_scale": 1.1}),
-])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("yoso", {"hash_family": "fast"}),
+        ("yoso", {"draw_per_sample": 1}),
+        ("yoso_e", {"zero_padded_queries": "yes"}),
+        ("yoso", {"norm_eps": 0.0}),
+        ("yoso_e", {"norm_eps": 1.0}),
+        ("yoso_e", {"cos_scale": 0.0}),
+        ("yoso_e", {"cos_scale": 1.1}),
+    ],
+)
 def test_paper_options_validated(name, bad):
     (key,) = bad
     with pytest.raises(ValueError, match=key):
