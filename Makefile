@@ -9,10 +9,11 @@ grid ?= quick
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: check-install setup lra test test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
+.PHONY: check-install setup lra test lint format test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
 
 help:
-	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | data task=<t>"
+	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | lint | format"
+	@echo "make data task=<t>"
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | share-bench | bench | approx"
 	@echo "make doctor [ARGS='--quick'] (does the harness work here, how fast, at what cost: docs/doctor.md)"
 
@@ -36,8 +37,17 @@ lra: $(STAMP)
 # The default suite in WORKERS processes (pytest-xdist; each test file stays in one of them, as its
 # module-scoped fixtures expect). Every test sets one torch thread, so two workers use a 2-core CI machine.
 WORKERS ?= 2
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q -m "not slow" -n $(WORKERS) --dist loadfile $(ARGS)
+
+# The formatter and the linter configured in pyproject.toml, over the whole tree; `make format` applies both.
+lint: $(STAMP)
+	$(PY) -m ruff format --check --quiet .
+	$(PY) -m ruff check --quiet .
+
+format: $(STAMP)
+	$(PY) -m ruff format --quiet .
+	$(PY) -m ruff check --quiet --fix .
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)

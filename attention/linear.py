@@ -51,12 +51,10 @@ from attention.registry import (
 @dataclass(frozen=True)
 class LinearOptions:
     eps: float = 1e-6  # added to the normaliser phi(q)·sum phi(k)
-    normaliser: bool = (
-        True  # divide by phi(q)·sum phi(k) + eps (Katharopoulos); False: raw sum (Nystromformer/YOSO LRA code)
-    )
-    feature_scale: str = (
-        "none"  # none, or seq_len_quarter: phi(q), phi(k) divided by n^(1/4), n the padded length (LRA code)
-    )
+    # divide by phi(q)·sum phi(k) + eps (Katharopoulos); False: raw sum (Nystromformer/YOSO LRA code)
+    normaliser: bool = True
+    # none, or seq_len_quarter: phi(q), phi(k) divided by n^(1/4), n the padded length (LRA code)
+    feature_scale: str = "none"
 
     def __post_init__(self):
         check_range("eps", self.eps, 0.0, 1.0)

@@ -85,10 +85,11 @@ class NystromOptions:
     landmarks: int = 256  # m: segment-mean landmarks of Q and K
     pinv_iterations: int = 6  # iterations of the landmark kernel's iterative pseudo-inverse
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off, else odd
-    landmark_mean: str = (
-        "real"  # real: means over real tokens | padded: reshape of the zero-padded sequence (public code; n % m == 0)
-    )
-    pinv_init: str = "per_matrix"  # Z0 scale: per_matrix ‖A‖1‖A‖∞ | batch_colsum (public LRA code) | batch_norm1_inf (reorganized code): one max over the batch
+    # real: means over real tokens | padded: reshape of the zero-padded sequence (public code; n % m == 0)
+    landmark_mean: str = "real"
+    # Z0 scale: per_matrix ‖A‖1‖A‖∞ | batch_colsum (public LRA code) | batch_norm1_inf (reorganized code): one max over
+    # the batch
+    pinv_init: str = "per_matrix"
     exact_if_full: bool = False  # m ≥ n: exact masked softmax instead of the Nyström formula (public code)
 
     def __post_init__(self):

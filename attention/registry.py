@@ -364,12 +364,23 @@ def _type_name(tp) -> str:
 
 
 def _field_comments(cls: type) -> dict:
-    """``field: type = default  # meaning`` -> {field: meaning}; the comment is the one declaration."""
+    """``field: type = default  # meaning`` -> {field: meaning}; the comment is the one declaration. A meaning
+    too long for one line is the block of ``# ...`` lines right above the field instead."""
     try:
         src = inspect.getsource(cls)
     except (OSError, TypeError):  # no source (e.g. a frozen install): no meanings, everything else stands
         return {}
-    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]+=[^#\n]*#\s*(.+)$", src, re.M)}
+    docs, above = {}, []
+    for line in src.splitlines():
+        if m := re.match(r"^\s+#\s?(.*)$", line):
+            above.append(m[1].strip())
+            continue
+        if m := re.match(r"^\s+(\w+)\s*:[^=\n]+=[^#\n]*(?:#\s*(.+))?$", line):
+            doc = (m[2] or "").strip() or " ".join(above)
+            if doc:
+                docs[m[1]] = doc
+        above = []
+    return docs
 
 
 def capabilities(name: str) -> Capabilities:

@@ -115,9 +115,8 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class KernelizedOptions:
     dropout: float = 0.1  # dropout on the Gaussian kernel matrix C (training only)
-    zero_padded_queries: bool = (
-        False  # zero q at padded positions first (public code): padded rows output exp(-|k|^2/2)-weighted V
-    )
+    # zero q at padded positions first (public code): padded rows output exp(-|k|^2/2)-weighted V
+    zero_padded_queries: bool = False
 
     def __post_init__(self):
         check_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
@@ -155,16 +154,20 @@ class SkyformerOptions:
     num_landmarks: int = 256  # d: landmark rows of [Q; K] for the Nystrom approximation
     gamma: float = 0.1  # gamma: the ridge gamma*I added to the landmark kernel
     ns_iters: int = 6  # Newton-Schulz iterations for the landmark kernel's inverse
-    ns_init: str = "identity"  # Newton-Schulz start: I; colsum: A^T/max colsum per matrix; colsum_batch: one max over batch and heads (public code)
+    # Newton-Schulz start: I; colsum: A^T/max colsum per matrix; colsum_batch: one max over batch and heads (public
+    # code)
+    ns_init: str = "identity"
     inverse: str = "newton_schulz"  # newton_schulz (the paper) or an exact solve
     replacement: bool = False  # draw landmarks with replacement (the paper) instead of without
     redraw: str = "per_call"  # per_call: new landmarks every forward; fixed: drawn once
-    landmark_split: str = "pooled"  # pooled: uniform over the rows of [Q; K]; halves: d//2 from Q rows, the rest from K rows (public code)
-    landmark_draw: str = "per_sample"  # per_sample: per sample and head among real rows; shared: one draw for batch and heads, prefix positions (public code)
+    # pooled: uniform over the rows of [Q; K]; halves: d//2 from Q rows, the rest from K rows (public code)
+    landmark_split: str = "pooled"
+    # per_sample: per sample and head among real rows; shared: one draw for batch and heads, prefix positions (public
+    # code)
+    landmark_draw: str = "per_sample"
     scale_dim: int | None = None  # p in the kernel scale p^(-1/4); None: head_dim (public code: 32)
-    zero_padded_queries: bool = (
-        False  # zero q at padded positions first (public code): changes padded rows' outputs only
-    )
+    # zero q at padded positions first (public code): changes padded rows' outputs only
+    zero_padded_queries: bool = False
 
     def __post_init__(self):
         check_range("num_landmarks", self.num_landmarks, 1, None, integer=True)

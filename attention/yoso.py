@@ -299,12 +299,10 @@ class YosoEOptions:
     output_norm: str = "l2"  # l2: normalise output rows (the YOSO code) or none
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off
     cos_scale: float = 1.0  # q̂·k̂ is multiplied by this before arccos (YOSO code v2 yoso_e: 0.98; v1: 1)
-    zero_padded_queries: bool = (
-        False  # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
-    )
-    norm_eps: float = (
-        1e-6  # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
-    )
+    # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
+    zero_padded_queries: bool = False
+    # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
+    norm_eps: float = 1e-6
 
     def __post_init__(self):
         _check_common(self)
@@ -319,14 +317,15 @@ class YosoOptions:
     redraw: str = "per_call"  # per_call: new hyperplanes every forward; fixed: drawn once
     output_norm: str = "l2"  # l2: normalise output rows (the YOSO code) or none
     conv_kernel: int = 0  # depthwise conv residual on V; 0 = off
-    hash_family: str = "gaussian"  # gaussian: iid N(0,1) hyperplanes (exact SimHash); hadamard: the YOSO code's fast_hash (H·D·H·D·H·D)
-    draw_per_sample: bool = False  # True: hyperplanes drawn for every sample and head (YOSO code; needs per_call); False: per head, shared by the batch
-    zero_padded_queries: bool = (
-        False  # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
-    )
-    norm_eps: float = (
-        1e-6  # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
-    )
+    # gaussian: iid N(0,1) hyperplanes (exact SimHash); hadamard: the YOSO code's fast_hash (H·D·H·D·H·D)
+    hash_family: str = "gaussian"
+    # True: hyperplanes drawn for every sample and head (YOSO code; needs per_call); False: per head, shared by the
+    # batch
+    draw_per_sample: bool = False
+    # True: padded query rows output 0 (+ conv), as the YOSO code; False: computed like real rows
+    zero_padded_queries: bool = False
+    # eps of the L2 normalisations of q, k and the output (YOSO code: 1e-12, F.normalize's default)
+    norm_eps: float = 1e-6
 
     def __post_init__(self):
         _check_common(self)

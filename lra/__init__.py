@@ -3,7 +3,7 @@
 Entry points (each ``python -m <module>``, or the console script in brackets after ``pip install``):
   lra.train    one run (Hydra; ``make lra``) [lra-train]      lra.data     prepare a task's data [lra-data]
   lra.fit      memory-fitted accumulation [lra-fit]           lra.collect  tables and plots [lra-tables]
-  lra.sweep    grids and searches [lra-sweep]                 lra.bench    training-step and attention benchmarks [lra-bench]
+  lra.sweep    grids and searches [lra-sweep]                 lra.bench    step and attention benchmarks [lra-bench]
   lra.approx   approximation study [lra-approx]
 """
 

@@ -20,9 +20,9 @@ for any number of devices. How the micro-batch is chosen:
    fits when ``peak x (1 + allocator_margin) + cuda_context <= total`` (see ``budget_bytes``).
    Candidates are the divisors of the per-device batch; the search tries the whole batch first,
    then micro-batch 1, then interpolates (peak memory is affine in the batch) and verifies the
-   largest divisor on the line below the budget, so a decision costs 1-4 estimates. Decisions are cached as JSON under ``fit.cache_dir``, keyed by
-   everything that changes the memory (model, attention options, sequence length, precision,
-   per-device batch, budget, torch version, estimator version).
+   largest divisor on the line below the budget, so a decision costs 1-4 estimates. Decisions are cached
+   as JSON under ``fit.cache_dir``, keyed by everything that changes the memory (model, attention options,
+   sequence length, precision, per-device batch, budget, torch version, estimator version).
 
 What the CPU estimate models of a CUDA run (docs/protocol.md has the numbers):
 * Fused softmax (``attn.options.impl=fused``): on CUDA, ``scaled_dot_product_attention`` with a
@@ -313,8 +313,9 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
         raise FitError(
             f"{where}: micro-batch 1 does not fit. Estimated peak training memory "
             f"{est[1] / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB (total {hw.total_bytes / GIB:.2f} GiB minus "
-            f"{hw.cuda_context_gib:.2f} GiB CUDA context, over a {hw.allocator_margin:.0%} allocator margin). Use a device with more memory "
-            f"(hardware=a100_40gb|h100_80gb), a shorter task.seq_len, or a cheaper attention."
+            f"{hw.cuda_context_gib:.2f} GiB CUDA context, over a {hw.allocator_margin:.0%} allocator margin). "
+            "Use a device with more memory (hardware=a100_40gb|h100_80gb), a shorter task.seq_len, "
+            "or a cheaper attention."
         )
     else:
         slope = (est[top] - est[1]) / (top - 1)

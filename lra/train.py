@@ -1,9 +1,9 @@
 """One LRA run: ``python -m lra.train task=<task> attn=<name> [overrides]`` (``make lra``).
 
 Composes the config (conf/) once, with the ``hydra`` node ``@hydra.main`` would give it, and resolves
-it into a typed spec (lra/config.py; a bad value is one line and exit code 2, before any folder exists), prepares the data (generating ListOps if
-absent), decides the micro-batch and accumulation (lra/fit.py; a run that does not fit even at
-micro-batch 1 stops here, exit code 3), trains with Lightning under the preset's protocol
+it into a typed spec (lra/config.py; a bad value is one line and exit code 2, before any folder exists),
+prepares the data (generating ListOps if absent), decides the micro-batch and accumulation (lra/fit.py; a
+run that does not fit even at micro-batch 1 stops here, exit code 3), trains with Lightning under the preset's protocol
 (lra/protocol.py), tests the selected checkpoint and writes ``<run dir>/result.json``.
 
 The run folder is named by preset, task, attention, seed and any other overrides, so re-running

@@ -358,12 +358,12 @@ def test_latex_booktabs_bold_best_per_column(tmp_path):
     tex = to_latex(build(SPEC["skeinformer_table1"], runs, "quick", drop_empty=False))
     for cmd in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{lrrrrrr}"):
         assert cmd in tex
-    lines = {l.split(" & ")[0]: l for l in tex.splitlines() if " & " in l}
+    lines = {ln.split(" & ")[0]: ln for ln in tex.splitlines() if " & " in ln}
     assert r"\textbf{35.00 (1)}" in lines["Skeinformer"] and r"\textbf{60.00 (1)}" in lines["Standard"]
     assert "textbf" not in lines["none (no attention)"] and lines["V-mean"].count("--") == 6
     assert tex.count(r"\midrule") == 2  # header rule, then the rule before rows the paper lacks
     t2 = to_latex(build(SPEC["skeinformer_table2"], runs, "quick", drop_empty=False))
-    lines = {l.split(" & ")[0]: l.split(" & ") for l in t2.splitlines() if " & " in l}
+    lines = {ln.split(" & ")[0]: ln.split(" & ") for ln in t2.splitlines() if " & " in ln}
     # ListOps columns are 4..6 (step, time, accu): lowest time and accumulation win
     # a measured cell of one seed has no interval (the legend says so once); a setting never has one
     assert lines["Skeinformer"][5] == r"\textbf{2.00 (1)}" and lines["none (no attention)"][5] == r"\textbf{2.00 (1)}"
@@ -371,7 +371,7 @@ def test_latex_booktabs_bold_best_per_column(tmp_path):
     assert lines["Skeinformer"][6] == r"\textbf{1}"
     assert r"\multicolumn{3}{c}{ListOps}" in t2 and r"\cmidrule(lr){5-7}" in t2
     t4 = to_latex(build(SPEC["skeinformer_table4"], runs, "quick", drop_empty=False))
-    lines = {l.split(" & ")[0]: l.split(" & ") for l in t4.splitlines() if " & " in l}
+    lines = {ln.split(" & ")[0]: ln.split(" & ") for ln in t4.splitlines() if " & " in ln}
     assert lines["Skeinformer"][3] == r"\textbf{32}" and lines["Standard"][3] == "16"  # larger batch wins
     md = to_markdown(build(SPEC["skeinformer_table1"], runs, "quick"))
     assert "**35.00 (1)**" in md
@@ -389,7 +389,7 @@ def test_compare_adds_paper_value_and_delta(tmp_path):
     assert c.paper == 38.15 and c.delta == pytest.approx(42.0 - 38.15)
     md = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
     assert "| Model | Text ours | Text paper | Text Δ | ListOps ours |" in md
-    std_row = next(l for l in md.splitlines() if l.startswith("| Standard |"))
+    std_row = next(ln for ln in md.splitlines() if ln.startswith("| Standard |"))
     half = 4.302652729749464 * 2.0 / math.sqrt(3)  # t(0.975, 2) x std / sqrt(n), std = 2
     lo, hi = 42 - half, 42 + half  # covers the paper's 38.15: marked
     assert (
@@ -398,13 +398,13 @@ def test_compare_adds_paper_value_and_delta(tmp_path):
     )
     assert "| **40.00 (1)** | 57.69 | -17.69 |" in std_row  # one seed: no interval, no mark
     assert "| 57.50 | -- |" in std_row  # paper average, no average of ours (tasks missing)
-    poly = next(l for l in md.splitlines() if l.startswith("| polysketch |"))
+    poly = next(ln for ln in md.splitlines() if ln.startswith("| polysketch |"))
     assert "| 30.00 (1) | -- | -- |" in poly
     with open(tmp_path / "out" / P / "skeinformer_table1.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["attn"] == "softmax")
     assert row["listops:acc:paper"] == "38.15" and float(row["listops:acc:delta"]) == pytest.approx(3.85)
     t4 = (tmp_path / "out" / P / "skeinformer_table4.md").read_text()
-    std_row = next(l for l in t4.splitlines() if l.startswith("| Standard |"))
+    std_row = next(ln for ln in t4.splitlines() if ln.startswith("| Standard |"))
     assert std_row.startswith("| Standard | **16** | 16 | +0 | **8** | 8 | +0 | **32** | 64 | -32 |")
     # tables of other papers are not compared unless asked
     assert "paper" not in (tmp_path / "out" / P / "yoso_table3.md").read_text().splitlines()[2]

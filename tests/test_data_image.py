@@ -1,4 +1,5 @@
-"""Image (CIFAR-10 grayscale): pickles, the archive, HF parquet and saved datasets agree; grey levels; splits; errors."""
+"""Image (CIFAR-10 grayscale): pickles, the archive, HF parquet and saved datasets agree; grey levels; splits;
+errors."""
 
 import io
 import pickle

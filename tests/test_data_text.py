@@ -79,7 +79,7 @@ def write_hf_disk(root: Path) -> Path:
 
     dd = datasets.DatasetDict(
         {
-            s: datasets.Dataset.from_dict({"text": [t for t, _ in rows(s)], "label": [l for _, l in rows(s)]})
+            s: datasets.Dataset.from_dict({"text": [t for t, _ in rows(s)], "label": [y for _, y in rows(s)]})
             for s in ("train", "test")
         }
     )

@@ -70,14 +70,10 @@ def test_rows_need_their_checkout_and_performer_needs_a_fastattention(fake_check
 
 def test_each_code_base_has_its_own_tolerance_and_a_failed_row_fails():
     row = {r.repo: r for r in ROWS}
-    result = lambda repo, paper: {
-        "row": row[repo],
-        "paper": paper,
-        "clean": 0.1,
-        "unforced": math.nan,
-        "scale": 0.4,
-        "notes": "",
-    }
+
+    def result(repo, paper):
+        return {"row": row[repo], "paper": paper, "clean": 0.1, "unforced": math.nan, "scale": 0.4, "notes": ""}
+
     _, bad = markdown([result("skeinformer", 9e-6), result("skyformer", 9e-5), result("nystromformer", 0.0)], [])
     assert bad == 0
     text, bad = markdown([result("skeinformer", 2e-5), result("skyformer", math.nan)], [])

@@ -116,7 +116,8 @@ def _cfg(dirname="listops-1000", **gen):
 def _write_official(folder, rows_by_split):
     folder.mkdir(parents=True)
     for split in lo.SPLITS:
-        text = "Source\tTarget\n" + "".join(f"{s}\t{l}\n" for s, l in rows_by_split.get(split, rows_by_split["train"]))
+        rows = rows_by_split.get(split, rows_by_split["train"])
+        text = "Source\tTarget\n" + "".join(f"{s}\t{y}\n" for s, y in rows)
         (folder / f"basic_{split}.tsv").write_text(text)
 
 
@@ -159,7 +160,7 @@ def test_corrupt_line_reports_file_and_line(tmp_path, line, needle):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
-# ------------------------------------------------------------------------------ never lose data, never accept wrong data
+# --------------------------------------------------------------------- never lose data, never accept wrong data
 SMALL = dict(seed=1, n_train=256, n_val=5, n_test=5, min_length=10, max_length=60, max_depth=5)
 
 
@@ -304,7 +305,7 @@ def test_a_stamp_without_file_facts_is_upgraded_only_when_rows_match(tmp_path):
     assert "rows" in lo.check_generated(folder, lo.GeneratorParams(**SMALL))
 
 
-# ------------------------------------------------------------------------------ issue 19: generated sets keyed by their settings
+# ----------------------------------------------------------------------------- generated sets keyed by their settings
 def test_generated_listops_other_settings_get_their_own_folder_and_the_default_is_not_regenerated(
     tmp_path, monkeypatch
 ):

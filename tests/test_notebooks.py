@@ -167,7 +167,7 @@ def test_results_notebook_on_real_quick_runs(tmp_path, monkeypatch):
     j = next(i for i, c in enumerate(t1.columns) if c.task == "listops")
     assert std.cells[j].n == 2 and 0 <= std.cells[j].mean <= 100
     md = (tmp_path / "tables" / "quick" / "skeinformer_table4.md").read_text()
-    none = next(l for l in md.splitlines() if l.startswith("| none (no attention) [")).strip("| ").split(" | ")
+    none = next(ln for ln in md.splitlines() if ln.startswith("| none (no attention) [")).strip("| ").split(" | ")
     assert none[1:3] == ["--"] * 2 and none[3:5] == ["**32**", "**1**"]  # Text, then ListOps: bz and accu
     monkeypatch.setenv("LRA_TABLES", str(tmp_path / "tables"))
     nb = execute("results.ipynb")

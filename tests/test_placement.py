@@ -182,9 +182,9 @@ def test_dry_run_shows_each_jobs_gpu_and_budget(tmp_path, capsys, monkeypatch):
     p = profile("h100_80gb")
     budget = (p["total_gib"] - 2 * p["cuda_context_gib"]) / (2 * (1 + p["allocator_margin"]))
     assert "4 at a time, 2 per GPU on GPUs 0,1" in out  # parallel defaults to k x GPUs
-    lines = [l for l in out.splitlines() if l.startswith("  run ")]
-    assert len(lines) == 4 and all(f"fit budget {budget:.2f} GiB" in l for l in lines)
-    assert [l.split("[GPU ")[1][0] for l in lines] == ["0", "0", "1", "1"]
+    lines = [ln for ln in out.splitlines() if ln.startswith("  run ")]
+    assert len(lines) == 4 and all(f"fit budget {budget:.2f} GiB" in ln for ln in lines)
+    assert [ln.split("[GPU ")[1][0] for ln in lines] == ["0", "0", "1", "1"]
     assert not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit, match=r"^lra.sweep: parallel=5 with jobs_per_gpu=2 needs parallel <= "):
         main(["grid=quick", "task=listops", "hardware=h100_80gb", "jobs_per_gpu=2", "parallel=5", "dry_run=true"])
@@ -248,8 +248,8 @@ def test_share_bench_dry_run_and_its_sweeps_place_k_runs_on_one_gpu(tmp_path, ca
     ((k, env, cmd),) = commands([8], tmp_path, ["hardware=h100_80gb"])
     monkeypatch.setenv("LRA_RUNS", env["LRA_RUNS"])
     assert main(cmd[3:] + ["dry_run=true"]) == 0
-    runs = [l for l in capsys.readouterr().out.splitlines() if l.startswith("  run ")]
-    assert len(runs) == 8 and all("[GPU 0; hardware.total_gib=9.88875:" in l for l in runs)
+    runs = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  run ")]
+    assert len(runs) == 8 and all("[GPU 0; hardware.total_gib=9.88875:" in ln for ln in runs)
 
 
 def test_share_bench_summary_sums_the_rates_of_runs_side_by_side(tmp_path):

@@ -72,7 +72,7 @@ VOLATILE = {
     "host",
 }
 # keys that hold a time, in the records and in the tables' columns: compared by neither run nor diff
-TIMED = ("eval_time_s", "min_per_1k", "train_min", ":hours")
+TIMED = ("eval_time_s", "min_per_1k", "train_min", ":hours", "git_commit")
 RENAMED: dict[str, str] = {}  # old key path -> new key path, for keys a refactor renamed on purpose
 
 

@@ -53,9 +53,10 @@ QUICK_PREFERENCE = ("skeinformer", "informer", "vmean", "nystrom", "performer") 
 
 EXAMPLES = """examples:
   python -m lra.approx --quick                           # seconds: n=256, a few methods -> <runs root>/approx_quick
-  python -m lra.approx                                   # the full study (n=1024, 4096) -> <runs root>/approx (make approx)
+  python -m lra.approx             # the full study (n=1024, 4096) -> <runs root>/approx (make approx)
   python -m lra.approx --methods skeinformer nystrom --lengths 1024 --sources random --trials 8
-  python -m lra.approx --methods skyformer performer --quirks skyformer --lengths 1024 --sources random  # paper vs clean"""
+  # paper vs clean:
+  python -m lra.approx --methods skyformer performer --quirks skyformer --lengths 1024 --sources random"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -3,10 +3,11 @@
 Per preset: every table as the paper lays it out (its rows, its columns, multi-level headers), our
 value with its 95% interval as the Markdown table prints it (every text comes from
 :mod:`lra.collect.render`), the paper's value and our delta with its interval when compared, the best
-value of each column in bold, and the marks (their meaning on hover) with the table's legend; then the preset's figures, inline as base64 PNG; then the runs behind the cells: a table of
-task × attention whose cells link to each run's ``result.json``. Every value cell of a table links
-to its entry there (the Average column to the row). Failed or unfinished runs and every problem
-found in the records close the page.
+value of each column in bold, and the marks (their meaning on hover) with the table's legend; then the
+preset's figures, inline as base64 PNG; then the runs behind the cells: a table of task × attention
+whose cells link to each run's ``result.json``. Every value cell of a table links to its entry there
+(the Average column to the row). Failed or unfinished runs and every problem found in the records close
+the page.
 
 The page needs nothing else: CSS is inline, images are ``data:`` URLs, no script, no font, no URL
 to the network. The only links leaving the page are relative ones to the run records (and to the

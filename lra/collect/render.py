@@ -322,8 +322,8 @@ def notes(built: Built) -> list[str]:
     why, the rows without a baseline, and the footnotes' full override texts."""
     lines = list(built.about)
     lines.append(
-        f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. Settings (batch, accumulation) as their value, a/b when seeds "
-        f"differ; -- no run."
+        f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. "
+        "Settings (batch, accumulation) as their value, a/b when seeds differ; -- no run."
     )
     if built.compare:
         s = (

@@ -230,7 +230,8 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
                 ""
                 if status == "pass"
                 else f"; above {overhead_check.TARGET}, with the machine's load "
-                f"average at {load_average():.1f} on {default_threads()} cores: measure again on a calm machine if it is busy"
+                f"average at {load_average():.1f} on {default_threads()} cores: "
+                "measure again on a calm machine if it is busy"
             ),
             data=o.as_dict(),
         )

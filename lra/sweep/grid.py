@@ -63,7 +63,7 @@ def load_grid(name: str) -> Grid:
         str(k): [f"{k}={_scalar(v)}" for v in (vals if isinstance(vals, list) else [vals])]
         for k, vals in (raw.get("grid") or {}).items()
     }
-    doc = "\n".join(l[2:] for l in path.read_text().splitlines() if l.startswith("# "))
+    doc = "\n".join(ln[2:] for ln in path.read_text().splitlines() if ln.startswith("# "))
     return Grid(
         name=name,
         overrides=fixed,

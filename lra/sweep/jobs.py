@@ -1,4 +1,5 @@
-"""One job of a sweep (the Hydra task function that runs ``python -m lra.train`` in a child process), and whether a run folder's job is alive, finished or interrupted."""
+"""One job of a sweep (the Hydra task function that runs ``python -m lra.train`` in a child process), and whether a
+run folder's job is alive, finished or interrupted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The sweep's manifest: its jobs, their statuses and run folders, written atomically; and the lock that keeps one driver per sweep."""
+"""The sweep's manifest: its jobs, their statuses and run folders, written atomically; and the lock that keeps one
+driver per sweep."""
 
 from __future__ import annotations
 

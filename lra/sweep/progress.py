@@ -1,4 +1,5 @@
-"""The driver's progress line: counts, mean time per job and an ETA, printed every few seconds while the launcher runs."""
+"""The driver's progress line: counts, mean time per job and an ETA, printed every few seconds while the launcher
+runs."""
 
 from __future__ import annotations
 

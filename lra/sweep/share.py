@@ -8,8 +8,8 @@ outside PyTorch's caching allocator, so on a card of ``T`` GiB the k allocators 
 ``allocator_margin``). Giving the run ``total = T / k`` (and the same ``c`` and ``m``) turns that into
 ``peak x (1 + m) <= T/k - c = (T - k c) / k``: exactly its share. So the sweep only passes
 ``hardware.total_gib=T/k`` to the run (lra.fit is unchanged), and the run caps its caching allocator at
-the same ``T/k - c`` (:func:`lra.devices.limit_gpu_memory`, told by ``LRA_MEMORY_LIMIT_GIB``), so a run that outgrows its estimate fails alone with
-an out-of-memory error instead of taking memory the other k - 1 were promised.
+the same ``T/k - c`` (:func:`lra.devices.limit_gpu_memory`, told by ``LRA_MEMORY_LIMIT_GIB``), so a run that
+outgrows its estimate fails alone with an out-of-memory error instead of taking memory the other k - 1 were promised.
 """
 
 from __future__ import annotations

@@ -127,7 +127,8 @@ def test_jlt_exact_when_sketch_is_orthogonal(where):
 
 
 def test_jlt_matches_dense_formula_with_given_sketch():
-    """Any S (here a fixed Gaussian one, n > k, shorter input than max_len): Σ_j B_ij Σ_r S_jr Σ_l S_lr v_l, real j, l."""
+    """Any S (here a fixed Gaussian one, n > k, shorter input than max_len):
+    Σ_j B_ij Σ_r S_jr Σ_l S_lr v_l, real j, l."""
     n, max_len, kk = 24, 40, 5
     m = build("linformer_jlt", max_len, k=kk, redraw="fixed")
     q, k, v = rand_qkv(n, 5)
@@ -139,7 +140,7 @@ def test_jlt_matches_dense_formula_with_given_sketch():
         real = [j for j in range(n) if mask[b, j]]
         for h in range(H):
             S = m.S[h, :n]
-            sv = {j: sum(sum(S[j, r] * S[l, r] for r in range(kk)) * v[b, h, l] for l in real) for j in real}
+            sv = {j: sum(sum(S[j, r] * S[ln, r] for r in range(kk)) * v[b, h, ln] for ln in real) for j in real}
             for i in range(n):
                 s = torch.tensor([float(q[b, h, i] @ k[b, h, j]) / math.sqrt(P) for j in real], dtype=q.dtype)
                 w = torch.softmax(s, 0)

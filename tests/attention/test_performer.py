@@ -87,7 +87,10 @@ def test_positive_features_estimate_exp_kernel(orthogonal):
         torch.manual_seed(seed)
         omega = gaussian_orthogonal_features(m, d, orthogonal=orthogonal, dtype=torch.float64)
         assert omega.shape == (m, d)
-        phi = lambda x: torch.exp((x / d**0.25) @ omega.T - (x / d**0.25).square().sum(-1, keepdim=True) / 2)
+
+        def phi(x):
+            return torch.exp((x / d**0.25) @ omega.T - (x / d**0.25).square().sum(-1, keepdim=True) / 2)
+
         ratios.append((phi(q) @ phi(k).T / m) / exact)
     ratio = torch.stack(ratios).mean(0)
     assert (ratio.mean() - 1).abs() < 0.005  # unbiased
