@@ -345,7 +345,7 @@ class RunSpec:
     train: TrainSpec
     data: DataSpec
     hardware: HardwareSpec
-    logger: dict = field(default_factory=lambda: {"csv": {}})  # logger name -> its node (conf/logger/)
+    logger: dict = field(default_factory=lambda: {"csv": {}})  # name -> {_target_, args} (conf/logger/); {}: none
     run_dir: Path | None = None
     force: bool = False
     num_threads: int | None = None
@@ -371,11 +371,13 @@ class RunSpec:
         _int("num_threads", self.num_threads, 1, optional=True)
         _int("trainer.log_every_n_steps", self.log_every_n_steps, 1)
         _check(
-            set(self.logger) <= {"csv", "wandb", "tensorboard"},
+            isinstance(self.logger, dict)
+            and all(not n or isinstance(n, dict) and isinstance(n.get("_target_"), str) for n in self.logger.values()),
             "logger",
-            list(self.logger),
-            "csv, wandb, tensorboard, or a list of them: logger=[wandb,tensorboard]",
-        )
+            self.logger,
+            "nodes <name>: {_target_: <module>.<Class>, ...arguments} of Lightning loggers (conf/logger/), or a "
+            "list of them: logger=[wandb,tensorboard]",
+        )  # their classes are checked by lra.loggers.check_loggers (the layer that knows Lightning)
         per_device, rest = divmod(self.train.batch_size, self.hardware.devices)
         _check(
             rest == 0,

@@ -2,7 +2,7 @@
 an error was an out-of-memory one, and the cap on a shared GPU's memory a run keeps to.
 
 The bottom layer of the harness: imports torch, the standard library and :mod:`lra.checks` only, so the
-benchmark, the memory meter (:mod:`lra.memory`), the doctor, the run and the sweeps all take these from here.
+benchmark, the measuring package (:mod:`lra.meter`), the doctor, the run and the sweeps all take these from here.
 """
 
 from __future__ import annotations

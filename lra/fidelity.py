@@ -76,6 +76,7 @@ from lra.config import load
 from lra.files import write_text
 from lra.fit import plan
 from lra.model import build_model
+from lra.tasks import TASK_NAMES
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ ROWS: list[Row] = (
     )
     + _rows("nystromformer_paper", "image-chunks:nystrom:nystrom-64")
 )
-TASKS = ("listops", "text", "retrieval", "pathfinder", "image")
+TASKS = TASK_NAMES  # the task registry's (lra.tasks), in its order
 # their attn_type -> our attention config, for the chunk table; their other names are no run of ours
 # (Skein/Sky softmaxRBF32 runs plain softmax, docs/fidelity.md E6; Nys nystrom-32/128/256: other budgets)
 THEIR_ATTN = {

@@ -1,10 +1,14 @@
 """Where a run's metrics go, and what its log says.
 
 * :func:`make_logger`: ``metrics.csv`` always (Lightning's CSVLogger, keeping a resumed run's history:
-  ``make tables`` plots its curves), plus the loggers ``logger=`` names: ``wandb`` (Weights & Biases,
-  offline by default; a resumed run continues the same W&B run) and ``tensorboard`` (event files).
-  Several at once compose as a Hydra list: ``logger=[wandb,tensorboard]``. Returns the Lightning
-  loggers (CSV first: ``trainer.log_dir`` is the run folder) and the callbacks they need.
+  ``make tables`` plots its curves), the harness's own record, plus a logger for every ``logger.<name>``
+  node that has a ``_target_`` (conf/logger/), built as the user's callbacks are (:mod:`lra.targets`): any
+  Lightning logger with its arguments (``+logger.mine._target_=my_pkg.MyLogger``), or one of the harness's
+  own, which also take the run (:func:`run_logger`): ``wandb`` (Weights & Biases, offline by default; a
+  resumed run continues the same W&B run) and ``tensorboard`` (event files). Several at once compose as a
+  Hydra list: ``logger=[wandb,tensorboard]``; ``logger=csv`` (an empty node) adds nothing to metrics.csv.
+  Returns the Lightning loggers (CSV first: ``trainer.log_dir`` is the run folder) and the callbacks they
+  need (W&B's tables wherever a WandbLogger is among them).
 * :class:`EvalLog`: one line per validation in the run's log (``train.log``), what a batch-job user tails.
 * :func:`quiet_lightning`: silences Lightning's advertising tips and a torch deprecation warning
   Lightning triggers on every run, and nothing else.
@@ -22,7 +26,7 @@ import string
 import time
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
@@ -31,11 +35,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from lra import compat
 from lra.config import ConfigError, RunSpec
 from lra.files import write_text
+from lra.targets import instantiate, locate
 from lra.wandb_extras import WandbTables
 
 log = logging.getLogger("lra.eval")
 
-LOGGERS = ("csv", "wandb", "tensorboard")
+LOGGER_BASE = "lightning.pytorch.loggers.Logger"
 WANDB_ID_FILE = Path("wandb") / "run-id"  # in the run folder: a resumed run continues this W&B run
 
 
@@ -44,30 +49,56 @@ class Logging(NamedTuple):
     callbacks: list[L.Callback]  # Trainer(callbacks=...) besides the protocol's: EvalLog, W&B tables
 
 
+class Run(NamedTuple):
+    """What the harness's own loggers take besides their node's arguments: the run they log."""
+
+    spec: RunSpec
+    run_dir: Path
+    resume_from: int | None  # the step a resumed run continues from; None: a fresh run
+
+
+def run_logger(extra: str, available: Callable[[], bool]):
+    """Marks a factory of the harness's own loggers ``fn(run: Run, **node arguments) -> Logger``: a
+    ``logger.<name>._target_`` may name it; ``extra`` is the pip extra named when ``available()`` is False."""
+
+    def mark(fn):
+        fn.takes_run, fn.extra, fn.available = True, extra, available
+        return fn
+
+    return mark
+
+
 def make_logger(spec: RunSpec, run_dir: Path, resume_from: int | None = None) -> Logging:
     """The run's loggers (CSV first) and their callbacks; ``resume_from``: the step a resumed run continues."""
     quiet_lightning()
     check_loggers(spec.logger)
     loggers: list[Logger] = [csv_logger(run_dir, resume_from)]
+    run = Run(spec, run_dir, resume_from)
+    for name, node in spec.logger.items():
+        if node:  # logger=csv: an empty node, metrics.csv alone
+            late = {"run": run} if getattr(_target(name, node), "takes_run", False) else {}
+            loggers.append(instantiate(f"logger.{name}", node, **late))
     callbacks: list[L.Callback] = [EvalLog(spec.train.max_steps)]
-    if "wandb" in spec.logger:
-        loggers.append(wandb_logger(spec, run_dir, resume_from))
+    if any(isinstance(lg, WandbLogger) for lg in loggers):
         callbacks.append(WandbTables())
-    if "tensorboard" in spec.logger:
-        loggers.append(tensorboard_logger(run_dir, resume_from))
     return Logging(loggers, callbacks)
 
 
-def check_loggers(names) -> None:
-    """One line, before any work, if a named logger is unknown or its package is not installed."""
-    unknown = [n for n in names if n not in LOGGERS]
-    if unknown:
+def _target(name: str, node: dict):
+    """The Logger class, or the harness's logger factory, ``logger.<name>._target_`` names (one line otherwise)."""
+    obj = locate(f"logger.{name}", node["_target_"], "a Lightning logger")
+    if not (getattr(obj, "takes_run", False) or (isinstance(obj, type) and issubclass(obj, Logger))):
         raise ConfigError(
-            f"logger={','.join(unknown)} is not allowed: one of {', '.join(LOGGERS)}, or a list of "
-            f"them such as logger=[wandb,tensorboard]"
+            f"logger.{name}._target_={node['_target_']!r} is not a Lightning logger: give a subclass of {LOGGER_BASE}"
         )
-    installed = {"wandb": _importable("wandb"), "tensorboard": compat.tensorboard_available()}
-    missing = [n for n in names if not installed.get(n, True)]
+    return obj
+
+
+def check_loggers(nodes: dict) -> None:
+    """One line, before any work, if a logger's ``_target_`` cannot be imported or is no logger, or the
+    package one of the harness's own loggers needs is not installed."""
+    targets = [_target(name, node) for name, node in nodes.items() if node]
+    missing = [t.extra for t in targets if getattr(t, "takes_run", False) and not t.available()]
     if missing:
         raise ConfigError(
             f"logger={','.join(missing)} needs the package{'s' * (len(missing) > 1)} "
@@ -108,23 +139,27 @@ def csv_logger(run_dir: Path, resume_from: int | None) -> CSVLogger:
     return logger
 
 
-def wandb_logger(spec: RunSpec, run_dir: Path, resume_from: int | None) -> WandbLogger:
-    """W&B under <run folder>/wandb/; a resumed run continues the W&B run whose id the folder keeps."""
-    lg = spec.logger["wandb"]
-    mode = str(lg.get("mode") or "offline")
+@run_logger("wandb", lambda: _importable("wandb"))
+def wandb_logger(
+    run: Run, project: str | None = None, mode: str | None = "offline", group=None, tags=(), **kwargs
+) -> WandbLogger:
+    """W&B under <run folder>/wandb/; a resumed run continues the W&B run whose id the folder keeps.
+    ``kwargs``: any other argument of WandbLogger (``logger.wandb.entity=...``)."""
+    spec = run.spec
+    mode = str(mode or "offline")
     os.environ.setdefault("WANDB_MODE", mode)
-    run_id = wandb_run_id(run_dir, resume_from)
-    return WandbLogger(
-        project=lg.get("project"),
-        save_dir=str(run_dir),
-        group=lg.get("group"),
-        tags=list(lg.get("tags") or []),
+    args = dict(
+        project=project,
+        save_dir=str(run.run_dir),
+        group=group,
+        tags=list(tags or []),
         name=f"{spec.task}-{spec.attn.label}-s{spec.seed}",
         config=spec.config,
         mode=mode,
-        id=run_id,
+        id=wandb_run_id(run.run_dir, run.resume_from),
         resume="allow",
     )
+    return WandbLogger(**{**args, **kwargs})
 
 
 def wandb_run_id(run_dir: Path, resume_from: int | None) -> str:
@@ -141,12 +176,14 @@ def wandb_run_id(run_dir: Path, resume_from: int | None) -> str:
     return new
 
 
-def tensorboard_logger(run_dir: Path, resume_from: int | None) -> TensorBoardLogger:
+@run_logger("tensorboard", lambda: compat.tensorboard_available())
+def tensorboard_logger(run: Run, **kwargs) -> TensorBoardLogger:
     """Event files in <run folder>/tensorboard/. A resumed run logs again the steps after its checkpoint
     (logging steps ``resume_from`` and later, see csv_logger): ``purge_step`` hides the earlier copies
-    of those steps, as csv_logger drops their rows."""
-    purge = {} if resume_from is None else {"purge_step": resume_from}
-    return TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge)
+    of those steps, as csv_logger drops their rows. ``kwargs``: any other argument of TensorBoardLogger."""
+    purge = {} if run.resume_from is None else {"purge_step": run.resume_from}
+    args = dict(save_dir=str(run.run_dir), name="tensorboard", version="", default_hp_metric=False, **purge)
+    return TensorBoardLogger(**{**args, **kwargs})
 
 
 # ---------------------------------------------------------------------------------------------

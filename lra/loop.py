@@ -4,22 +4,22 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import NamedTuple
 
-import hydra.utils
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from lra.config import ConfigError, RunSpec
+from lra.config import RunSpec
 from lra.data import Split
 from lra.data.module import LRADataModule
 from lra.fit import Plan
 from lra.loggers import make_logger
 from lra.module import LitLRA
 from lra.protocol import Callbacks, callbacks
+from lra.targets import instantiate, target_class
 
+CALLBACK_BASE = "lightning.pytorch.callbacks.Callback"
 log = logging.getLogger("lra.train")  # the run's own messages, under one name
 
 
@@ -101,20 +101,7 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
 
 
 def _callback_class(name: str, target: str) -> type:
-    module, _, attr = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(
-            f"callbacks.{name}._target_={target!r} cannot be imported ({type(e).__name__}: {e}): give "
-            f"<module>.<Class> of a Lightning callback on the Python path"
-        ) from None
-    if not (isinstance(cls, type) and issubclass(cls, Callback)):
-        raise ConfigError(
-            f"callbacks.{name}._target_={target!r} is not a Lightning callback: give a subclass of "
-            f"lightning.pytorch.callbacks.Callback"
-        )
-    return cls
+    return target_class(f"callbacks.{name}", target, Callback, "a Lightning callback", CALLBACK_BASE)
 
 
 def check_callbacks(spec: RunSpec) -> None:
@@ -135,13 +122,5 @@ def user_callbacks(spec: RunSpec) -> list[Callback]:
     out = []
     for name, node in spec.callbacks.items():
         _callback_class(name, node["_target_"])
-        try:
-            out.append(hydra.utils.instantiate(node, _convert_="all"))
-        except Exception as e:  # noqa: BLE001 - the user's class and arguments: one line naming them
-            cause = e.__cause__ or e
-            raise ConfigError(
-                f"callbacks.{name}: {node['_target_']}({', '.join(k for k in node if k != '_target_')}) "
-                f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}; "
-                f"check its arguments"
-            ) from None
+        out.append(instantiate(f"callbacks.{name}", node))
     return out

@@ -33,6 +33,7 @@ __all__ = [
     "PathfinderGenerator",
     "PathfinderSpec",
     "RetrievalSpec",
+    "TASK_NAMES",
     "TASK_SPECS",
     "TaskSpec",
     "TextSpec",
@@ -312,8 +313,9 @@ class PathfinderSpec(TaskSpec):
 
 
 TASK_SPECS: dict[str, type[TaskSpec]] = {
-    cls.task_name(): cls for cls in (ListOpsSpec, TextSpec, RetrievalSpec, ImageSpec, PathfinderSpec)
-}
+    cls.task_name(): cls for cls in (ListOpsSpec, TextSpec, RetrievalSpec, PathfinderSpec, ImageSpec)
+}  # the one registry of tasks (a reader registers against it: lra.data.register_task), in the harness's order
+TASK_NAMES: tuple[str, ...] = tuple(TASK_SPECS)  # what the tools run by default, in that order
 
 
 def task_spec(node: Mapping) -> TaskSpec:

@@ -12,7 +12,7 @@ import attention
 from lra import bench
 from lra.bench import cli as bench_cli
 from lra.bench import tasks as bench_tasks
-from lra.memory import LIVE, LiveTensorBytes, measure_peak, storage_bytes
+from lra.meter import LIVE, LiveTensorBytes, measure_peak, storage_bytes
 
 CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
 

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.test_resume import RESUME, _start_and_kill
 from tests.test_train import TINY
 
 wandb = pytest.importorskip("wandb")
+TESTS = Path(__file__).resolve().parent
 SIDE_BY_SIDE = "logger=[wandb,tensorboard]"
 NOISE = ("💡 Tip", "litlogger", "litmodels", "LeafSpec")
 EVAL_LINE = re.compile(
@@ -164,10 +166,74 @@ def test_make_logger_puts_csv_first_and_adds_the_callbacks(tmp_path):
 
     spec = load(["experiment=quick", "logger=[tensorboard,wandb]"])
     logs = make_logger(spec, tmp_path, None)
-    assert [type(lg) for lg in logs.loggers] == [CSVLogger, WandbLogger, TensorBoardLogger]
+    assert [type(lg) for lg in logs.loggers] == [CSVLogger, TensorBoardLogger, WandbLogger]  # CSV, then as listed
     assert {type(c) for c in logs.callbacks} == {EvalLog, WandbTables}
     csv_only = make_logger(load(["experiment=quick"]), tmp_path / "b", None)
     assert [type(lg) for lg in csv_only.loggers] == [CSVLogger] and [type(c) for c in csv_only.callbacks] == [EvalLog]
+
+
+def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
+    """``+logger.<name>._target_`` builds any Lightning logger with its arguments, after metrics.csv, as a
+    callback is built; a bad one is one line naming it, before any work."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lra.loggers import check_loggers, make_logger
+
+    sys.path.insert(0, str(TESTS))
+    try:
+        spec = load(["experiment=quick", *_user_loggers(tmp_path)])
+        logs = make_logger(spec, tmp_path / "run", None)
+    finally:
+        sys.path.remove(str(TESTS))
+    first, other, mine = logs.loggers
+    assert type(first) is CSVLogger and Path(first.log_dir) == tmp_path / "run"  # the harness's own, unchanged
+    assert type(other) is CSVLogger and Path(other.log_dir) == tmp_path / "elsewhere" / "mine" / "version_0"
+    assert type(mine).__name__ == "MetricsRecorder" and mine.label == "yours"
+    for override, says in [
+        ("+logger.x._target_=no_such_module.Thing", "cannot be imported"),
+        ("+logger.x._target_=collections.OrderedDict", "is not a Lightning logger"),
+        ("+logger.x=3", "_target_"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            check_loggers(load(["experiment=quick", override]).logger)
+
+
+def test_a_user_logger_receives_the_metrics(tmp_path):
+    """A real run with Lightning's CSVLogger into another folder and a logger of the user's own: both get the
+    rows metrics.csv gets (the harness's metrics.csv is still written, in the run folder) (~10 s)."""
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.train", *TINY, *_user_loggers(tmp_path), "trainer.progress=false"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = _run_dir(tmp_path)
+    csv_vals = _csv_val_steps(run_dir)
+    assert len(csv_vals) == 2
+    other = tmp_path / "elsewhere" / "mine" / "version_0"
+    assert _csv_val_steps(other) == csv_vals
+    with open(run_dir / "metrics.csv", newline="") as a, open(other / "metrics.csv", newline="") as b:
+        assert set(next(csv.reader(a))) == set(next(csv.reader(b)))  # the same keys reach both
+    seen = json.loads((tmp_path / "recorder.json").read_text())
+    assert seen["label"] == "yours" and seen["status"] == "success"
+    assert [(r["step"], round(r["val/acc"], 6)) for r in seen["rows"] if "val/acc" in r] == csv_vals
+    assert any("test/acc" in r for r in seen["rows"])
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["config"]["logger"]["mine"]["label"] == "yours"
+
+
+def _user_loggers(tmp_path) -> list[str]:
+    return [
+        "+logger.other._target_=lightning.pytorch.loggers.CSVLogger",
+        f"+logger.other.save_dir={tmp_path / 'elsewhere'}",
+        "+logger.other.name=mine",
+        "+logger.mine._target_=user_callbacks.MetricsRecorder",
+        f"+logger.mine.out={tmp_path / 'recorder.json'}",
+        "+logger.mine.label=yours",
+    ]
 
 
 def test_wandb_id_is_kept_only_when_resuming(tmp_path):

@@ -1,9 +1,11 @@
-"""A callback a user would write (tests/test_callbacks_config.py gives it to a run through ``callbacks=``)."""
+"""A callback and a logger a user would write (tests/test_callbacks_config.py gives the callback to a run through
+``callbacks=``, tests/test_loggers.py the logger through ``logger=``)."""
 
 import json
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
 
 
 class StepCounter(Callback):
@@ -36,3 +38,29 @@ class StepCounter(Callback):
 
     def record_fields(self) -> dict:
         return {"user_callback_steps": self.steps}
+
+
+class MetricsRecorder(Logger):
+    """A logger a user would write (tests/test_loggers.py gives it to a run through ``+logger.<name>._target_``):
+    keeps every metrics row it receives and writes them, with its argument, whenever Lightning finalizes it."""
+
+    def __init__(self, out: str, label: str = "none"):
+        super().__init__()
+        self.out, self.label, self.rows = Path(out), label, []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.rows.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
+
+    def finalize(self, status: str) -> None:
+        self.out.write_text(json.dumps({"label": self.label, "status": status, "rows": self.rows}))

@@ -10,7 +10,7 @@
   :mod:`lra.bench.layer` (its command line and outputs).
 * :mod:`lra.bench.cli`: the command line of both.
 
-The memory meter is :mod:`lra.memory`, the device helpers :mod:`lra.devices`. The layer benchmark's
+The timer and memory meter are :mod:`lra.meter`, the device helpers :mod:`lra.devices`. The layer benchmark's
 names are re-exported here (``bench.Config``, ``bench.run``, ...).
 """
 

@@ -12,7 +12,7 @@ The shapes are those of one LRA attention layer: ``(batch, heads=2, n, head_dim=
 all-real bool padding mask, module in training mode with any ``dropout`` option set to 0.
 
 The parts: :mod:`~lra.bench.rows` (the rows, the configuration, ``--set``), :mod:`~lra.bench.measure`
-(one point and the sweep; the memory meter is :mod:`lra.memory`, FLOPs :mod:`~lra.bench.flops`),
+(one point and the sweep; timer and memory meter :mod:`lra.meter`, FLOPs :mod:`~lra.bench.flops`),
 :mod:`~lra.bench.analyse` (ratios, crossover, growth), :mod:`~lra.bench.render` (``bench.md``,
 ``bench.png``); this module turns the command line into a :class:`Config` and writes the outputs
 (atomic writes) in ``--out``: ``bench.csv``, ``bench.md``, ``bench.png``.

@@ -2,10 +2,11 @@
 
 Per (backend, n) point:
   1. two *instrumented* fwd+bwd passes (they are also warm-ups): one under the live-tensor meter
-     (:func:`lra.memory.live_peak`, exact at the op level), one under ``FlopCounterMode`` with
+     (:func:`lra.meter.live_peak`, exact at the op level), one under ``FlopCounterMode`` with
      formulas for the CPU fused SDPA kernels that torch does not price (:mod:`lra.bench.flops`);
-  2. on CUDA a plain pass for the allocator's ``max_memory_allocated`` (:func:`lra.memory.measure_peak`);
-  3. ``warmup`` untimed passes, then ``repeats`` timed ones (median reported; synchronised on CUDA;
+  2. on CUDA a plain pass for the allocator's ``max_memory_allocated`` (:func:`lra.meter.measure_peak`);
+  3. ``warmup`` untimed passes, then ``repeats`` timed ones (:func:`lra.meter.timed`: median reported;
+     synchronised on CUDA;
      fewer repeats, at least 3, when one call is slow).
 A backend stops after the first n whose fastest call exceeds the time budget or whose peak exceeds
 the memory budget, and a point predicted (log-log extrapolation) to exceed the memory budget or 4×
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Callable
 
 import torch
@@ -25,7 +25,7 @@ import attention
 from lra.bench.flops import OpNames, flop_counter
 from lra.bench.rows import BASELINE, CSV_COLUMNS, GIB, MIB, Config, Row, build_module, effective_options
 from lra.devices import device_name, is_oom, sync
-from lra.memory import LIVE, live_peak, measure_peak
+from lra.meter import LIVE, live_peak, measure_peak, timed, timing_columns
 
 
 def make_inputs(cfg: Config, n: int):
@@ -70,11 +70,12 @@ def measure_point(row: Row, n: int, cfg: Config, budget_s: float | None = None) 
 
     # 2. FLOP pass (second warm-up): matmul FLOPs, and which SDPA kernel actually ran
     ops, flops = OpNames(), flop_counter()
-    t0 = time.perf_counter()
-    with ops, flops:
-        call()
-    sync(cfg.device)
-    t_first = time.perf_counter() - t0
+
+    def counted() -> None:
+        with ops, flops:
+            call()
+
+    t_first = timed(counted, cfg.device)
     _clear_grads(module, q, k, v)
 
     # 3. allocator peak on CUDA, measured after the warm-up so workspaces/autotune are not counted
@@ -90,28 +91,17 @@ def measure_point(row: Row, n: int, cfg: Config, budget_s: float | None = None) 
     slow = t_first > 3 * budget  # a runaway point: time it once, the sweep stops after it anyway
     # the two instrumented passes already warmed up; long calls need no further warm-up
     for _ in range(0 if t_first > 0.5 else cfg.warmup):
-        sync(cfg.device)
-        t0 = time.perf_counter()
-        call()
-        sync(cfg.device)
-        t_warm = time.perf_counter() - t0
+        t_warm = timed(call, cfg.device)
         _clear_grads(module, q, k, v)
     reps = 1 if slow else max(cfg.min_repeats, min(cfg.repeats, int(1.5 * budget / max(t_warm, 1e-9))))
     times = []
     for _ in range(reps):
-        sync(cfg.device)
-        t0 = time.perf_counter()
-        call()
-        sync(cfg.device)
-        times.append(time.perf_counter() - t0)
+        times.append(timed(call, cfg.device))
         _clear_grads(module, q, k, v)
     med = statistics.median(times)
     total_flops = int(flops.get_total_flops())
     return {
-        "time_ms": med * 1e3,
-        "time_ms_min": min(times) * 1e3,
-        "time_ms_max": max(times) * 1e3,
-        "repeats": reps,
+        **timing_columns(times),
         "peak_mem_bytes": int(peak),
         "tensor_peak_bytes": int(tensor_peak),
         "mem_method": mem_method,

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 import attention
-from lra.memory import GIB, MIB  # noqa: F401 - the layer benchmark's units, with its other names
+from lra.meter import GIB, MIB  # noqa: F401 - the layer benchmark's units, with its other names
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)

@@ -22,8 +22,9 @@ mask with real lengths, as the data gives), a few batches cycled so every micro-
 Time = median over the timed steps, synchronised on CUDA; the first compiled call (compilation) is
 ``first_call_s``, not in the median. Peak memory: ``torch.cuda.max_memory_allocated`` over one step
 (the step's parameters, AdamW states and inputs included); on CPU the exact live-tensor tracker
-(``lra.memory.LiveTensorBytes``) for eager and nothing for compiled (inductor's kernels bypass the
-dispatcher); both through the one meter, :func:`lra.memory.measure_peak`.
+(``lra.meter.LiveTensorBytes``) for eager and nothing for compiled (inductor's kernels bypass the
+dispatcher); both through the one meter, :func:`lra.meter.measure_peak`. The step and its inputs are
+:mod:`lra.meter.step`'s; the timer is :func:`lra.meter.timed`.
 On CUDA the peak counted is the rise of ``max_memory_allocated`` over the idle level plus the part's
 own state and inputs, so the attention row does not carry the model's parameters. Ratios are to
 fused softmax (SDPA, no recomputation) in the same part, mode and task, per optimizer
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -45,12 +45,14 @@ import torch
 from lra.bench.flops import OpNames
 from lra.bench.rows import BASELINE, MATERIALIZED, MIB
 from lra.config import ConfigError, RunSpec, attn_configs, load, resolve_precision
-from lra.devices import device_name, is_oom, sync
+from lra.devices import device_name, is_oom
 from lra.fit import FitError, Plan, plan
-from lra.memory import measure_peak
-from lra.model import MultiHeadAttention, build_model, loss_and_correct
+from lra.meter import measure_peak, timed, timing_columns
+from lra.meter.step import TrainStep, attention_inputs, make_batches
+from lra.model import MultiHeadAttention, build_model
+from lra.tasks import TASK_NAMES
 
-TASKS = ("listops", "text", "retrieval", "pathfinder", "image")
+TASKS = TASK_NAMES  # the task registry's (lra.tasks), in its order
 DEFAULT_BACKENDS = (BASELINE, MATERIALIZED, "skeinformer", "nystrom", "performer")  # docs/facts.md §10's set
 QUICK_BACKENDS = (BASELINE, "skeinformer")
 PARTS = ("step", "attention")
@@ -150,81 +152,6 @@ def precision_on(spec: RunSpec, device: str) -> str:
     return resolve_precision(spec.hardware.precision_setting, device.startswith("cuda"))
 
 
-# ----------------------------------------------------------------------------- inputs
-def make_batches(spec: RunSpec, micro: int, count: int, device: str, seed: int) -> list[tuple]:
-    """``count`` micro-batches (tokens, mask, labels) with seeded per-sample lengths in [n/8, n]."""
-    m = spec.model
-    g = torch.Generator().manual_seed(seed)
-    shape = (micro, 2, m.seq_len) if m.dual else (micro, m.seq_len)
-    out = []
-    for _ in range(count):
-        lengths = torch.randint(max(1, m.seq_len // 8), m.seq_len + 1, shape[:-1], generator=g)
-        mask = torch.arange(m.seq_len) < lengths.unsqueeze(-1)
-        tokens = torch.randint(1, m.vocab_size, shape, generator=g).masked_fill(~mask, 0)
-        labels = torch.randint(0, m.num_classes, (micro,), generator=g)
-        out.append((tokens.to(device), mask.to(device), labels.to(device)))
-    return out
-
-
-def attention_inputs(spec: RunSpec, micro: int, device: str, seed: int) -> tuple:
-    """q, k, v, mask, upstream gradient as the first attention layer sees them (fp32; two documents
-    of a dual task are one batch of 2 x micro sequences)."""
-    m = spec.model
-    g = torch.Generator().manual_seed(seed + 1)
-    b = micro * (2 if m.dual else 1)
-    shape = (b, m.num_heads, m.seq_len, m.head_dim)
-    q, k, v, dout = (torch.randn(shape, generator=g).to(device) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    lengths = torch.randint(max(1, m.seq_len // 8), m.seq_len + 1, (b,), generator=g)
-    mask = (torch.arange(m.seq_len) < lengths.unsqueeze(-1)).to(device)
-    return q, k, v, mask, dout
-
-
-# ----------------------------------------------------------------------------- one step
-def _autocast(precision: str, device: str):
-    if precision in ("16-mixed", "16"):
-        return torch.autocast(device_type=device.split(":")[0], dtype=torch.float16)
-    if precision in ("bf16-mixed", "bf16"):
-        return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-class TrainStep:
-    """One optimizer step of a run: ``accum`` micro-batches, loss scaled by 1/accum, then AdamW."""
-
-    def __init__(self, model: torch.nn.Module, spec: RunSpec, accum: int, precision: str, device: str):
-        self.model, self.accum, self.precision, self.device = model, accum, precision, device
-        t = spec.train
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=t.lr, eps=t.eps, weight_decay=t.weight_decay)
-        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=precision in ("16-mixed", "16"))
-        self.clip = t.grad_clip_value
-
-    def __call__(self, net: Callable, batches: list[tuple]) -> None:
-        for tokens, mask, labels in batches:
-            with _autocast(self.precision, self.device):
-                loss, _ = loss_and_correct(net(tokens, mask), labels)
-            self.scaler.scale(loss / self.accum).backward()
-        if self.clip is not None:
-            self.scaler.unscale_(self.opt)
-            torch.nn.utils.clip_grad_value_(self.params, self.clip)
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.opt.zero_grad(set_to_none=True)
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return self.params + [v for s in self.opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-
-
-def _timed(fn: Callable[[], None], device: str) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
 def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known: Callable[[], list]) -> dict:
     """Time ``call(i)`` (i: which input to use): first call (compilation; eager: which SDPA kernels ran),
     warm-up, median of the repeats; peak memory of one more call (CUDA allocator, or live tensors on CPU
@@ -238,22 +165,18 @@ def measure(call: Callable[[int], None], cfg: TaskConfig, compiled: bool, known:
 
     ops = OpNames()  # SDPA falls back between kernels silently: record which one ran
     with ops if not compiled else contextlib.nullcontext():
-        first = _timed(step, cfg.device)
+        first = timed(step, cfg.device)
     for _ in range(cfg.warmup):
-        _timed(step, cfg.device)
-    times = [_timed(step, cfg.device) for _ in range(cfg.repeats)]
+        timed(step, cfg.device)
+    times = [timed(step, cfg.device) for _ in range(cfg.repeats)]
     peak, method = "", ""
     # CUDA: the part's own tensors only (as on CPU): the other part's inputs are allocated too, so the
     # meter counts the rise above the idle level plus this part's state and inputs. A CPU measures the
     # live tensors of eager calls only: inductor's kernels bypass the dispatcher.
     if cfg.memory and (cfg.device.startswith("cuda") or not compiled):
         peak, method = measure_peak(step, known(), cfg.device)
-    med = statistics.median(times)
     return {
-        "time_ms": med * 1e3,
-        "time_ms_min": min(times) * 1e3,
-        "time_ms_max": max(times) * 1e3,
-        "repeats": len(times),
+        **timing_columns(times),
         "first_call_s": first,
         "peak_mem_bytes": peak,
         "mem_method": method,

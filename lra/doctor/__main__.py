@@ -15,13 +15,14 @@ import torch
 
 import attention
 from lra.bench.cli import positive, whole
-from lra.bench.tasks import TASKS, check_names
+from lra.bench.tasks import check_names
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.doctor import CHECKS, Options, report_folder, run, write_report
 from lra.doctor.base import STATUSES
 from lra.doctor.env import environment as read_environment
 from lra.files import runs_root
+from lra.tasks import TASK_NAMES
 
 QUICK_BUDGET_S = 120.0  # per check with --quick: the whole doctor stays within minutes on 2 CPU cores
 
@@ -47,7 +48,9 @@ def parser() -> argparse.ArgumentParser:
         help="the quick preset's shapes, small repeats, a 120 s budget per check (a few minutes on a CPU)",
     )
     p.add_argument("--checks", nargs="+", choices=CHECKS, metavar="CHECK", help=f"default: all ({', '.join(CHECKS)})")
-    p.add_argument("--tasks", nargs="+", choices=TASKS, metavar="TASK", help=f"default: all ({', '.join(TASKS)})")
+    p.add_argument(
+        "--tasks", nargs="+", choices=TASK_NAMES, metavar="TASK", help=f"default: all ({', '.join(TASK_NAMES)})"
+    )
     p.add_argument(
         "--backends",
         nargs="+",
@@ -93,7 +96,7 @@ def options(args: argparse.Namespace) -> Options:
     opts = Options(
         checks=tuple(dict.fromkeys(args.checks or CHECKS)),
         quick=args.quick,
-        tasks=tuple(dict.fromkeys(args.tasks or TASKS)),
+        tasks=tuple(dict.fromkeys(args.tasks or TASK_NAMES)),
         backends=tuple(dict.fromkeys(args.backends or ())),
         preset=args.preset,
         hardware=args.hardware,

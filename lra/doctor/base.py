@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lra.module import error_line
+from lra.tasks import TASK_NAMES
 
 CHECKS = ("backends", "fit", "overhead", "compile", "resume", "cost")
 STATUSES = ("pass", "warn", "fail", "skip")
@@ -36,7 +37,7 @@ class Options:
 
     checks: tuple = CHECKS
     quick: bool = False  # the quick preset's shapes and small budgets (what CI runs on a CPU)
-    tasks: tuple = ("listops", "text", "retrieval", "pathfinder", "image")
+    tasks: tuple = TASK_NAMES  # the task registry's (lra.tasks)
     backends: tuple = ()  # only these (registered names or module:Class of external ones); empty: all
     preset: str = "skeinformer_paper"  # the preset check 6 costs (and whose shapes checks 1, 2, 4 use)
     hardware: str = "auto"  # the profile the micro-batch is fitted to (auto: this device's memory)

@@ -22,8 +22,8 @@ from lra.doctor import resume as resume_check
 from lra.doctor.base import Budget, Options, Result, one_line
 from lra.doctor.env import load_average
 from lra.fit import plan, train_step_peak
-from lra.memory import MIB, measure_peak
-from lra.model import build_model
+from lra.meter import MIB
+from lra.meter.step import step_peak
 
 CPU_MAX_BATCH = {True: 2, False: 4}  # quick, paper shapes: the micro-batch a CPU check measures at most
 FIT_BACKENDS = ("softmax", "softmax_materialized", "skeinformer", "nystrom", "performer")
@@ -149,21 +149,6 @@ def backends(opts: Options, budget: Budget) -> Iterator[Result]:
 
 
 # ----------------------------------------------------------------------------- 2. the memory fit
-def _measured_peak(spec, micro: int, precision: str, device: str) -> int:
-    """Peak bytes of one real training iteration (AdamW states present), as the fit estimates it."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = build_model(spec.model).to(device).train()
-        step = bench.TrainStep(model, spec, 1, precision, device)
-        batch = bench.make_batches(spec, micro, 1, device, 0)
-        for p in step.params:  # AdamW states exist from the second iteration on, as in the estimate
-            p.grad = torch.zeros_like(p)
-        step.opt.step()
-        step.opt.zero_grad(set_to_none=True)
-        known = [*step.state_tensors(), *batch[0]]
-        return measure_peak(lambda: step(model, batch), known, device).bytes
-
-
 def fit(opts: Options, budget: Budget) -> Iterator[Result]:
     def one(task: str, backend: str) -> Iterator[Result]:
         item = f"{task}/{backend}"
@@ -174,7 +159,7 @@ def fit(opts: Options, budget: Budget) -> Iterator[Result]:
                 micro = min(micro, 8 if opts.quick else CPU_MAX_BATCH[False])
             precision = bench.precision_on(spec, opts.device)
             est = train_step_peak(spec.model, micro, precision=precision, cuda_sdpa=_cuda(opts))
-            peak = _measured_peak(spec, micro, precision, opts.device)
+            peak = step_peak(spec, micro, precision, opts.device)
         except Exception as e:  # noqa: BLE001
             yield Result("fit", item, "fail", detail=one_line(e))
             return

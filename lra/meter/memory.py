@@ -1,6 +1,7 @@
 """The one memory meter of the harness: the peak bytes of the tensors alive while a call runs.
 
-Used by the benchmark (:mod:`lra.bench`) and the doctor's check of the memory fit. (The fit itself
+Part of the measuring package :mod:`lra.meter`: used by the benchmark (:mod:`lra.bench`) and the doctor's
+check of the memory fit. (The fit itself
 estimates, it does not measure: ``lra.fit.train_step_peak`` runs torch's ``MemTracker`` over fake
 tensors.) Two ways of measuring, one per kind of device:
 
@@ -12,7 +13,7 @@ tensors.) Two ways of measuring, one per kind of device:
 
 Both count the storages of the ``known`` tensors (parameters, optimizer states, inputs) that exist
 before the call, once, so the two figures mean the same thing: what this call needs, its own state
-and inputs included. Imports torch and the standard library only.
+and inputs included. Imports torch, the standard library and :mod:`lra.devices` only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Callable, Iterable, NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from lra.devices import sync
 
 MIB = 1024**2
 GIB = 1024**3
@@ -125,11 +128,11 @@ def measure_peak(fn: Callable[[], object], known: list, device: str | torch.devi
     device = torch.device(device)
     if device.type != "cuda":
         return Peak(live_peak(fn, known), LIVE)
-    torch.cuda.synchronize(device)
+    sync(device)
     idle = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     fn()
-    torch.cuda.synchronize(device)
+    sync(device)
     top = torch.cuda.max_memory_allocated(device)
     if not above_idle:
         return Peak(top, CUDA_ALL)
