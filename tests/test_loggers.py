@@ -148,7 +148,7 @@ def test_killed_run_resumes_into_the_same_wandb_run(tmp_path, monkeypatch):
 
 
 def test_logger_config_composes_as_a_list(tmp_path):
-    assert set(load(["experiment=quick"]).logger) == {"csv"}
+    assert set(load(["preset=quick"]).logger) == {"csv"}
     assert set(load(["logger=wandb"]).logger) == {"wandb"}  # metrics.csv is written for every run
     spec = load(["logger=[wandb,tensorboard]", "logger.wandb.project=mine"])
     assert set(spec.logger) == {"wandb", "tensorboard"} and spec.logger["wandb"]["project"] == "mine"
@@ -162,11 +162,11 @@ def test_make_logger_puts_csv_first_and_adds_the_callbacks(tmp_path):
     from lra.loggers import EvalLog, make_logger
     from lra.wandb_extras import WandbTables
 
-    spec = load(["experiment=quick", "logger=[tensorboard,wandb]"])
+    spec = load(["preset=quick", "logger=[tensorboard,wandb]"])
     logs = make_logger(spec, tmp_path, None)
     assert [type(lg) for lg in logs.loggers] == [CSVLogger, WandbLogger, TensorBoardLogger]
     assert {type(c) for c in logs.callbacks} == {EvalLog, WandbTables}
-    csv_only = make_logger(load(["experiment=quick"]), tmp_path / "b", None)
+    csv_only = make_logger(load(["preset=quick"]), tmp_path / "b", None)
     assert [type(lg) for lg in csv_only.loggers] == [CSVLogger] and [type(c) for c in csv_only.callbacks] == [EvalLog]
 
 
