@@ -1,6 +1,6 @@
 """What Hydra composes from besides conf/'s files: the ``lra.*`` resolvers the yaml uses (``lra.repo``,
-``lra.quirk``, ``lra.tag``, ``lra.attr``) and a typed structured config ``attn/<name>`` for every registered
-attention backend. Registered when imported (:mod:`lra.config` imports it), so any composition sees them."""
+``lra.quirk``, ``lra.semantics``, ``lra.tag``, ``lra.attr``) and a typed structured config ``attn/<name>`` for every
+registered attention backend. Registered when imported (:mod:`lra.config` imports it), so any composition sees them."""
 
 from __future__ import annotations
 
@@ -35,12 +35,21 @@ def tag_level(run_tag: str | None = None, override_dirname: str = "") -> str:
 
 
 def _quirk(path: str, clean, *, _root_):
-    """``${lra.quirk:<path>,<clean value>}``: under ``semantics=paper`` the preset's ``quirks.<path>``
-    (the public code's behaviour) where it has one; else the clean value. A command-line value for the
-    key itself replaces the interpolation, so it wins over both."""
-    if _root_.get("semantics") != "paper":
-        return clean
+    """``${lra.quirk:<path>,<clean value>}``: the chosen public code's ``quirks.<path>`` (its behaviour)
+    where it has one; else (``quirks=none``, or a key that code does not change) the clean value. A
+    command-line value for the key itself replaces the interpolation, so it wins over both."""
     return OmegaConf.select(_root_, f"quirks.{path}", default=clean)
+
+
+def semantics(quirks) -> str:
+    """The word for whose semantics a run has (the run folder's level, the record): ``clean`` under
+    ``quirks=none`` (the harness's corrections), ``paper`` under a public code's quirks (docs/fidelity.md)."""
+    return "paper" if quirks else "clean"
+
+
+def _semantics(*, _root_) -> str:
+    """``${lra.semantics:}``: :func:`semantics` of the composed ``quirks`` node (conf/config.yaml)."""
+    return semantics(_root_.get("quirks"))
 
 
 def _external_label(target) -> str:
@@ -56,6 +65,7 @@ def _external_label(target) -> str:
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("lra.repo", lambda: str(REPO_ROOT), replace=True)
     OmegaConf.register_new_resolver("lra.quirk", _quirk, replace=True)
+    OmegaConf.register_new_resolver("lra.semantics", _semantics, replace=True)
     OmegaConf.register_new_resolver("lra.tag", tag_level, replace=True)
     OmegaConf.register_new_resolver("lra.attr", _external_label, replace=True)
 

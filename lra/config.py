@@ -1,7 +1,7 @@
 """A run's configuration: compose ``conf/`` with Hydra, then resolve it ONCE into a frozen, typed
 :class:`RunSpec` that every consumer takes (the memory fit, the LightningModule, the loop, the record).
 
-    spec = resolve(compose(["task=listops", "attn=skeinformer", "experiment=quick"]))
+    spec = resolve(compose(["task=listops", "attn=skeinformer", "preset=quick"]))
     spec.model.attn.options     # every option of the backend, preset and command line applied
     spec.train.max_steps        # the preset's protocol for this task
     spec.resume_key(...)        # what must match for a checkpoint to continue this run
@@ -12,15 +12,14 @@ Resolving is also where every user value is checked, before any work starts: a b
 Attention options are structured configs: for every registered backend a config node ``attn/<name>``
 is generated from its ``Options`` dataclass (:func:`register_attention_configs`), so
 ``attn.options.<option>=<value>`` works without ``+`` for every backend and is type-checked when the
-config is composed. Every option there starts unset (``???``); the value that runs is, lowest first:
-the backend's default < ``attn.base_options`` (a named variant such as ``conf/attn/softmax_nodrop.yaml``)
-< the preset's ``attn_options.<backend>`` < ``attn_options.<label>`` < ``protocol.<task>.attn_options.
-<backend|label>`` < ``attn.options.<option>`` set on the command line.
+config is composed. Every option there starts unset (``???``); which value runs is decided by
+:func:`attention_options`, whose docstring is the one place the precedence is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -57,11 +56,50 @@ NAME = re.compile(r"[A-Za-z0-9_.+-](?:[A-Za-z0-9 _.+-]{0,38}[A-Za-z0-9_.+-])?") 
 # Composition (the resolvers and the attention nodes it uses: lra/conf_nodes.py)
 
 SEMANTICS = ("clean", "paper")
+DEFAULT_PRESET = "skeinformer_paper"  # conf/config.yaml's defaults list
+
+
+def preset_code(preset: str) -> str:
+    """The public code whose quirks the preset ``preset`` chooses (its file's ``override /quirks``), or
+    ``none``: read from conf/preset/<preset>.yaml without composing."""
+    path = CONF_DIR / "preset" / f"{preset}.yaml"
+    defaults = OmegaConf.load(path).get("defaults") or [] if path.is_file() else []
+    return next((str(d["override /quirks"]) for d in defaults if "override /quirks" in d), "none")
+
+
+@functools.lru_cache(maxsize=None)
+def code_quirks(code: str) -> dict:
+    """The quirks table of the public code ``code`` (conf/quirks/<code>.yaml over the files its defaults
+    list names, as Hydra merges them), read without composing."""
+    node = OmegaConf.load(CONF_DIR / "quirks" / f"{code}.yaml") or OmegaConf.create({})
+    defaults = list(node.pop("defaults", None) or ["_self_"])
+    merged = OmegaConf.merge(*[node if d == "_self_" else code_quirks(str(d)) for d in defaults])
+    return OmegaConf.to_container(merged) or {}
+
+
+def renamed_overrides(overrides: list[str] | tuple[str, ...]) -> None:
+    """Refuse a command line's old spellings, before any work, with one line naming the new one:
+    ``experiment=<p>`` is ``preset=<p>``; ``semantics=clean|paper`` is ``quirks=none|<the preset's code>``."""
+    keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] if "=" in o else "" for o in overrides}
+    if "experiment" in keys:
+        raise ConfigError(f"experiment= is now preset=: use preset={keys['experiment'] or '<name>'}")
+    if "semantics" in keys:
+        preset = keys.get("preset") or DEFAULT_PRESET
+        code = preset_code(preset)
+        if keys["semantics"] == "clean":
+            new = "use quirks=none (the harness's corrections)"
+        elif keys["semantics"] == "paper" and code != "none":
+            new = f"use quirks={code} (the code preset {preset} reproduces)"
+        else:
+            new = "use quirks=none (clean) or quirks=skeinformer|skyformer|nystromformer (that public code's)"
+        raise ConfigError(f"semantics= is now quirks=: {new}")
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), job: str | None = None) -> DictConfig:
     """The config ``python -m lra.train <overrides>`` sees. ``job``: also its ``hydra`` node, as ``@hydra.main``
-    composes it for ``python -m lra.<job>`` (``lra.train`` runs this one config; :mod:`lra.hydra_glue`)."""
+    composes it for ``python -m lra.<job>`` (``lra.train`` runs this one config; :mod:`lra.hydra_glue`).
+    An old spelling (``experiment=``, ``semantics=``) raises :class:`ConfigError` (:func:`renamed_overrides`)."""
+    renamed_overrides(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job or "app"):
         return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=job is not None)
@@ -122,7 +160,7 @@ def load(overrides: list[str] | tuple[str, ...] = (), run_dir: str | Path | None
 
     Example::
 
-        spec = load(["task=listops", "attn=skeinformer", "experiment=quick"])
+        spec = load(["task=listops", "attn=skeinformer", "preset=quick"])
         spec.train.lr, spec.model.attn.options, spec.data.spec.generator.n_train
     """
     return resolve(compose_checked(overrides), run_dir)
@@ -203,7 +241,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """The training protocol of the preset for the task (conf/experiment/*.yaml, docs/protocol.md)."""
+    """The training protocol of the preset for the task (conf/protocol/<preset>/<task>.yaml, docs/protocol.md)."""
 
     batch_size: int = 32  # effective batch: micro-batch x accumulation x devices
     lr: float = 1e-3
@@ -354,7 +392,9 @@ class RunSpec:
     callbacks: dict = field(default_factory=dict)  # callbacks.<name>: {_target_, args}: the user's (conf/callbacks/)
     fit_cache_dir: Path | None = None  # None: decisions are not cached
     config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
-    semantics: str = "clean"  # clean: the harness's corrections | paper: the preset's public code (docs/fidelity.md)
+    semantics: str = (
+        "clean"  # clean: quirks=none, the harness's corrections | paper: a public code's (docs/fidelity.md)
+    )
     quirks: dict = field(default_factory=dict)  # the public code's quirks this run has on: {"model.pooling": ..}
     name: str | None = None  # name=: the display name in tables; a label, not in the folder or resume key
 
@@ -440,14 +480,26 @@ def container(node) -> Any:
 
 
 def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
-    """(options that run, options the preset set), by the precedence in the module docstring; under
-    ``semantics=paper`` the preset's ``quirks.attn_options`` come after its other tables."""
+    """(options that run, options the preset set): the attention options of a run, and the one place
+    their precedence is written (conf/config.yaml, README and docs point here). Lowest first:
+
+    1. the backend's default (its ``Options`` dataclass; ``attn.options.*`` start unset, ``???``);
+    2. ``attn.base_options``: a named variant's (conf/attn/<variant>.yaml, e.g. softmax_nodrop);
+    3. the preset's ``attn_options.<backend>``, then ``attn_options.<label>`` (conf/preset/<preset>.yaml);
+    4. the protocol's ``attn_options.<backend>``, then ``<label>`` (conf/protocol/<preset>/<task>.yaml);
+    5. the chosen public code's ``quirks.attn_options.<backend>``, then ``<label>`` (conf/quirks/<code>.yaml;
+       none under ``quirks=none``);
+    6. ``attn.options.<option>`` set on the command line (or by a sweep), which wins over all.
+
+    Within each table the label's entry comes after the backend name's, so a labelled variant of a backend
+    refines it. Options outside these tables that a run also gets: ``attn_checkpointing`` (whether the
+    attention call is recomputed in backward, :class:`AttnSpec`) and the task's padded length (the model's
+    ``seq_len``). The second value is what 3-5 set and the command line did not override (the record's
+    ``preset_options``)."""
     name, label = str(cfg.attn.name), str(cfg.attn.label)
     preset: dict = {}
-    task_table = OmegaConf.select(cfg, f"protocol.{cfg.task.name}.attn_options", default=None) or {}
-    quirk_table = (
-        (OmegaConf.select(cfg, "quirks.attn_options", default=None) or {}) if cfg.get("semantics") == "paper" else {}
-    )
+    task_table = OmegaConf.select(cfg, "protocol.attn_options", default=None) or {}
+    quirk_table = OmegaConf.select(cfg, "quirks.attn_options", default=None) or {}
     for table in (cfg.get("attn_options") or {}, task_table, quirk_table):
         for key in dict.fromkeys([name, label]):
             if table.get(key) is not None:
@@ -458,22 +510,25 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     return merged, {k: v for k, v in preset.items() if k not in command_line}
 
 
-def paper_chunks(cfg: DictConfig, attn: AttnSpec) -> int:
-    """The public code's accumulation chunks for this task and attention: ``quirks.train.chunks.<task>``,
-    one count for every attention or one per attention name or label (the label wins); 1 where none."""
-    node = container(OmegaConf.select(cfg, f"quirks.train.chunks.{cfg.task.name}", default=None))
+def paper_chunks(cfg: DictConfig, attn: AttnSpec, table: dict | None = None) -> int:
+    """The public code's accumulation chunks for this task and attention: ``quirks.train.chunks.<task>``
+    (of ``table`` where given, a quirks table), one count for every attention or one per attention name or
+    label (the label wins); 1 where none."""
+    quirks = container(cfg.get("quirks") or {}) if table is None else table
+    node = ((quirks.get("train") or {}).get("chunks") or {}).get(str(cfg.task.name))
     if isinstance(node, dict):
         return [1, *(node[k] for k in (attn.name, attn.label) if k in node)][-1]
     return 1 if node is None else node
 
 
 def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict, train: TrainSpec | None = None) -> dict:
-    """The preset's public-code quirks (``quirks``) this run has on, whatever turned them on (the
-    semantics or a single option): ``{"model.pooling": "padded_mean", "task.tokenizer": "alnum",
+    """The public-code quirks this run has on, whatever turned them on (``quirks=<code>`` or a single
+    option): ``{"model.pooling": "padded_mean", "task.tokenizer": "alnum",
     "attn.options.pilot_sampling": "with_replacement", ...}``; a quirk is on where the value that
-    runs is the public code's. Each entry of a preset's table differs from the clean default
-    (tests/test_fidelity.py), so a clean run lists none."""
-    table = container(cfg.get("quirks") or {})
+    runs is the public code's: the chosen code's, or under ``quirks=none`` the code the preset
+    reproduces (:func:`preset_code`). Each entry of a table differs from the clean default
+    (tests/test_fidelity.py), so a clean run lists none unless a single option sets one."""
+    table = container(cfg.get("quirks") or {}) or code_quirks(preset_code(str(cfg.preset)))
     attn, on = model.attn, {}
     for k, v in (table.get("model") or {}).items():
         if getattr(model, k) == v:
@@ -485,7 +540,7 @@ def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict, train: TrainSpec | 
         for k, v in ((table.get("attn_options") or {}).get(key) or {}).items():
             if attn.options.get(k) == v:
                 on[f"attn.options.{k}"] = v
-    chunks = paper_chunks(cfg, attn)
+    chunks = paper_chunks(cfg, attn, table)
     if train is not None and chunks > 1 and train.chunks == chunks:
         on["train.chunks"] = chunks
     return on
@@ -627,8 +682,8 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         attn=attn,
     )
     train_node = container(cfg.train)
-    if train_node.get("chunks") is None:  # unset: the public code's under semantics=paper, else one
-        train_node["chunks"] = paper_chunks(cfg, attn) if cfg.get("semantics") == "paper" else 1
+    if train_node.get("chunks") is None:  # unset: the chosen public code's (1 under quirks=none)
+        train_node["chunks"] = paper_chunks(cfg, attn)
     train = build(TrainSpec, "train", train_node, monitor=str(cfg.trainer.monitor))
     config = container(cfg)
     config["train"] = {**config["train"], "chunks": train.chunks}
@@ -636,12 +691,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     if not config.get("callbacks"):  # no user callbacks: the record reads as it did before the group existed
         config.pop("callbacks", None)
     fit = cfg.get("fit") or {}
-    semantics = cfg.get("semantics", "clean")  # its value is checked by RunSpec
-    if semantics == "paper" and not any((cfg.get("quirks") or {}).values()):
-        raise ConfigError(
-            f"semantics=paper: preset {cfg.preset!r} reproduces no public code (quirks=none); add "
-            f"quirks=skeinformer|skyformer|nystromformer (whose code), or use semantics=clean"
-        )
+    semantics = cfg.get("semantics", "clean")  # derived from quirks (conf/config.yaml); checked by RunSpec
     return RunSpec(
         preset=str(cfg.preset),
         seed=cfg.seed,

@@ -1,14 +1,14 @@
 """Fidelity check: the ``paper`` presets' classifiers against the public code they reproduce.
 
 Each row builds the public code's ``ModelForSC`` from a local checkout and the harness's classifier
-(``lra.config.load([experiment=<preset>, task=<task>, attn=<attn>, semantics=...])`` +
+(``lra.config.load([preset=<preset>, task=<task>, attn=<attn>, quirks=...])`` +
 ``lra.model.build_model``), copies every weight theirs -> ours and runs both on one right-padded
 batch (eval, CPU, float32): ListOps n=2048, real lengths 2000/1100/517 (``listops-short``:
 2000/1100/150, whose shortest sample sets the Skeinformer code's d=149 for the whole batch);
 Pathfinder n=1024 pixels with zeros anywhere (their mask ids != 0 is then no prefix). Columns are
-max |logit difference|: ``paper`` (semantics=paper, draws forced equal: must be within tolerance),
-``clean`` (semantics=clean, same weights, E / omega too where the shapes agree, its own sampling),
-``unforced`` (semantics=paper, our own draws, E / omega not copied, another seed: shows that the
+max |logit difference|: ``paper`` (the preset's quirks, draws forced equal: must be within tolerance),
+``clean`` (quirks=none, same weights, E / omega too where the shapes agree, its own sampling),
+``unforced`` (the preset's quirks, our own draws, E / omega not copied, another seed: shows that the
 forcing is what makes ``paper`` agree; "-" for a deterministic method), and ``max |logit|`` (theirs:
 the scale of the differences).
 
@@ -36,7 +36,7 @@ Skyformer and Nyströmformer codes. Exit status 1 if a paper row is above its to
 
 Accumulation chunks (their code runs each batch as ``torch.chunk(batch, accumu_steps)``, so the batch-coupled
 draws, budgets and starts act per chunk): ``*-chunks`` rows run 8 samples split as they split them, theirs by
-their config's count, ours by the micro-batch ``lra.fit.plan`` chooses under semantics=paper (train.chunks);
+their config's count, ours by the micro-batch ``lra.fit.plan`` chooses under the preset's quirks (train.chunks);
 their notes give the Skeinformer budget d of every forward, ours forced and ours as one micro-batch
 (train.chunks=1). The chunk table reads every attention's count from their config (Skeinformer/Skyformer
 main.py: ``bz_rate``; Nyströmformer run_tasks.py: ``batch // gpu_memory`` on one GPU) and compares their
@@ -336,7 +336,7 @@ def compare_chunks(row: Row, roots: dict[str, Path]) -> dict:
     cells, bad, other = [], [], sorted(set(counts) - set(THEIR_ATTN[row.repo]))
     for theirs, ours in THEIR_ATTN[row.repo].items():
         k = counts.get(theirs, 1)
-        p = plan(load([f"experiment={row.preset}", f"task={row.task}", f"attn={ours}", "hardware=cpu"]))
+        p = plan(load([f"preset={row.preset}", f"task={row.task}", f"attn={ours}", "hardware=cpu"]))
         sizes = [len(c) for c in torch.arange(batch).chunk(k)]
         if p.effective_batch != batch or [p.micro_batch] * p.accum_steps != sizes:
             bad.append(f"**{ours}: theirs {k} x {sizes[0]}, ours {p.accum_steps} x {p.micro_batch}**")
@@ -511,10 +511,10 @@ def compare(row: Row, roots: dict[str, Path]) -> dict:
     """The row's max |logit diff| per column, their max |logit|, and notes on what was forced; a chunked
     row also runs ours as one micro-batch (train.chunks=1) for its notes."""
     theirs, task = their_model(row, roots), row.task.split("-")[0]
-    base = [f"experiment={row.preset}", f"task={task}", f"attn={row.attn}"]
+    base = [f"preset={row.preset}", f"task={task}", f"attn={row.attn}"]
     base += [f"train.batch_size={CHUNKED_BATCH}", "hardware=cpu"] if row.chunked else []
-    spec = {sem: load([*base, f"semantics={sem}"]) for sem in ("paper", "clean")}
-    spec["one"] = load([*base, "semantics=paper", "train.chunks=1"])
+    spec = {"paper": load(base), "clean": load([*base, "quirks=none"])}  # the preset's quirks, then none
+    spec["one"] = load([*base, "train.chunks=1"])
     toks = make_batch(row.task, spec["paper"].model.seq_len)
     k = their_chunks(row.repo, task, roots)[1].get(row.theirs, 1) if row.chunked else 1
     replay, skein_row = DrawReplay(), row.theirs in SKEIN_NAMES
@@ -581,7 +581,7 @@ def markdown(results: list[dict], skipped: list[str]) -> tuple[str, int]:
     lines += [""] + [f"not compared: {s}" for s in skipped]
     if chunks:
         lines += [""] * bool(skipped) + [
-            "accumulation chunks, their config vs our plan (semantics=paper, hardware=cpu)",
+            "accumulation chunks, their config vs our plan (the preset's quirks, hardware=cpu)",
             "",
             "| preset | task | their batch | chunks > 1: attention, chunks x size | agree | not ours |",
             "|---|---|---:|---|---:|---|",

@@ -5,7 +5,7 @@
 for any number of devices. How the micro-batch is chosen:
 
 1. ``hardware.micro_batch`` set: that value (must divide the per-device batch).
-   Otherwise ``train.chunks`` (under ``semantics=paper`` the public code's accumulation chunks,
+   Otherwise ``train.chunks`` (under a ``quirks=<code>`` the public code's accumulation chunks,
    conf/quirks/) caps the micro-batch at ``batch_size / chunks``, the chunk their code ran, whatever
    would fit; "the whole per-device batch" below then means the largest divisor up to that chunk.
 2. A profile without a memory budget (``hardware=cpu``, or ``auto`` on a machine without CUDA): the
@@ -42,7 +42,7 @@ What the CPU estimate models of a CUDA run (docs/protocol.md has the numbers):
   cuDNN workspaces (``allocator_margin``), evaluation (no gradients; lower than training).
 
 ``python -m lra.fit task=<t> attn=<a> hardware=<h> [overrides]`` (``make fit``) prints a decision;
-``python -m lra.fit --table [hardware=...] [experiment=...]`` prints the decisions for every task x
+``python -m lra.fit --table [hardware=...] [preset=...]`` prints the decisions for every task x
 attention config (the shape of Skeinformer Table 4: micro-batch and accumulation).
 """
 
@@ -432,7 +432,7 @@ def parser() -> Parser:
         allow_abbrev=False,
         epilog="examples:\n"
         "  python -m lra.fit task=listops attn=softmax hardware=v100_16gb\n"
-        "  python -m lra.fit --table [hardware=...] [experiment=...] [task=a,b] [attn=x,y] "
+        "  python -m lra.fit --table [hardware=...] [preset=...] [task=a,b] [attn=x,y] "
         "[--out runs/fit/table]",
     )
     p.add_argument(
@@ -443,7 +443,7 @@ def parser() -> Parser:
         "decisions take none), then the table on stdout",
     )
     p.add_argument("--out", type=Path, metavar="PATH", help="with --table: write PATH.json and PATH.md")
-    p.add_overrides("Hydra overrides: task=, attn=, hardware=, experiment=, attn.options.<name>=<value>, ...")
+    p.add_overrides("Hydra overrides: task=, attn=, hardware=, preset=, attn.options.<name>=<value>, ...")
     return p
 
 

@@ -14,7 +14,7 @@ from lra.config import ConfigError, RunSpec, compose_checked, container, load, r
 
 # Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>), or
 # pick where things live: the configuration they give is the base the tag is measured against.
-FOLDER_KEYS = ("experiment", "semantics", "quirks", "task", "attn", "attn.target", "seed", "runs_root", "data_root")
+FOLDER_KEYS = ("preset", "quirks", "task", "attn", "attn.target", "seed", "runs_root", "data_root")
 
 # Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
 # (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
@@ -88,7 +88,7 @@ def run_tag(overrides: list[str] | tuple[str, ...], spec: "RunSpec | None" = Non
 
     Example::
 
-        run_tag(["experiment=quick", "train.lr=0.002", "train.max_steps=120"])
+        run_tag(["preset=quick", "train.lr=0.002", "train.max_steps=120"])
         # 'train.lr=0.002,train.max_steps=120'
     """
     spec = spec or load(overrides)

@@ -1,9 +1,9 @@
 """The typed task specs: what a task node holds (``conf/task/<task>.yaml``, with the preset's data keys
-``protocol.<task>.data.*`` and the quirks applied), one frozen dataclass per task, checked when the
+``protocol.data.*`` and the quirks applied), one frozen dataclass per task, checked when the
 config is resolved, before any work starts. A bad value or an unknown key raises :class:`ConfigError`:
 one line naming the key, the value and what is allowed.
 
-    spec = lra.config.load(["task=listops", "experiment=quick"]).data.spec   # the run's; or task_spec(node)
+    spec = lra.config.load(["task=listops", "preset=quick"]).data.spec   # the run's; or task_spec(node)
     spec.tokenizer, spec.generator.n_train                                    # 'brackets', 20000
 
 Each reader in ``lra/data/<task>.py`` takes its spec (``@register_task("listops", spec=ListOpsSpec)``,
@@ -294,7 +294,7 @@ class PathfinderSpec(TaskSpec):
             "task.seq_len",
             self.seq_len,
             f"{self.resolution ** 2}, the pixels of pathfinder{self.resolution} images: set both "
-            f"(protocol.pathfinder.data.resolution / .seq_len)",
+            f"(protocol.data.resolution / .seq_len)",
         )
         integer("task.n_images", self.n_images, 1, optional=True)
         flag("task.generate", self.generate)

@@ -40,7 +40,7 @@ from omegaconf import DictConfig, open_dict
 import attention
 from lra import CONF_DIR
 from lra.cli import HARNESS_OVERRIDES, UsageError, hand_to_hydra, hydra_args, wants_hydra_itself
-from lra.config import ConfigError, RunSpec, compose_checked, resolve, without_hydra
+from lra.config import ConfigError, RunSpec, compose_checked, renamed_overrides, resolve, without_hydra
 from lra.data import DataError, Split, data_record, fingerprint, load_task
 from lra.devices import LoadMeter, limit_gpu_memory
 from lra.fit import FitError, Plan, plan
@@ -342,7 +342,7 @@ def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
         log.warning(
             "Training the full %s protocol on a CPU: %d steps of batch %d x %d tokens will take many hours "
             "(the progress bar shows the ETA). For a run of a few minutes: make lra task=%s attn=%s "
-            "ARGS='experiment=quick'",
+            "ARGS='preset=quick'",
             spec.preset,
             spec.train.max_steps,
             p.effective_batch,
@@ -523,6 +523,7 @@ def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec]:
 def main() -> None:
     try:
         args = hydra_args()
+        renamed_overrides(args)  # experiment=, semantics=: one line naming the new spelling, under -m too
         if wants_hydra_itself(args):  # Hydra's own flags (--help, -m, --cfg) go to Hydra
             hand_to_hydra(args)
             _hydra_main()

@@ -178,5 +178,5 @@ def test_attn_options_dropout_nan_is_one_line_before_any_work():
     from lra.config import ConfigError, load
 
     with pytest.raises(ConfigError, match=r"'dropout'=nan is not a number; allowed: \[0\.0, 1\.0\)") as e:
-        load(["experiment=quick", "attn=softmax", "attn.options.dropout=nan"])
+        load(["preset=quick", "attn=softmax", "attn.options.dropout=nan"])
     assert "\n" not in str(e.value)

@@ -17,10 +17,10 @@ TESTS = Path(__file__).resolve().parent
 TINY = [
     "task=listops",
     "attn=softmax",
-    "experiment=quick",
-    "protocol.listops.data.n_train=256",
-    "protocol.listops.data.n_val=64",
-    "protocol.listops.data.n_test=64",
+    "preset=quick",
+    "protocol.data.n_train=256",
+    "protocol.data.n_val=64",
+    "protocol.data.n_test=64",
     "train.max_steps=12",
     "train.eval_every=4",
     "train.warmup=4",
@@ -73,7 +73,7 @@ def test_a_built_in_and_a_user_callback_run_with_their_arguments(tmp_path):
 
 
 def test_no_user_callbacks_leaves_the_record_as_before():
-    spec = load(["experiment=quick"])
+    spec = load(["preset=quick"])
     assert spec.callbacks == {} and "callbacks" not in spec.config and user_callbacks(spec) == []
 
 
@@ -87,12 +87,12 @@ def test_no_user_callbacks_leaves_the_record_as_before():
 )
 def test_a_bad_callback_is_one_line_naming_it(override, says):
     with pytest.raises(ConfigError, match=says) as e:
-        check_callbacks(load(["experiment=quick", override]))
+        check_callbacks(load(["preset=quick", override]))
     assert "callbacks.x" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_bad_callback_arguments_are_one_line(tmp_path):
-    spec = load(["experiment=quick", "callbacks=lr_monitor", "+callbacks.lr_monitor.no_such_arg=1"])
+    spec = load(["preset=quick", "callbacks=lr_monitor", "+callbacks.lr_monitor.no_such_arg=1"])
     check_callbacks(spec)  # the class is fine; its arguments are checked when it is built
     with pytest.raises(ConfigError, match=r"callbacks.lr_monitor: .*LearningRateMonitor.*no_such_arg") as e:
         user_callbacks(spec)

@@ -205,7 +205,7 @@ def test_fit_table_shows_a_line_per_decision_then_the_table(tmp_path, capsys):
     level = lra.fit.log.level
     try:
         code = lra.fit.main(
-            ["--table", "task=listops", "attn=none,vmean", "hardware=cpu", "experiment=quick", f"runs_root={tmp_path}"]
+            ["--table", "task=listops", "attn=none,vmean", "hardware=cpu", "preset=quick", f"runs_root={tmp_path}"]
         )
     finally:
         lra.fit.log.setLevel(level)

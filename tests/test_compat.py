@@ -155,7 +155,7 @@ def test_the_memory_fit_degrades_to_no_accumulation_without_fake_tensors(tmp_pat
     from lra.fit import plan
 
     monkeypatch.setitem(sys.modules, "torch._subclasses.fake_tensor", None)
-    p = plan(load([f"runs_root={tmp_path}", "fit.cache=false", "experiment=quick", "hardware=v100_16gb"]))
+    p = plan(load([f"runs_root={tmp_path}", "fit.cache=false", "preset=quick", "hardware=v100_16gb"]))
     assert (p.micro_batch, p.accum_steps) == (32, 1) and p.source.startswith("no estimate (CompatError)")
 
 

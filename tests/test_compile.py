@@ -65,7 +65,7 @@ VARIANTS = [
 
 
 def paper_variants():
-    """The public code's quirks of each backend (semantics=paper, conf/quirks/), which the paper
+    """The public code's quirks of each backend (quirks=<code>, conf/quirks/), which the paper
     presets compile on CUDA; their feature budgets stay the SMALL ones."""
     budgets = {"k", "landmarks", "features", "num_features", "num_landmarks"}
     out = {}

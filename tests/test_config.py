@@ -3,6 +3,7 @@ typed config nodes for every backend, and a bad value is one line before any wor
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from lra.tasks import TASK_SPECS, ImageSpec, ListOpsSpec, PathfinderSpec, Retrie
 NAMES = attention.available()
 
 
-@pytest.mark.parametrize("group", ["task", "experiment", "hardware", "logger", "model", "trainer"])
+@pytest.mark.parametrize("group", ["task", "preset", "hardware", "logger", "model", "trainer"])
 def test_every_config_file_composes_and_resolves(group, tmp_path):
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         overrides = [f"{group}={path.stem}", f"runs_root={tmp_path}"]
@@ -33,7 +34,7 @@ def test_every_config_file_composes_and_resolves(group, tmp_path):
 @pytest.mark.parametrize("name", attn_configs())
 def test_every_attention_config_resolves_under_every_preset(name):
     for preset in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper", "quick"):
-        spec = load([f"attn={name}", f"experiment={preset}"])
+        spec = load([f"attn={name}", f"preset={preset}"])
         assert spec.attn.label == name and set(spec.attn.options) == set(attention.option_defaults(spec.attn.name))
 
 
@@ -55,33 +56,33 @@ def _bad_value(info: dict):
 def test_attention_options_without_plus_typed_and_range_checked(name):
     info = attention.option_info(name)
     with pytest.raises(ConfigError, match=rf"attn.options.no_such_option.*{name}"):
-        load([f"attn={name}", "experiment=quick", "attn.options.no_such_option=1"])
+        load([f"attn={name}", "preset=quick", "attn.options.no_such_option=1"])
     if not info:
         assert attention.option_defaults(name) == {}, name  # none, vmean: nothing to set
         return
     opt, spec_info = next(iter(info.items()))
     default = spec_info["default"]
-    spec = load([f"attn={name}", "experiment=quick", f"attn.options.{opt}={'null' if default is None else default}"])
+    spec = load([f"attn={name}", "preset=quick", f"attn.options.{opt}={'null' if default is None else default}"])
     assert spec.attn.options[opt] == default
     checked = [(o, _bad_value(i)) for o, i in info.items() if _bad_value(i) is not None]
     assert checked or name in ("softmax_nodrop",), f"{name}: no option with a checked range"
     for o, bad in checked[:2]:
         with pytest.raises(ConfigError, match=rf"'{o}'={bad!r}"):
-            load([f"attn={name}", "experiment=quick", f"attn.options.{o}={bad}"])
+            load([f"attn={name}", "preset=quick", f"attn.options.{o}={bad}"])
 
 
 def test_option_precedence_backend_variant_preset_task_command_line():
     # registry default < variant base_options < preset attn_options < command line
-    assert load(["attn=softmax", "experiment=quick"]).attn.options == {"dropout": 0.1, "impl": "fused", "causal": False}
-    assert load(["attn=softmax_nodrop", "experiment=quick"]).attn.options["dropout"] == 0.0
-    paper = load(["attn=softmax_nodrop", "experiment=skeinformer_paper"]).attn
+    assert load(["attn=softmax", "preset=quick"]).attn.options == {"dropout": 0.1, "impl": "fused", "causal": False}
+    assert load(["attn=softmax_nodrop", "preset=quick"]).attn.options["dropout"] == 0.0
+    paper = load(["attn=softmax_nodrop", "preset=skeinformer_paper"]).attn
     assert paper.options["impl"] == "materialized" and paper.preset_options == {"impl": "materialized"}
     cli = load(
-        ["attn=softmax_nodrop", "experiment=skeinformer_paper", "attn.options.impl=fused", "attn.options.dropout=0.2"]
+        ["attn=softmax_nodrop", "preset=skeinformer_paper", "attn.options.impl=fused", "attn.options.dropout=0.2"]
     ).attn
     assert (cli.options["impl"], cli.options["dropout"], cli.preset_options) == ("fused", 0.2, {})
-    # protocol.<task>.attn_options beats the preset-wide table (the Nyströmformer preset's YOSO hash bits)
-    assert load(["attn=yoso", "experiment=nystromformer_paper", "task=image"]).attn.options["hash_bits"] == 10
+    # the protocol file's attn_options beat the preset-wide table (the Nyströmformer preset's YOSO hash bits)
+    assert load(["attn=yoso", "preset=nystromformer_paper", "task=image"]).attn.options["hash_bits"] == 10
 
 
 def test_describe_shows_type_default_range_and_meaning():
@@ -121,13 +122,13 @@ def test_describe_shows_type_default_range_and_meaning():
         # every boolean is strict, every count an integer in range (bool('no') is True; n_train=-3 crashes late)
         ("task.generate=no", "task.generate='no' is not allowed: true or false"),
         ("fit.cache=maybe", "fit.cache='maybe' is not allowed: true or false"),
-        ("protocol.listops.data.n_train=-3", "task.generator.n_train=-3 is not allowed: an integer >= 1"),
+        ("protocol.data.n_train=-3", "task.generator.n_train=-3 is not allowed: an integer >= 1"),
         ("trainer.log_every_n_steps=abc", "trainer.log_every_n_steps='abc' is not allowed"),
     ],
 )
 def test_bad_values_are_one_line_naming_key_and_value(override, key):
     with pytest.raises(ConfigError) as e:
-        load(["experiment=quick", override])
+        load(["preset=quick", override])
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
@@ -135,7 +136,7 @@ def test_train_refuses_bad_input_before_any_folder_exists(tmp_path):
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     for bad in ("seed=1.5", "attn=skeinformer attn.options.num_features=0", "attn=linformer attn.options.nope=3"):
         proc = subprocess.run(
-            [sys.executable, "-m", "lra.train", "experiment=quick", *bad.split()],
+            [sys.executable, "-m", "lra.train", "preset=quick", *bad.split()],
             env=env,
             capture_output=True,
             text=True,
@@ -152,7 +153,7 @@ def test_fit_cli_takes_options_without_plus_and_rejects_bad_ones(tmp_path):
 
     def fit(*args):
         return subprocess.run(
-            [sys.executable, "-m", "lra.fit", "task=listops", "experiment=quick", "hardware=cpu", *args],
+            [sys.executable, "-m", "lra.fit", "task=listops", "preset=quick", "hardware=cpu", *args],
             env=env,
             capture_output=True,
             text=True,
@@ -174,13 +175,13 @@ def test_fit_cli_takes_options_without_plus_and_rejects_bad_ones(tmp_path):
 @pytest.mark.parametrize("task", sorted(TASK_SPECS))
 def test_task_spec_defaults_are_the_task_files_defaults(task):
     """A spec built in code (tests, notebooks) is what conf/task/<task>.yaml gives without a preset's data keys."""
-    cfg = compose([f"task={task}", "experiment=quick", f"~protocol.{task}.data"])
+    cfg = compose([f"task={task}", "preset=quick", "~protocol.data"])
     spec = task_spec(OmegaConf.to_container(cfg.task, resolve=True))
     assert type(spec) is TASK_SPECS[task] and spec == TASK_SPECS[task]()
 
 
 def test_resolved_data_spec_is_typed_and_keeps_the_node_it_hashes():
-    spec = load(["experiment=quick", "task=listops"])
+    spec = load(["preset=quick", "task=listops"])
     assert isinstance(spec.data.spec, ListOpsSpec) and spec.data.spec.generator.n_train == 20000
     assert spec.data.options == spec.config["task"]  # the resume key and the loaded-data key hash the node as composed
     built = DataSpec(task="text", root=Path("/tmp"), spec=TextSpec(max_length=512, seq_len=512))
@@ -209,7 +210,7 @@ def test_resolved_data_spec_is_typed_and_keeps_the_node_it_hashes():
 )
 def test_a_typo_in_a_task_key_is_one_line_naming_the_valid_keys(override, message):
     with pytest.raises(ConfigError) as e:
-        load(["experiment=quick", "task=listops", override])
+        load(["preset=quick", "task=listops", override])
     assert str(e.value) == message
 
 
@@ -248,7 +249,7 @@ def test_a_typo_in_a_task_key_is_one_line_naming_the_valid_keys(override, messag
 )
 def test_each_task_spec_checks_its_values_when_the_config_is_resolved(overrides, message):
     with pytest.raises(ConfigError) as e:
-        load(["experiment=quick", *overrides.split()])
+        load(["preset=quick", *overrides.split()])
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
@@ -287,7 +288,73 @@ def test_the_config_layer_owns_config_error_and_the_task_specs():
 def test_a_typo_in_a_key_lists_the_keys_of_its_node(override, node, some_key):
     """Hydra's own refusal ("Key ... is not in struct") says only what is wrong; the line also says what is right."""
     with pytest.raises(ConfigError) as e:
-        load(["experiment=quick", "task=listops", override])
+        load(["preset=quick", "task=listops", override])
     line = str(e.value)
     assert "\n" not in line and line.startswith(override.split("=")[0]) and f"{node} has the keys" in line
     assert some_key in [k.strip() for k in line.split("has the keys", 1)[1].split(",")]
+
+
+# ---------------------------------------------------------------------------------------------
+# One word per idea: preset=, quirks=, one protocol file per (preset, task)
+
+
+@pytest.mark.parametrize(
+    "old, says",
+    [
+        (["experiment=quick"], "experiment= is now preset=: use preset=quick"),
+        (["task=text", "+experiment=skyformer_paper"], "experiment= is now preset=: use preset=skyformer_paper"),
+        (["semantics=clean"], "semantics= is now quirks=: use quirks=none"),
+        (["semantics=paper"], "semantics= is now quirks=: use quirks=skeinformer"),
+        (["preset=skyformer_paper", "semantics=paper"], "use quirks=skyformer"),
+        (["preset=quick", "semantics=paper"], "quirks=skeinformer|skyformer|nystromformer"),
+    ],
+)
+def test_old_spellings_fail_with_one_line_naming_the_new_one(old, says):
+    with pytest.raises(ConfigError) as e:
+        load(old)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_quirks_is_the_one_semantics_knob():
+    paper, clean = load(["task=listops"]), load(["task=listops", "quirks=none"])
+    assert (paper.semantics, clean.semantics) == ("paper", "clean")
+    assert paper.config["semantics"] == "paper" and clean.config["semantics"] == "clean"
+    assert load(["preset=quick", "quirks=skyformer"]).semantics == "paper"
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml")))
+def test_a_preset_is_named_by_its_file_and_reads_its_protocol_file(preset):
+    for task in ("listops", "text", "retrieval", "image", "pathfinder"):
+        cfg = compose([f"preset={preset}", f"task={task}"])
+        assert cfg.preset == preset  # the run folder's and record's preset: the file's name
+        own = OmegaConf.load(CONF_DIR / "protocol" / preset / f"{task}.yaml")
+        assert OmegaConf.to_container(cfg.protocol) == OmegaConf.to_container(own)
+
+
+@pytest.mark.parametrize("code", sorted(p.stem for p in (CONF_DIR / "quirks").glob("*.yaml")))
+def test_code_quirks_reads_what_hydra_composes(code):
+    from lra.config import code_quirks
+
+    composed = compose([f"quirks={code}"]).quirks
+    assert code_quirks(code) == (OmegaConf.to_container(composed) if composed else {})
+
+
+def test_the_preset_task_protocol_file_is_what_a_run_reads(tmp_path):
+    """Editing conf/protocol/<preset>/<task>.yaml (in a copy of conf/) changes that run, and only it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    path = conf / "protocol" / "quick" / "listops.yaml"
+    path.write_text(path.read_text().replace("batch_size: 32", "batch_size: 48").replace("lr: 1.0e-3", "lr: 3.0e-3"))
+
+    def train(*overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides)).train
+
+    edited, other = train("preset=quick", "task=listops"), train("preset=quick", "task=text")
+    assert (edited.batch_size, edited.lr) == (48, 3e-3)
+    assert (other.batch_size, other.lr) == (compose(["preset=quick", "task=text"]).train.batch_size, 1e-3)

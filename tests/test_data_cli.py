@@ -14,7 +14,7 @@ def test_help_lists_usage_and_examples_and_exits_0(capsys):
     for needle in (
         "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/).",
         "python -m lra.data task=listops ",
-        "python -m lra.data task=pathfinder experiment=quick",
+        "python -m lra.data task=pathfinder preset=quick",
         "IMDB: says where to put aclImdb_v1.tar.gz",
     ):
         assert needle in out, needle
@@ -29,7 +29,7 @@ def test_an_unknown_flag_is_one_line_and_exit_2(capsys):
 def test_a_bad_task_key_is_one_line_naming_the_valid_keys_and_exit_2(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("LRA_DATA", str(tmp_path))
     with caplog.at_level(logging.ERROR):
-        assert data_main.main(["task=listops", "experiment=quick", "+task.tokenzier=alnum"]) == 2
+        assert data_main.main(["task=listops", "preset=quick", "+task.tokenzier=alnum"]) == 2
     assert "task.tokenzier='alnum' is not allowed: not a key of task; valid keys: dirname" in caplog.text
     assert not any(tmp_path.iterdir())  # refused before any work
 

@@ -183,9 +183,9 @@ def test_broken_torchvision_falls_back_to_the_pickles(tmp_path, monkeypatch, cap
 def test_config():
     from lra.config import compose
 
-    c = compose(["task=image", "semantics=clean"])
+    c = compose(["task=image", "quirks=none"])
     assert (c.task.vocab_size, c.task.seq_len, c.task.num_classes, c.task.grayscale) == (256, 1024, 10, "luminance")
-    c = compose(["task=image"])  # the default preset's semantics=paper: the public code's TF grayscale, pixel 0 as pad
+    c = compose(["task=image"])  # the default preset's quirks=skeinformer: TF grayscale, pixel 0 as pad
     assert (c.task.vocab_size, c.task.grayscale, c.task.mask) == (256, "tf", "nonzero")
-    c = compose(["task=image", "experiment=quick", "++protocol.image.data.grayscale=tf"])
+    c = compose(["task=image", "preset=quick", "++protocol.data.grayscale=tf"])
     assert c.task.grayscale == "tf" and c.task.max_examples.test == 1000

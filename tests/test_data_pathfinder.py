@@ -374,15 +374,15 @@ def test_missing_without_generation_explains(tmp_path):
 def test_config_keys():
     from lra.config import compose
 
-    c = compose(["task=pathfinder", "semantics=clean"])
+    c = compose(["task=pathfinder", "quirks=none"])
     assert (c.task.resolution, c.task.difficulty, c.task.seq_len, c.task.vocab_size) == (32, "hard", 1024, 256)
-    assert compose(["task=pathfinder"]).task.vocab_size == 512  # semantics=paper: the public config's table
+    assert compose(["task=pathfinder"]).task.vocab_size == 512  # quirks=skeinformer: the public config's table
     c = compose(
         [
             "task=pathfinder",
-            "experiment=quick",
-            "++protocol.pathfinder.data.resolution=128",
-            "++protocol.pathfinder.data.difficulty=easy",
+            "preset=quick",
+            "++protocol.data.resolution=128",
+            "++protocol.data.difficulty=easy",
         ]
     )
     assert (c.task.seq_len, c.task.difficulty, c.task.n_images, c.task.gen_dir) == (
@@ -403,9 +403,9 @@ def test_end_to_end_quick_run_on_a_tiny_generated_set(tmp_path):
     }
     args = [
         "task=pathfinder",
-        "experiment=quick",
-        "protocol.pathfinder.data.n_images=60",
-        "protocol.pathfinder.batch_size=4",
+        "preset=quick",
+        "protocol.data.n_images=60",
+        "protocol.batch_size=4",
         "train.max_steps=2",
         "train.eval_every=2",
         "num_threads=1",

@@ -145,11 +145,11 @@ def test_archive_without_aan_files(tmp_path):
 def test_config():
     from lra.config import compose
 
-    c = compose(["task=retrieval"])  # the default preset, semantics=paper
+    c = compose(["task=retrieval"])  # the default preset, quirks=skeinformer
     assert c.task.dual and (c.task.max_length, c.task.seq_len, c.task.vocab_size) == (
         4000,
         4096,
         512,
     )  # paper: 512 rows
-    q = compose(["task=retrieval", "experiment=quick"])
+    q = compose(["task=retrieval", "preset=quick"])
     assert (q.task.max_length, q.task.seq_len) == (512, 512)

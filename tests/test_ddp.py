@@ -29,7 +29,7 @@ def test_ddp_two_cpu_processes_keep_the_effective_batch(tmp_path):
     rec = json.loads((run_dir / "result.json").read_text())
     assert rec["status"] == "completed" and rec["steps"] == 12
     assert rec["config"]["trainer"]["devices"] == 2 and rec["config"]["trainer"]["strategy"] == "ddp"
-    single = int(compose(["experiment=quick", "task=listops"]).train.batch_size)
+    single = int(compose(["preset=quick", "task=listops"]).train.batch_size)
     devices = int(rec.get("devices", 2))
     assert devices == 2, "the record should say how many devices shared the batch"
     assert rec["effective_batch"] == single == 32

@@ -136,7 +136,7 @@ def test_overhead_interleaves_bare_blocks_between_harness_blocks_at_optimizer_st
         [
             "task=listops",
             "attn=none",
-            "experiment=quick",
+            "preset=quick",
             "hardware.micro_batch=16",
             "trainer.progress=false",
             "trainer.accelerator=cpu",

@@ -109,11 +109,9 @@ def test_bad_targets_are_one_line(user_package):
         ("my_pkg.attn:Options", "not a subclass"),
     ]:
         with pytest.raises(ConfigError, match=what):
-            load(["experiment=quick", "attn=external", f"attn.target={target}"])
+            load(["preset=quick", "attn=external", f"attn.target={target}"])
     with pytest.raises(ConfigError, match="'temperature'=0"):
-        load(
-            ["experiment=quick", "attn=external", "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=0"]
-        )
+        load(["preset=quick", "attn=external", "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=0"])
 
 
 def test_external_backend_trains_and_appears_in_the_tables(tmp_path, user_package):
@@ -168,7 +166,7 @@ def test_entry_point_gives_a_typed_config_node(tmp_path, user_package):
 
     def fit(*args):
         return subprocess.run(
-            [sys.executable, "-m", "lra.fit", "experiment=quick", "hardware=cpu", *args],
+            [sys.executable, "-m", "lra.fit", "preset=quick", "hardware=cpu", *args],
             env=env,
             capture_output=True,
             text=True,
@@ -300,7 +298,7 @@ from lra.config import load
 from lra.record import new_record
 out = {}
 for route in sys.argv[1:]:
-    rec = new_record(load(["experiment=quick", *route.split()]))
+    rec = new_record(load(["preset=quick", *route.split()]))
     out[route] = [rec["attn"], rec["attn_backend"]]
 print(json.dumps(out))
 """
@@ -364,11 +362,11 @@ def test_external_label_rules_and_the_run_folder(user_package):
     (user_package / "my_clash.py").write_text(
         "from my_pkg.attn import TempSoftmax\n\n\n" "class Linformer(TempSoftmax):\n    pass\n"
     )
-    spec = load(["experiment=quick", *TARGET.split(), "attn.label=mine"])
+    spec = load(["preset=quick", *TARGET.split(), "attn.label=mine"])
     assert (spec.attn.label, spec.attn.name) == ("mine", "temp_softmax")
-    spec = load(["experiment=quick", "attn=external", "attn.target=my_clash:Linformer"])
+    spec = load(["preset=quick", "attn=external", "attn.target=my_clash:Linformer"])
     assert (spec.attn.label, spec.attn.name) == ("Linformer", "Linformer")
     assert attention.describe("linformer")["module"] == "attention.linformer"  # the built-in is untouched
-    args = ["experiment=quick", *TARGET.split()]
+    args = ["preset=quick", *TARGET.split()]
     cfg = compose_checked([*args, f"run_tag={run_tag(args)}"], job="train")  # as lra.train names its folder
     assert run_dir_of(cfg).parts[-2:] == ("temp_softmax", "seed0")  # the folder says what the record says

@@ -116,7 +116,7 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
     assert rc == 130 and "Traceback" not in out, out[-3000:]
     assert _record(tmp_path, "runs")["status"] == "interrupted"
     # the console says so, and the command that resumes it (without the harness's own run_tag)
-    assert "interrupted (SIGINT)" in out and "resume with the same command: python -m lra.train experiment=quick" in out
+    assert "interrupted (SIGINT)" in out and "resume with the same command: python -m lra.train preset=quick" in out
     assert "run_tag" not in out.split("resume with the same command:")[1].splitlines()[0]
 
 
@@ -266,7 +266,7 @@ def test_changed_data_is_refused_not_resumed(tmp_path):
     (before, a smaller train split made the restored loader position unreachable: a hang)."""
     from lra.train import RunError, resume_step
 
-    spec = load(["experiment=quick"])
+    spec = load(["preset=quick"])
     key = spec.resume_key(32, 1, "fingerprint-of-the-old-data")
     assert key != spec.resume_key(32, 1, "fingerprint-of-the-new-data")
     assert key == spec.resume_key(32, 1, "fingerprint-of-the-old-data")

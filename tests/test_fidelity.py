@@ -1,4 +1,4 @@
-"""semantics=paper|clean (docs/fidelity.md): what each switch does, checked from first principles.
+"""quirks=none|<code> (docs/fidelity.md): what each switch does, checked from first principles.
 
 The backend quirks have their own tests (tests/attention/test_*_paper.py); here: the switch itself,
 the model's pooling, the ListOps tokens, the pixel mask, the record and the run folder, and a float64
@@ -34,12 +34,12 @@ TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 
 def test_presets_default_to_paper_and_quick_to_clean():
     # the must-show command: no argument but the preset, and the record says which semantics ran
-    spec = load(["task=listops", "attn=skeinformer", "experiment=skeinformer_paper"])
+    spec = load(["task=listops", "attn=skeinformer", "preset=skeinformer_paper"])
     rec = new_record(spec)
     assert rec["semantics"] == "paper" and rec["quirks"]["model.pooling"] == "padded_mean"
     assert rec["quirks"]["task.tokenizer"] == "alnum" and rec["quirks"]["attn.options.budget"] == "batch_shortest"
     assert load(["task=listops"]).semantics == "paper"  # the default preset is skeinformer_paper
-    quick = load(["experiment=quick"])
+    quick = load(["preset=quick"])
     assert quick.semantics == "clean" and quick.quirks == {} and quick.model.pooling == "mean"
 
 
@@ -47,11 +47,11 @@ def test_presets_default_to_paper_and_quick_to_clean():
 def test_every_quirk_differs_from_clean_and_paper_turns_on_each(preset):
     """A clean run lists no quirk; a paper run lists every entry of its code base's table that applies
     (so each entry really changes something, and nothing in the table is silently ignored)."""
-    table = compose([f"experiment={preset}"]).quirks
+    table = compose([f"preset={preset}"]).quirks
     cases = [(t, "softmax") for t in TASKS] + [("listops", b) for b in table.attn_options]
     for task, backend in cases:
-        clean = load([f"experiment={preset}", f"task={task}", f"attn={backend}", "semantics=clean"])
-        paper = load([f"experiment={preset}", f"task={task}", f"attn={backend}", "semantics=paper"])
+        clean = load([f"preset={preset}", f"task={task}", f"attn={backend}", "quirks=none"])
+        paper = load([f"preset={preset}", f"task={task}", f"attn={backend}"])  # the preset's code
         assert clean.semantics == "clean" and clean.quirks == {}, (task, backend, clean.quirks)
         want = {f"model.{k}" for k in table.model} | {f"task.{k}" for k in table.task.get(task, {})}
         want |= {f"attn.options.{k}" for k in table.attn_options.get(backend, {})}
@@ -74,21 +74,21 @@ def test_every_quirk_differs_from_clean_and_paper_turns_on_each(preset):
 
 
 def test_a_single_quirk_is_an_option_and_the_command_line_wins():
-    spec = load(["task=listops", "attn=skeinformer", "semantics=paper", "model.pooling=mean"])
+    spec = load(["task=listops", "attn=skeinformer", "model.pooling=mean"])
     assert spec.model.pooling == "mean" and "model.pooling" not in spec.quirks and "task.tokenizer" in spec.quirks
     spec = load(
         [
             "task=listops",
             "attn=skeinformer",
-            "semantics=clean",
+            "quirks=none",
             "attn.options.pilot_heads=shared",
             "task.tokenizer=alnum",
         ]
     )
     assert spec.quirks == {"attn.options.pilot_heads": "shared", "task.tokenizer": "alnum"}
-    spec = load(["experiment=quick", "semantics=paper", "quirks=skyformer", "attn=skyformer"])
+    spec = load(["preset=quick", "quirks=skyformer", "attn=skyformer"])
     assert spec.quirks["attn.options.ns_init"] == "colsum_batch" and spec.model.pooling == "padded_mean"
-    spec = load(["experiment=quick", "semantics=paper", "quirks=lra_pytorch", "attn=nystrom"])  # the shared files only
+    spec = load(["preset=quick", "quirks=lra_pytorch", "attn=nystrom"])  # the shared files only
     assert spec.quirks["attn.options.landmark_mean"] == "padded" and "attn.options.landmarks" not in spec.quirks
 
 
@@ -124,22 +124,22 @@ def test_paper_runs_their_configs_chunks(preset):
     under paper every task x attention runs their config's chunks: micro-batch = batch / chunks."""
     for task in TASKS:
         for attn in ATTNS:
-            spec = load([f"experiment={preset}", f"task={task}", f"attn={attn}", "hardware=cpu"])
+            spec = load([f"preset={preset}", f"task={task}", f"attn={attn}", "hardware=cpu"])
             p, want = plan(spec), THEIR_CHUNKS[preset].get((task, attn), 1)
             got = (spec.train.chunks, p.micro_batch * want, p.accum_steps)
             assert got == (want, spec.train.batch_size, want), (task, attn)
 
 
 def test_chunks_are_a_quirk_option_of_their_own():
-    """Bug caught: the chunks on under semantics=clean, or not settable alone; the record lists them as a quirk
+    """Bug caught: the chunks on under quirks=none, or not settable alone; the record lists them as a quirk
     and its config says the count that ran."""
     base = ["task=listops", "attn=skeinformer"]
-    clean = load([*base, "semantics=clean"])
+    clean = load([*base, "quirks=none"])
     assert clean.train.chunks == 1 and "train.chunks" not in clean.quirks
-    assert load([*base, "semantics=clean", "train.chunks=2"]).quirks == {"train.chunks": 2}
+    assert load([*base, "quirks=none", "train.chunks=2"]).quirks == {"train.chunks": 2}
     off = load([*base, "train.chunks=1"])  # paper without its chunks: the other quirks stay on
     assert off.train.chunks == 1 and "train.chunks" not in off.quirks and "attn.options.budget" in off.quirks
-    quick = load(["experiment=quick", "train.chunks=4"])  # every preset has the key: no + needed
+    quick = load(["preset=quick", "train.chunks=4"])  # every preset has the key: no + needed
     assert quick.train.chunks == 4 and quick.quirks == {}
     rec = new_record(load(base))
     assert rec["quirks"]["train.chunks"] == 2 and rec["config"]["train"]["chunks"] == 2
@@ -148,8 +148,6 @@ def test_chunks_are_a_quirk_option_of_their_own():
 @pytest.mark.parametrize(
     "bad, says",
     [
-        (["semantics=papers"], "semantics='papers' is not allowed: one of clean, paper"),
-        (["experiment=quick", "semantics=paper"], "quirks=skeinformer|skyformer|nystromformer"),
         (["task=listops", "task.tokenizer=words"], "task.tokenizer='words' is not allowed: one of brackets, alnum"),
         (["task=image", "task.mask=black"], "task.mask='black' is not allowed: one of all, nonzero"),
     ],
@@ -174,7 +172,8 @@ def test_listops_tokens_under_each_semantics(tmp_path):
     for split in ("train", "val", "test"):
         (folder / f"basic_{split}.tsv").write_text(f"Source\tTarget\n( ( [MAX 2 ) 9 ] )\t9\n{source}\t7\n")
     for semantics, want in (("clean", "[MAX 2 9 [MIN 4 7 X 0 X"), ("paper", "MAX 2 9 MIN 4 7 0")):
-        spec = load([f"semantics={semantics}", "task=listops", f"+task.path={folder}", f"data_root={tmp_path}"])
+        code = {"clean": "none", "paper": "skeinformer"}[semantics]  # the default preset's code
+        spec = load([f"quirks={code}", "task=listops", f"+task.path={folder}", f"data_root={tmp_path}"])
         vocab = {
             "clean": ("<pad>", "[MIN", "[MAX", "[MED", "[SM", *"0123456789", "X"),
             "paper": ("<pad>", "MIN", "MAX", "MED", "SM", *"0123456789"),
@@ -196,7 +195,7 @@ def pixel_task(monkeypatch):
             for s in ("train", "val", "test")
         },
     )
-    return load(["experiment=quick", "task=image"]).data.spec
+    return load(["preset=quick", "task=image"]).data.spec
 
 
 def test_pixel_zero_is_padding_only_under_paper(pixel_task, tmp_path):
@@ -205,8 +204,8 @@ def test_pixel_zero_is_padding_only_under_paper(pixel_task, tmp_path):
         assert SplitDataset(split)[[0]]["mask"].tolist() == [want]
     for preset in PRESETS:
         for task in ("image", "pathfinder"):
-            assert load([f"experiment={preset}", f"task={task}"]).data.spec.mask == "nonzero"
-            assert load([f"experiment={preset}", f"task={task}", "semantics=clean"]).data.spec.mask == "all"
+            assert load([f"preset={preset}", f"task={task}"]).data.spec.mask == "nonzero"
+            assert load([f"preset={preset}", f"task={task}", "quirks=none"]).data.spec.mask == "all"
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,10 +241,10 @@ def test_paper_classifier_is_the_public_model(preset):
     for semantics in ("paper", "clean"):
         spec = load(
             [
-                f"experiment={preset}",
+                f"preset={preset}",
                 "task=listops",
                 "attn=softmax",
-                f"semantics={semantics}",
+                *(["quirks=none"] if semantics == "clean" else []),  # paper: the preset's own code
                 f"task.seq_len={seq_len}",
             ]
         )
@@ -261,7 +260,7 @@ def test_paper_classifier_is_the_public_model(preset):
 def test_paper_run_records_semantics_and_its_folder(tmp_path):
     """A real (tiny) run with the public code's semantics: alnum ListOps, padded-mean pooling, the run
     folder and the record keep it apart from the clean run of the same command."""
-    run_train(tmp_path, *TINY, "semantics=paper", "quirks=skeinformer", "attn=skeinformer")
+    run_train(tmp_path, *TINY, "quirks=skeinformer", "attn=skeinformer")
     run_train(tmp_path, *TINY)
     runs = tmp_path / "runs" / "quick"
     (paper,) = [

@@ -85,7 +85,7 @@ def test_each_code_base_has_its_own_tolerance_and_a_failed_row_fails():
     "preset,task,attn", [("skeinformer_paper", "listops", "softmax"), ("nystromformer_paper", "pathfinder", "nystrom")]
 )  # with its conv
 def test_weight_map_is_a_bijection_onto_our_parameters(preset, task, attn):
-    model = build_model(load([f"experiment={preset}", f"task={task}", f"attn={attn}"]).model)
+    model = build_model(load([f"preset={preset}", f"task={task}", f"attn={attn}"]).model)
     names = [n for n, _ in model.named_parameters()]
     mapping = weight_map(names)
     assert set(mapping) == set(names)  # no parameter left unmapped
@@ -95,7 +95,7 @@ def test_weight_map_is_a_bijection_onto_our_parameters(preset, task, attn):
 
 
 def test_copy_weights_stacks_qkv_in_order_and_keeps_our_vocabulary():
-    model = build_model(load(["experiment=skeinformer_paper", "task=listops", "attn=softmax"]).model)
+    model = build_model(load(["preset=skeinformer_paper", "task=listops", "attn=softmax"]).model)
     ours = dict(model.named_parameters())
     theirs = torch.nn.Module()  # holds a tensor at each of the map's paths, with their shapes
     for name, paths in weight_map(list(ours)).items():

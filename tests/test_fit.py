@@ -95,7 +95,7 @@ def test_checkpointed_attention_same_result_less_memory():
 def test_listops_table4_shape_on_v100(tmp_path):
     """Skeinformer protocol, ListOps batch 256 on a V100 16 GB: the materialised softmax needs
     accumulation, the fused kernel does not, and Skeinformer fits a larger micro-batch."""
-    base = [f"fit.cache_dir={tmp_path}/cache", "task=listops", "hardware=v100_16gb", "experiment=skeinformer_paper"]
+    base = [f"fit.cache_dir={tmp_path}/cache", "task=listops", "hardware=v100_16gb", "preset=skeinformer_paper"]
     mat = plan(cfg_for(tmp_path, *base, "attn=softmax"))
     fused = plan(cfg_for(tmp_path, *base, "attn=softmax", "attn.options.impl=fused"))
     skein = plan(cfg_for(tmp_path, *base, "attn=skeinformer", "train.chunks=1"))  # memory alone: no chunk cap
@@ -111,11 +111,11 @@ def test_listops_table4_shape_on_v100(tmp_path):
 
 
 def test_paper_runs_the_public_codes_chunks_where_the_whole_batch_fits(tmp_path):
-    """Bug caught: under semantics=paper skeinformer_paper ListOps trained one micro-batch of 256 on a V100
+    """Bug caught: under quirks=skeinformer skeinformer_paper ListOps trained one micro-batch of 256 on a V100
     where 256 fits, so Skeinformer's batch budget and shared pilot draws spanned twice the chunk of its
-    code (config.py bz_rate 2); it must run micro-batch 128 x 2, and semantics=clean keeps 256 x 1."""
+    code (config.py bz_rate 2); it must run micro-batch 128 x 2, and quirks=none keeps 256 x 1."""
     base = [f"fit.cache_dir={tmp_path}/cache", "task=listops", "attn=skeinformer", "hardware=v100_16gb"]
-    clean = plan(cfg_for(tmp_path, *base, "semantics=clean"))
+    clean = plan(cfg_for(tmp_path, *base, "quirks=none"))
     paper = plan(cfg_for(tmp_path, *base))
     assert (clean.micro_batch, clean.accum_steps) == (256, 1) and clean.source == "memory fit"
     assert (paper.micro_batch, paper.accum_steps, paper.effective_batch) == (128, 2, 256)
@@ -151,7 +151,7 @@ def test_chunks_without_a_budget_over_devices_and_bad_counts(tmp_path):
     cpu = ["task=listops", "attn=skeinformer", "hardware=cpu"]
     p = plan(cfg_for(tmp_path, *cpu))
     assert (p.micro_batch, p.accum_steps) == (128, 2) and "train.chunks=2" in p.source
-    assert (plan(cfg_for(tmp_path, *cpu, "semantics=clean")).micro_batch, p.effective_batch) == (256, 256)
+    assert (plan(cfg_for(tmp_path, *cpu, "quirks=none")).micro_batch, p.effective_batch) == (256, 256)
     two = plan(cfg_for(tmp_path, *cpu, "trainer.devices=2"))
     assert (two.micro_batch, two.accum_steps, two.devices) == (128, 1, 2)
     assert plan(cfg_for(tmp_path, *cpu, "hardware.micro_batch=32")).micro_batch == 32  # forced wins
@@ -165,7 +165,7 @@ def test_decision_is_cached(tmp_path):
         f"fit.cache_dir={tmp_path}/cache",
         "attn=skeinformer",
         "attn.options.num_features=32",
-        "experiment=quick",
+        "preset=quick",
         "hardware=v100_16gb",
     ]
     first = plan(cfg_for(tmp_path, *ov))
@@ -212,22 +212,20 @@ def test_train_refuses_before_training_when_nothing_fits(tmp_path):
 
 def test_effective_batch_constant_across_devices(tmp_path):
     for devices in (1, 2, 4):
-        p = plan(cfg_for(tmp_path, "experiment=quick", "hardware=cpu", f"trainer.devices={devices}"))
+        p = plan(cfg_for(tmp_path, "preset=quick", "hardware=cpu", f"trainer.devices={devices}"))
         assert p.micro_batch * p.accum_steps * p.devices == p.effective_batch == 32 and p.devices == devices
         f = plan(
-            cfg_for(
-                tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=4", f"trainer.devices={devices}"
-            )
+            cfg_for(tmp_path, "preset=quick", "hardware=cpu", "hardware.micro_batch=4", f"trainer.devices={devices}")
         )
         assert (f.micro_batch, f.accum_steps * devices) == (4, 8)
     m = plan(
-        cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c", "experiment=quick", "hardware=v100_16gb", "trainer.devices=2")
+        cfg_for(tmp_path, f"fit.cache_dir={tmp_path}/c", "preset=quick", "hardware=v100_16gb", "trainer.devices=2")
     )
     assert m.micro_batch * m.accum_steps * 2 == 32 and m.devices == 2
     with pytest.raises(ConfigError, match=r"train.batch_size=32 .*a multiple of the 3 devices"):
-        cfg_for(tmp_path, "experiment=quick", "trainer.devices=3")
+        cfg_for(tmp_path, "preset=quick", "trainer.devices=3")
     with pytest.raises(ConfigError, match=r"hardware.micro_batch=5 .*a divisor of the per-device batch 32"):
-        cfg_for(tmp_path, "experiment=quick", "hardware=cpu", "hardware.micro_batch=5")
+        cfg_for(tmp_path, "preset=quick", "hardware=cpu", "hardware.micro_batch=5")
 
 
 def test_profiles(tmp_path):
@@ -237,7 +235,7 @@ def test_profiles(tmp_path):
     assert 13 * GIB < v100.budget_bytes < 15 * GIB < a100.budget_bytes < h100.budget_bytes < 80 * GIB
     assert cfg_for(tmp_path, "hardware=cpu").hardware.budget_bytes is None
     assert cfg_for(tmp_path).hardware.name == "v100_16gb"  # the papers' GPU is the default
-    auto = cfg_for(tmp_path, "hardware=auto", "experiment=quick")
+    auto = cfg_for(tmp_path, "hardware=auto", "preset=quick")
     if not torch.cuda.is_available():  # auto without CUDA: no budget, no fitting
         assert auto.hardware.budget_bytes is None
         assert plan(auto).accum_steps == 1 and "no memory budget" in plan(auto).source
@@ -262,7 +260,7 @@ def test_make_fit_prints_the_decision(tmp_path):
 def test_table_lists_every_cell(tmp_path):
     from lra.fit import decision_table, format_table
 
-    ov = [f"runs_root={tmp_path}", "hardware=v100_16gb", "experiment=quick"]
+    ov = [f"runs_root={tmp_path}", "hardware=v100_16gb", "preset=quick"]
     rows = decision_table(ov, tasks=("listops",), attns=["softmax", "none"], progress=False)
     assert [(r["attn"], r["task"]) for r in rows] == [
         ("softmax", "listops"),
@@ -274,7 +272,7 @@ def test_table_lists_every_cell(tmp_path):
 
 
 def test_model_kwargs_follow_the_preset(tmp_path):
-    mk = cfg_for(tmp_path, "attn=softmax", "experiment=skeinformer_paper").model.kwargs()
+    mk = cfg_for(tmp_path, "attn=softmax", "preset=skeinformer_paper").model.kwargs()
     assert mk["attn_options"]["impl"] == "materialized" and mk["seq_len"] == 2048
 
 
@@ -285,7 +283,7 @@ def test_an_estimate_that_cannot_be_traced_does_not_block_training(tmp_path, mon
         raise RuntimeError("data-dependent op")
 
     monkeypatch.setattr(lra.fit, "train_step_peak", untraceable)
-    p = plan(cfg_for(tmp_path, "fit.cache=false", "experiment=quick", "hardware=v100_16gb"))
+    p = plan(cfg_for(tmp_path, "fit.cache=false", "preset=quick", "hardware=v100_16gb"))
     assert (p.micro_batch, p.accum_steps) == (32, 1) and p.source.startswith("no estimate (RuntimeError)")
 
 
@@ -302,7 +300,7 @@ def test_fit_command_line_takes_flags_between_overrides_and_refuses_bad_ones_in_
                 "hardware=cpu",
                 "--out",
                 str(tmp_path / "t"),
-                "experiment=quick",
+                "preset=quick",
                 f"runs_root={tmp_path}",
             ]
         )

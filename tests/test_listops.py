@@ -369,7 +369,7 @@ def _interrupt_generation(monkeypatch, tmp_path, how):
         return real(args)
 
     monkeypatch.setattr(lo, "_chunk", chunk)
-    return data_main.main(["task=listops", "experiment=quick", "protocol.listops.data.n_train=100000"])
+    return data_main.main(["task=listops", "preset=quick", "protocol.data.n_train=100000"])
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
@@ -413,7 +413,7 @@ def test_data_pool_workers_leave_ctrl_c_to_the_main_process():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "task,extra",
-    [("listops", "protocol.listops.data.n_train=1000000"), ("pathfinder", "protocol.pathfinder.data.n_images=100000")],
+    [("listops", "protocol.data.n_train=1000000"), ("pathfinder", "protocol.data.n_images=100000")],
 )
 def test_ctrl_c_to_the_process_group_during_generation_prints_one_line(tmp_path, task, extra):
     """The real thing: Ctrl-C reaches `python -m lra.data` and its worker processes at once."""
@@ -425,7 +425,7 @@ def test_ctrl_c_to_the_process_group_during_generation_prints_one_line(tmp_path,
 
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lra.data", f"task={task}", "experiment=quick", extra],
+        [sys.executable, "-m", "lra.data", f"task={task}", "preset=quick", extra],
         env=env,
         stderr=subprocess.PIPE,
         text=True,

@@ -150,7 +150,7 @@ def test_killed_run_resumes_into_the_same_wandb_run(tmp_path, monkeypatch):
 
 
 def test_logger_config_composes_as_a_list(tmp_path):
-    assert set(load(["experiment=quick"]).logger) == {"csv"}
+    assert set(load(["preset=quick"]).logger) == {"csv"}
     assert set(load(["logger=wandb"]).logger) == {"wandb"}  # metrics.csv is written for every run
     spec = load(["logger=[wandb,tensorboard]", "logger.wandb.project=mine"])
     assert set(spec.logger) == {"wandb", "tensorboard"} and spec.logger["wandb"]["project"] == "mine"
@@ -164,11 +164,11 @@ def test_make_logger_puts_csv_first_and_adds_the_callbacks(tmp_path):
     from lra.loggers import EvalLog, make_logger
     from lra.wandb_extras import WandbTables
 
-    spec = load(["experiment=quick", "logger=[tensorboard,wandb]"])
+    spec = load(["preset=quick", "logger=[tensorboard,wandb]"])
     logs = make_logger(spec, tmp_path, None)
     assert [type(lg) for lg in logs.loggers] == [CSVLogger, TensorBoardLogger, WandbLogger]  # CSV, then as listed
     assert {type(c) for c in logs.callbacks} == {EvalLog, WandbTables}
-    csv_only = make_logger(load(["experiment=quick"]), tmp_path / "b", None)
+    csv_only = make_logger(load(["preset=quick"]), tmp_path / "b", None)
     assert [type(lg) for lg in csv_only.loggers] == [CSVLogger] and [type(c) for c in csv_only.callbacks] == [EvalLog]
 
 
@@ -181,7 +181,7 @@ def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
 
     sys.path.insert(0, str(TESTS))
     try:
-        spec = load(["experiment=quick", *_user_loggers(tmp_path)])
+        spec = load(["preset=quick", *_user_loggers(tmp_path)])
         logs = make_logger(spec, tmp_path / "run", None)
     finally:
         sys.path.remove(str(TESTS))
@@ -195,7 +195,7 @@ def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
         ("+logger.x=3", "_target_"),
     ]:
         with pytest.raises(ConfigError, match=says):
-            check_loggers(load(["experiment=quick", override]).logger)
+            check_loggers(load(["preset=quick", override]).logger)
 
 
 def test_a_user_logger_receives_the_metrics(tmp_path):

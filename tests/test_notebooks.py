@@ -161,7 +161,7 @@ def test_results_notebook_on_real_quick_runs(tmp_path, monkeypatch):
     assert not [i for i in res.issues if i.kind != "plot"], res.issues
     # TINY's extra overrides name a sub-folder, so these rows read "softmax [protocol...]", after the paper's
     t1 = res.tables[("quick", "skeinformer_table1")]
-    std = next(r for r in t1.rows if r.key.startswith("softmax [protocol.listops.data.n_test=64,"))
+    std = next(r for r in t1.rows if r.key.startswith("softmax [protocol.data.n_test=64,"))
     assert not std.in_paper and std.name.startswith("Standard [n_test=64, ")  # the changed keys, short
     assert "softmax" not in [r.key for r in t1.rows] and not t1.compare  # no empty paper row; quick: no paper
     j = next(i for i, c in enumerate(t1.columns) if c.task == "listops")

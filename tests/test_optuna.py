@@ -399,7 +399,7 @@ def test_trial_command_gives_the_run_its_search_fields(tmp_path):
     from lra.sweep.search import OBJECTIVE, trial_command
 
     s = make_search(tmp_path, space={**SPACE, "train.eval_every": "choice(5, 10)"})
-    s.fixed, s.grid = ["experiment=quick", "attn=skeinformer"], "search_quick"
+    s.fixed, s.grid = ["preset=quick", "attn=skeinformer"], "search_quick"
     study = open_study(s)
     trial = study.ask(s.space)
     cmd = trial_command(s, trial.number, trial.params, tmp_path / "run")

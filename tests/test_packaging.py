@@ -49,10 +49,10 @@ HIDDEN = (
     "__editable__",
 )
 TINY = [
-    "experiment=quick",
-    "protocol.listops.data.n_train=256",
-    "protocol.listops.data.n_val=64",
-    "protocol.listops.data.n_test=64",
+    "preset=quick",
+    "protocol.data.n_train=256",
+    "protocol.data.n_val=64",
+    "protocol.data.n_test=64",
     "train.max_steps=12",
     "train.eval_every=5",
     "num_threads=1",

@@ -43,7 +43,7 @@ def cfg(*overrides):
 @pytest.mark.parametrize("preset", sorted(PAPER))
 def test_presets_reproduce_the_papers_numbers(preset):
     for task, (batch, lr, warmup, steps, every) in PAPER[preset].items():
-        protocol = compose([f"experiment={preset}"]).protocol[task]
+        protocol = compose([f"preset={preset}", f"task={task}"]).protocol  # conf/protocol/<preset>/<task>.yaml
         assert (protocol.batch_size, protocol.lr, protocol.warmup, protocol.max_steps, protocol.eval_every) == (
             batch,
             lr,
@@ -51,24 +51,24 @@ def test_presets_reproduce_the_papers_numbers(preset):
             steps,
             every,
         ), (preset, task)
-    c = cfg(f"experiment={preset}", "task=listops")
+    c = cfg(f"preset={preset}", "task=listops")
     assert c.preset == preset and c.train.batch_size == PAPER[preset]["listops"][0]
     assert c.train.schedule == "onecycle" and c.model.seq_len == 2048
 
 
 def test_stopping_and_selection_rules():
-    skein = cfg("experiment=skeinformer_paper", "task=listops").train
+    skein = cfg("preset=skeinformer_paper", "task=listops").train
     assert skein.patience == 10 and skein.test_ckpt == "last" and skein.select_after == 0.0
     assert skein.grad_clip_value is None
-    sky = cfg("experiment=skyformer_paper", "task=listops").train
+    sky = cfg("preset=skyformer_paper", "task=listops").train
     assert sky.patience is None and sky.select_after == 0.2 and sky.test_ckpt == "best" and sky.grad_clip_value == 1.0
-    nys = cfg("experiment=nystromformer_paper", "task=listops").train
+    nys = cfg("preset=nystromformer_paper", "task=listops").train
     assert nys.patience is None and nys.select_after == 0.0 and nys.test_ckpt == "best"
 
 
 def test_feature_budgets_and_softmax_impl():
     def opts(preset, attn, *extra):
-        return dict(cfg(f"experiment={preset}", f"attn={attn}", *extra).attn.options)
+        return dict(cfg(f"preset={preset}", f"attn={attn}", *extra).attn.options)
 
     def has(options: dict, expected: dict) -> bool:  # the options that run include the registry's defaults
         return options.items() >= expected.items()
@@ -76,15 +76,15 @@ def test_feature_budgets_and_softmax_impl():
     for preset in PAPER:
         assert opts(preset, "softmax")["impl"] == "materialized"
         assert has(opts(preset, "softmax_nodrop"), {"dropout": 0.0, "impl": "materialized"})
-        assert cfg(f"experiment={preset}", "attn=softmax").attn.checkpointing
+        assert cfg(f"preset={preset}", "attn=softmax").attn.checkpointing
     # Skeinformer: the paper's text gives every method 256 features (clean); its code gave the
-    # baselines 128 (semantics=paper, conf/quirks/skeinformer.yaml)
-    for sem, budget in (("clean", 256), ("paper", 128)):
-        assert opts("skeinformer_paper", "linformer", f"semantics={sem}")["k"] == budget
-        assert has(opts("skeinformer_paper", "nystrom", f"semantics={sem}"), {"landmarks": budget, "conv_kernel": 0})
-        assert opts("skeinformer_paper", "performer", f"semantics={sem}")["features"] == budget
-        assert opts("skeinformer_paper", "informer", f"semantics={sem}")["num_features"] == budget
-        assert opts("skeinformer_paper", "skeinformer_uniform", f"semantics={sem}")["num_features"] == 256
+    # baselines 128 (quirks=skeinformer, conf/quirks/skeinformer.yaml)
+    for code, budget in (("none", 256), ("skeinformer", 128)):
+        assert opts("skeinformer_paper", "linformer", f"quirks={code}")["k"] == budget
+        assert has(opts("skeinformer_paper", "nystrom", f"quirks={code}"), {"landmarks": budget, "conv_kernel": 0})
+        assert opts("skeinformer_paper", "performer", f"quirks={code}")["features"] == budget
+        assert opts("skeinformer_paper", "informer", f"quirks={code}")["num_features"] == budget
+        assert opts("skeinformer_paper", "skeinformer_uniform", f"quirks={code}")["num_features"] == 256
     for attn, key in [
         ("skyformer", "num_landmarks"),
         ("linformer", "k"),
@@ -98,10 +98,10 @@ def test_feature_budgets_and_softmax_impl():
     assert has(opts("nystromformer_paper", "yoso", "task=listops"), {"num_hashes": 32, "hash_bits": 11})
     assert opts("nystromformer_paper", "yoso", "task=image")["hash_bits"] == 10
     # the command line wins over the preset, and the preset's share is kept for the record
-    c = cfg("experiment=skeinformer_paper", "attn=softmax", "attn.options.impl=fused")
+    c = cfg("preset=skeinformer_paper", "attn=softmax", "attn.options.impl=fused")
     assert c.attn.options["impl"] == "fused" and "impl" not in c.attn.preset_options
     for plus in ("", "+"):  # without + (typed option nodes), and with it as before
-        c = cfg("experiment=skyformer_paper", "attn=nystrom", f"{plus}attn.options.landmarks=32")
+        c = cfg("preset=skyformer_paper", "attn=nystrom", f"{plus}attn.options.landmarks=32")
         assert has(c.attn.options, {"landmarks": 32, "conv_kernel": 0}) and "landmarks" not in c.attn.preset_options
     # quick keeps today's fused softmax
     assert opts("quick", "softmax")["impl"] == "fused"
@@ -113,11 +113,12 @@ def test_text_length_and_dev_split():
         ("skyformer_paper", 4000, 4096),
         ("nystromformer_paper", 1000, 1024),
     ]:
-        protocol = compose([f"experiment={preset}"]).protocol
-        assert protocol.text.data.max_length == length and protocol.text.data.dev_split == "test"
-        assert (protocol.pathfinder.data.resolution, protocol.pathfinder.data.difficulty) == (32, "hard")
+        text = compose([f"preset={preset}", "task=text"]).protocol
+        assert text.data.max_length == length and text.data.dev_split == "test"
+        pathfinder = compose([f"preset={preset}", "task=pathfinder"]).protocol
+        assert (pathfinder.data.resolution, pathfinder.data.difficulty) == (32, "hard")
         try:
-            t = cfg(f"experiment={preset}", "task=text").data.options
+            t = cfg(f"preset={preset}", "task=text").data.options
         except ConfigError:  # no IMDB under the data root does not matter here
             continue
         assert (t["max_length"], t["seq_len"], t["dev_split"]) == (length, seq, "test")

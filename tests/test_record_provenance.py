@@ -217,12 +217,12 @@ def _run(tmp_path, name, monkeypatch, stop_at=None):
     monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if stop_at is None else [_StopAt(stop_at)])
     spec = load(
         [
-            "experiment=quick",
-            "protocol.listops.data.n_train=64",
-            "protocol.listops.data.n_val=16",
-            "protocol.listops.data.n_test=16",
-            "protocol.listops.data.max_length=60",
-            "protocol.listops.data.seq_len=64",
+            "preset=quick",
+            "protocol.data.n_train=64",
+            "protocol.data.n_val=16",
+            "protocol.data.n_test=16",
+            "protocol.data.max_length=60",
+            "protocol.data.seq_len=64",
             "train.batch_size=16",
             "train.max_steps=6",
             "train.eval_every=3",

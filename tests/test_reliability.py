@@ -26,13 +26,12 @@ def _roots(tmp_path):
     [
         ["train.lr=1e-3"],
         ["train.lr=0.001"],
-        ["protocol.listops.lr=1e-3"],
+        ["protocol.lr=1e-3"],
         ["trainer.progress=true"],
-        ["protocol.text.lr=5"],
     ],
 )
 def test_equal_configurations_share_one_folder_whatever_their_spelling(spelling):
-    # the quick preset's lr is 1e-3: spelled any way, or set for another task, it is the same run
+    # the quick preset's lr is 1e-3: spelled any way, it is the same run
     assert (
         run_tag(T + spelling)
         == run_tag(T)
@@ -47,7 +46,7 @@ def test_equal_configurations_share_one_folder_whatever_their_spelling(spelling)
     "change",
     [
         ["train.lr=0.002"],
-        ["protocol.listops.lr=0.002"],
+        ["protocol.lr=0.002"],
         ["model.pooling=padded_mean"],
         ["attn=skeinformer", "attn.options.num_features=31"],
         ["train.schedule=onecycle", "train.warmup=3"],
@@ -58,7 +57,7 @@ def test_different_configurations_never_share_a_folder(change):
     base, other = T + [c for c in change if c.startswith("attn=")], T + change
     assert run_tag(other) != run_tag(base)
     key, value = change[-1].split("=", 1)
-    assert f"{key.replace('protocol.listops.', 'train.')}={value}" in run_tag(other)
+    assert f"{key.replace('protocol.', 'train.')}={value}" in run_tag(other)
 
 
 def test_run_folder_is_the_preset_levels_then_the_canonical_tag(tmp_path):
@@ -84,14 +83,14 @@ def test_missing_data_is_found_before_any_run_folder(tmp_path):
     from lra.train import check_before_run
 
     with pytest.raises(DataError):
-        check_before_run(["experiment=quick", "task=text"] + _roots(tmp_path))
+        check_before_run(["preset=quick", "task=text"] + _roots(tmp_path))
     assert not list((tmp_path / "runs").iterdir())
 
 
 def test_16_mixed_on_a_cpu_is_recorded_as_the_bf16_it_runs():
-    spec = load(["experiment=quick", "trainer.accelerator=cpu", "trainer.precision=16-mixed"])
+    spec = load(["preset=quick", "trainer.accelerator=cpu", "trainer.precision=16-mixed"])
     assert spec.hardware.precision == "bf16-mixed" and spec.hardware.precision_setting == "16-mixed"
-    assert load(["experiment=quick", "trainer.accelerator=cpu"]).hardware.precision == "32-true"
+    assert load(["preset=quick", "trainer.accelerator=cpu"]).hardware.precision == "32-true"
 
 
 def test_ctrl_c_before_the_run_starts_is_one_line(monkeypatch, capsys):
@@ -101,7 +100,7 @@ def test_ctrl_c_before_the_run_starts_is_one_line(monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(lra.train, "check_before_run", interrupted)
-    monkeypatch.setattr(sys, "argv", ["lra.train", "experiment=quick"])
+    monkeypatch.setattr(sys, "argv", ["lra.train", "preset=quick"])
     with pytest.raises(SystemExit) as e:
         lra.train.main()
     err = capsys.readouterr().err.strip()

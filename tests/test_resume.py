@@ -171,12 +171,12 @@ def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
 # so 14 steps cross 3 epoch boundaries. Evaluation every 3 steps; a resume checkpoint at each evaluation
 # and at every 2nd step.
 EPOCHS = [
-    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.listops.data.n_"))],
-    "protocol.listops.data.n_train=64",
-    "protocol.listops.data.n_val=16",
-    "protocol.listops.data.n_test=16",
-    "protocol.listops.data.max_length=60",
-    "protocol.listops.data.seq_len=64",
+    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.data.n_"))],
+    "protocol.data.n_train=64",
+    "protocol.data.n_val=16",
+    "protocol.data.n_test=16",
+    "protocol.data.max_length=60",
+    "protocol.data.seq_len=64",
     "train.batch_size=16",
     "hardware.micro_batch=8",
     "train.max_steps=14",

@@ -17,9 +17,9 @@ from lra.sweep import FINISHED, MARKER, apply_cli, load_grid
 from lra.sweep.cli import main
 
 TINY = [
-    "protocol.listops.data.n_train=256",
-    "protocol.listops.data.n_val=64",
-    "protocol.listops.data.n_test=64",
+    "protocol.data.n_train=256",
+    "protocol.data.n_val=64",
+    "protocol.data.n_test=64",
     "train.max_steps=12",
     "train.eval_every=5",
     "trainer.progress=false",
@@ -88,7 +88,7 @@ def test_every_grid_file_loads():
 def test_quick_grid_is_two_tasks_three_backends_two_seeds():
     grid = load_grid("quick")
     jobs = grid.jobs()
-    assert len(jobs) == 12 and all("experiment=quick" in j for j in jobs)
+    assert len(jobs) == 12 and all("preset=quick" in j for j in jobs)
     assert [len(v) for v in grid.axes.values()] == [2, 3, 2]
     assert grid.axes["task"] == ["task=listops", "task=pathfinder"] and grid.launcher == "local"
     assert grid.parallel == 2
@@ -101,7 +101,7 @@ def test_skeinformer_table1_grid_covers_every_row_task_and_seed():
     assert [a.split("=")[1] for a in grid.axes["attn"]] == TABLE1_ROWS
     assert {t.split("=")[1] for t in grid.axes["task"]} == {"text", "listops", "retrieval", "pathfinder", "image"}
     assert grid.axes["seed"] == ["seed=0", "seed=1", "seed=2"]
-    assert all("experiment=skeinformer_paper" in j for j in jobs)
+    assert all("preset=skeinformer_paper" in j for j in jobs)
     assert set(TABLE1_ROWS) <= set(attn_configs())
 
 

@@ -13,10 +13,10 @@ from lra.files import write_json
 from lra.record import REQUIRED
 
 TINY = [
-    "experiment=quick",
-    "protocol.listops.data.n_train=256",
-    "protocol.listops.data.n_val=64",
-    "protocol.listops.data.n_test=64",
+    "preset=quick",
+    "protocol.data.n_train=256",
+    "protocol.data.n_val=64",
+    "protocol.data.n_test=64",
     "train.max_steps=12",
     "train.eval_every=5",
     "num_threads=1",
@@ -87,7 +87,7 @@ def test_config_composes_paper_protocol_by_default():
     assert cfg.preset == "skeinformer_paper"
     assert (cfg.train.batch_size, cfg.train.lr, cfg.train.warmup, cfg.train.max_steps) == (256, 1e-4, 1000, 20000)
     assert cfg.train.patience == 10 and cfg.task.seq_len == 2048 and cfg.task.generator.n_train == 96000
-    quick = compose(["experiment=quick"])
+    quick = compose(["preset=quick"])
     assert quick.task.seq_len == 128 and quick.task.dirname == "listops-quick" and quick.train.patience is None
 
 
@@ -107,11 +107,11 @@ def test_atomic_json_never_half_written(tmp_path):
 def test_compile_setting_resolves_per_device_and_backend(monkeypatch):
     import attention
 
-    assert load(["experiment=quick"]).hardware.compile is torch.cuda.is_available()  # auto: on CUDA only
-    assert load(["experiment=quick", "train.compile=true"]).hardware.compile is True
-    assert load(["experiment=quick", "train.compile=false"]).hardware.compile is False
+    assert load(["preset=quick"]).hardware.compile is torch.cuda.is_available()  # auto: on CUDA only
+    assert load(["preset=quick", "train.compile=true"]).hardware.compile is True
+    assert load(["preset=quick", "train.compile=false"]).hardware.compile is False
     monkeypatch.setattr(attention, "capabilities", lambda name: attention.Capabilities(compiles=False))
-    hw = load(["experiment=quick", "train.compile=true"]).hardware
+    hw = load(["preset=quick", "train.compile=true"]).hardware
     assert hw.compile is False and "cannot be compiled" in hw.compile_note
 
 

@@ -357,7 +357,7 @@ def eq5_probabilities(q, k, v, real, pilots) -> torch.Tensor:
 def test_default_skeinformer_samples_columns_by_importance(preset, monkeypatch):
     """The run's own model (its preset's options: clean, and the public code's quirks) draws columns
     with probabilities ∝ eq. (5), recomputed here from the layer's q, k, v and pilot rows."""
-    spec = load([f"experiment={preset}", "task=listops", "attn=skeinformer", "attn.options.num_features=8"])
+    spec = load([f"preset={preset}", "task=listops", "attn=skeinformer", "attn.options.num_features=8"])
     assert spec.model.attn.options["column_sampling"] == "importance"
     torch.manual_seed(0)
     model = build_model(spec.model).eval()
@@ -378,7 +378,7 @@ def test_default_skeinformer_samples_columns_by_importance(preset, monkeypatch):
 
 
 def test_skeinformer_uniform_ablation_samples_columns_uniformly(monkeypatch):
-    spec = load(["experiment=quick", "task=listops", "attn=skeinformer_uniform", "attn.options.num_features=8"])
+    spec = load(["preset=quick", "task=listops", "attn=skeinformer_uniform", "attn.options.num_features=8"])
     model = build_model(spec.model).eval()
     n = spec.model.seq_len
     mask = torch.arange(n)[None, :] < torch.tensor([n, 30])[:, None]

@@ -8,7 +8,8 @@ an override; one paper-preset run of a few steps), collects them, and writes <fo
 each record without what differs from run to run (times, load, commit, the folder's absolute path),
 each metrics.csv without its time and throughput columns, and the tables' CSV without timing columns.
 ``diff`` compares two such files key by key and exits 1 on any difference. RENAMED maps keys that a
-refactor renamed on purpose (old -> new), so those compare as equal.
+refactor renamed on purpose (old -> new), so those compare as equal; DROPPED the keys of ``before`` it removed
+on purpose.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the runs: (label, overrides); the preset is named by PRESET_KEY so a renamed group needs one edit here
-PRESET_KEY = "experiment"
+PRESET_KEY = "preset"
 RUNS = [
     ("softmax", ["task=listops", "attn=softmax", f"{PRESET_KEY}=quick", "train.max_steps=24", "train.eval_every=12"]),
     (
@@ -72,8 +73,14 @@ VOLATILE = {
     "host",
 }
 # keys that hold a time, in the records and in the tables' columns: compared by neither run nor diff
-TIMED = ("eval_time_s", "min_per_1k", "train_min", ":hours", "git_commit")
-RENAMED: dict[str, str] = {}  # old key path -> new key path, for keys a refactor renamed on purpose
+TIMED = ("eval_time_s", "min_per_1k", "train_min", ":hours")
+# the tables' columns of the machine a run had, not of the code: the commit (-dirty in a worktree) and the load
+ENVIRONMENT = (".git_commit", ".load_note")
+# old key path -> new key path, for keys a refactor renamed on purpose (every run here is ListOps: a run's
+# config holds its own (preset, task) protocol, conf/protocol/<preset>/<task>.yaml, no longer the preset's five)
+RENAMED: dict[str, str] = {".config.protocol.listops.": ".config.protocol."}
+# key paths a refactor removed on purpose: the other tasks' protocols are not in a ListOps run's config
+DROPPED = tuple(f".config.protocol.{task}." for task in ("text", "retrieval", "pathfinder", "image"))
 
 
 def _clean(x, root: str):
@@ -143,9 +150,10 @@ def _flat(x, prefix=""):
 def diff(before: Path, after: Path) -> int:
     a = dict(_flat(json.loads((before / "normalised.json").read_text())))
     b = dict(_flat(json.loads((after / "normalised.json").read_text())))
+    a = {k: v for k, v in a.items() if not any(d in k for d in DROPPED)}
     for old, new in RENAMED.items():
         a = {k.replace(old, new): v for k, v in a.items()}
-    a, b = ({k: v for k, v in d.items() if not any(t in k for t in TIMED)} for d in (a, b))
+    a, b = ({k: v for k, v in d.items() if not any(t in k for t in TIMED + ENVIRONMENT)} for d in (a, b))
     bad = 0
     for k in sorted(set(a) | set(b)):
         if a.get(k, "<absent>") != b.get(k, "<absent>"):

@@ -91,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="+",
         default=None,
         choices=("skeinformer", "skyformer", "nystromformer"),
-        help="also study each method with that public code's quirks (semantics=paper, docs/fidelity.md), "
+        help="also study each method with that public code's quirks (quirks=<code>, docs/fidelity.md), "
         "as <method>[<code>]",
     )
     p.add_argument("--seed", type=int, default=0)

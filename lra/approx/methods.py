@@ -250,7 +250,7 @@ def resolve_methods(names: list[str] | None) -> tuple[list[Method], dict[str, st
 def with_quirks(methods: list[Method], code: str) -> list[Method]:
     """A twin ``<name>[<code>]`` of every method the public code ``code`` (``conf/quirks/<code>.yaml``:
     skeinformer, skyformer, nystromformer) has quirks for, built with those options (the budget stays
-    the study's): the approximation error under ``semantics=paper`` next to the clean one. The study
+    the study's): the approximation error under that code's ``quirks=`` next to the clean one. The study
     calls one sequence at a time without padding, so quirks of padding and of batch coupling change
     nothing here (docs/fidelity.md measures those on padded batches)."""
     try:

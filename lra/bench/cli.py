@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
         dest="spec_overrides",
         action="append",
         metavar="KEY=VALUE",
-        help="a config override for every run spec, repeatable (e.g. --override experiment=quick)",
+        help="a config override for every run spec, repeatable (e.g. --override preset=quick)",
     )
     g = p.add_argument_group("layer mode")
     g.add_argument(

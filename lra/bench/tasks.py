@@ -102,13 +102,13 @@ class TaskConfig:
     hardware: str = "v100_16gb"
     device: str = "cpu"
     compile: bool = False  # torch.compile as well (always on CUDA)
-    quick: bool = False  # the quick preset's shapes (experiment=quick)
+    quick: bool = False  # the quick preset's shapes (preset=quick)
     max_batch: int | None = None  # measure min(fitted micro-batch, this) without accumulation (a smoke run)
     repeats: int = 10
     warmup: int = 1
     threads: int = 1
     seed: int = 0
-    overrides: tuple = ()  # extra Hydra overrides for every spec (e.g. experiment=..., fit.cache=false)
+    overrides: tuple = ()  # extra Hydra overrides for every spec (e.g. preset=..., fit.cache=false)
     parts: tuple = PARTS  # what to time: the whole step, the attention layer alone
     modes: tuple | None = None  # None: eager, and compiled with --compile or on CUDA
     memory: bool = True  # measure the peak (one more step; on a CPU under a dispatch mode, slow)
@@ -143,7 +143,7 @@ def check_names(tasks, backends) -> None:
 
 
 def spec_for(cfg: TaskConfig, task: str, backend: str) -> RunSpec:
-    quick = ["experiment=quick"] if cfg.quick else []
+    quick = ["preset=quick"] if cfg.quick else []
     return load([f"task={task}", *backend_overrides(backend), f"hardware={cfg.hardware}", *quick, *cfg.overrides])
 
 

@@ -280,7 +280,7 @@ def main(argv=None) -> int:
     if not root.is_dir():
         print(
             f"lra.collect: no runs folder at {root}. Train first (make lra task=listops attn=softmax "
-            f"ARGS='experiment=quick') or pass --runs DIR.",
+            f"ARGS='preset=quick') or pass --runs DIR.",
             file=sys.stderr,
         )
         return 1

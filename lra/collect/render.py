@@ -332,7 +332,7 @@ def notes(built: Built) -> list[str]:
         )
         if "+" in built.preset:
             s += (
-                " These runs do not have the paper code's semantics (semantics=paper, docs/fidelity.md): a Δ "
+                " These runs do not have the paper code's semantics (the preset's quirks=, docs/fidelity.md): a Δ "
                 "mixes the protocol's differences with the harness's corrections."
             )
         lines.append(s)

@@ -94,7 +94,7 @@ PAPERS = {
     "skyformer": "Skyformer (Chen, Zeng et al., NeurIPS 2021)",
     "yoso": "YOSO (Zeng et al., ICML 2021)",
 }
-# the preset that runs each paper's protocol and task settings (conf/experiment/*_paper.yaml; YOSO's LRA
+# the preset that runs each paper's protocol and task settings (conf/preset/*_paper.yaml; YOSO's LRA
 # configs are the Nystromformer code's): only its runs are compared with that paper
 PAPER_PRESET = {"skeinformer": "skeinformer_paper", "skyformer": "skyformer_paper", "yoso": "nystromformer_paper"}
 STYLES = ("paper", "full")  # paper: mean as the paper prints it; full: mean ± std (n) [interval] marks

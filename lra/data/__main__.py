@@ -2,7 +2,7 @@
 
 Generates what can be generated offline (ListOps, Pathfinder), tokenises through the cache, and
 prints the split sizes. Tasks that cannot be generated explain where to get the files. Takes the
-same overrides as ``lra.train`` (e.g. ``experiment=quick`` prepares the quick data).
+same overrides as ``lra.train`` (e.g. ``preset=quick`` prepares the quick data).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
 ABOUT = "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/)."
 EXAMPLES = """examples:
   python -m lra.data task=listops                      # generate the official ListOps distribution
-  python -m lra.data task=pathfinder experiment=quick  # the quick preset's small Pathfinder set
+  python -m lra.data task=pathfinder preset=quick  # the quick preset's small Pathfinder set
   python -m lra.data task=text                         # IMDB: says where to put aclImdb_v1.tar.gz"""
 
 
 def parser() -> Parser:
     p = Parser(prog="python -m lra.data", usage=USAGE, description=ABOUT, epilog=EXAMPLES,
                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_overrides("Hydra overrides, as lra.train takes them: task=<task>, experiment=<preset>, task.<key>=<value>")
+    p.add_overrides("Hydra overrides, as lra.train takes them: task=<task>, preset=<preset>, task.<key>=<value>")
     return p
 
 

@@ -35,7 +35,7 @@ class Split:
     labels:  int64 array (N,).
     zero_is_padding: the mask is ``tokens != 0`` wherever the zeros sit, not the length prefix: the
              public code's mask, which makes every black pixel of Image and Pathfinder padding
-             (``task.mask=nonzero``, ``semantics=paper``; docs/fidelity.md).
+             (``task.mask=nonzero``, a public code's ``quirks=``; docs/fidelity.md).
     origin:  where the examples come from and their content fingerprint, as the cache attaches it
              (lra/data/provenance.py; None for arrays made outside the cache).
     """

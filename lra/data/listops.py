@@ -19,7 +19,7 @@ Tokenizers (``task.tokenizer``):
 * ``brackets`` (clean): ``]`` becomes ``X``, parentheses are dropped, the rest split on spaces, so
   ``[MAX 2 9 [MIN 4 7 ] 0 ]`` is 9 tokens. Closing brackets are kept (the old pipeline that dropped
   them made the task ambiguous, LRA issue 14; LRA's pipeline keeps them since 2021-03-04).
-* ``alnum`` (``semantics=paper``): the pipeline the Skeinformer/Skyformer/Nystromformer pickles were
+* ``alnum`` (the public codes' ``quirks=``): the pipeline the Skeinformer/Skyformer/Nystromformer pickles were
   made with (LRA before 2021-03-04, ``tfds.deprecated.text.Tokenizer``): alphanumeric runs only, so
   every bracket and parenthesis is dropped and ``[MAX`` becomes ``MAX``: the same string is the 7
   tokens ``MAX 2 9 MIN 4 7 0``. Their ids came from a Python ``set`` (the order changed with the hash

@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         "--preset",
         default="skeinformer_paper",
         help="the preset whose shapes and budget are checked "
-        "(conf/experiment/; default skeinformer_paper; --quick uses quick)",
+        "(conf/preset/; default skeinformer_paper; --quick uses quick)",
     )
     p.add_argument(
         "--hardware",
@@ -105,7 +105,7 @@ def options(args: argparse.Namespace) -> Options:
         threads=args.threads,
     )
     for flag, override in (
-        ("--preset", f"experiment={opts.shapes_preset}"),
+        ("--preset", f"preset={opts.shapes_preset}"),
         ("--hardware", f"hardware={opts.hardware}"),
     ):
         try:  # they compose (Hydra's own message would otherwise come mid-check)

@@ -37,7 +37,7 @@ def _cuda(opts: Options) -> bool:
 
 
 def _overrides(opts: Options, task: str, backend: str) -> list[str]:
-    return [f"task={task}", *bench.backend_overrides(backend), f"experiment={opts.shapes_preset}", *opts.run_overrides]
+    return [f"task={task}", *bench.backend_overrides(backend), f"preset={opts.shapes_preset}", *opts.run_overrides]
 
 
 def _task_config(
@@ -66,7 +66,7 @@ def _task_config(
         memory=memory,
         parts=("step",),
         modes=modes,
-        overrides=(*([] if quick else [f"experiment={opts.shapes_preset}"]), *opts.device_overrides),
+        overrides=(*([] if quick else [f"preset={opts.shapes_preset}"]), *opts.device_overrides),
     )
 
 
@@ -196,7 +196,7 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
         item = f"{task}/{backend} ({preset} shapes)"
         try:
             o = overhead_check.measure(
-                [f"task={task}", *bench.backend_overrides(backend), f"experiment={preset}", *opts.run_overrides],
+                [f"task={task}", *bench.backend_overrides(backend), f"preset={preset}", *opts.run_overrides],
                 **sizes,
             )
         except Exception as e:  # noqa: BLE001

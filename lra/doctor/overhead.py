@@ -164,7 +164,7 @@ def measure(
     workdir: Path | None = None,
 ) -> Overhead:
     """The harness against the bare loop for the run ``overrides`` describe (e.g. ``task=listops
-    attn=softmax experiment=quick``), on random data of the task's shapes.
+    attn=softmax preset=quick``), on random data of the task's shapes.
 
     Args:
         overrides: Hydra overrides as ``lra.train`` takes them.
@@ -175,7 +175,7 @@ def measure(
         :class:`Overhead` with the medians per optimizer step, their ratio and difference.
 
     Example:
-        >>> o = measure(["task=listops", "attn=softmax", "experiment=quick"])  # doctest: +SKIP
+        >>> o = measure(["task=listops", "attn=softmax", "preset=quick"])  # doctest: +SKIP
         >>> print(f"{o.ratio:.3f} ({o.host_ms:.2f} ms of host work per step)")  # doctest: +SKIP
     """
     steps = warmup + blocks * block

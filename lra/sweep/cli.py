@@ -13,6 +13,7 @@ import signal
 import sys
 
 from lra.cli import Parser
+from lra.config import ConfigError, renamed_overrides
 from lra.sweep.base import Refusal, signal_of
 from lra.sweep.driver import run_grid
 from lra.sweep.grid import apply_cli, available_grids, load_grid
@@ -76,6 +77,17 @@ def grid_or_search(grid, opts: dict, hydra_ovs: list[str]) -> int:
     return run_search(grid, opts, hydra_ovs)
 
 
+def refuse_old_spellings(grid) -> None:
+    """``experiment=`` / ``semantics=`` in the grid or on the command line: one line naming the new spelling
+    (:func:`lra.config.renamed_overrides`), before any job is composed."""
+    params = ((grid.search or {}).get("params") or {}).items()
+    every = [*grid.overrides.values(), *(x for xs in grid.axes.values() for x in xs), *(f"{k}={v}" for k, v in params)]
+    try:
+        renamed_overrides(every)
+    except ConfigError as e:
+        raise SystemExit(f"lra.sweep: {e}") from None
+
+
 def command(args: list[str], run) -> int:
     """``python -m lra.sweep`` / ``lra.search`` once the flags are checked: the grid of ``grid=``, the command
     line folded in, ``run(grid, opts, hydra_ovs)``. A refusal is one line on stderr and exit code 2 (75:
@@ -87,6 +99,7 @@ def command(args: list[str], run) -> int:
     try:
         grid = load_grid(name)
         opts, hydra_ovs = apply_cli(grid, args)
+        refuse_old_spellings(grid)
         return run(grid, opts, hydra_ovs)
     except Refusal as e:
         print(e, file=sys.stderr)
