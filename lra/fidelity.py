@@ -1,54 +1,13 @@
 """Fidelity check: the ``paper`` presets' classifiers against the public code they reproduce.
 
-Each row builds the public code's ``ModelForSC`` from a local checkout and the harness's classifier
-(``lra.config.load([preset=<preset>, task=<task>, attn=<attn>, quirks=...])`` +
-``lra.model.build_model``), copies every weight theirs -> ours and runs both on one right-padded
-batch (eval, CPU, float32): ListOps n=2048, real lengths 2000/1100/517 (``listops-short``:
-2000/1100/150, whose shortest sample sets the Skeinformer code's d=149 for the whole batch);
-Pathfinder n=1024 pixels with zeros anywhere (their mask ids != 0 is then no prefix). Columns are
-max |logit difference|: ``paper`` (the preset's quirks, draws forced equal: must be within tolerance),
-``clean`` (quirks=none, same weights, E / omega too where the shapes agree, its own sampling),
-``unforced`` (the preset's quirks, our own draws, E / omega not copied, another seed: shows that the
-forcing is what makes ``paper`` agree; "-" for a deterministic method), and ``max |logit|`` (theirs:
-the scale of the differences).
-
-The public code is imported at RUN time from the given checkouts (repository roots; nothing of it is
-copied here): https://github.com/pkuzengqi/Skeinformer ``src/``, https://github.com/pkuzengqi/Skyformer
-``src/``, https://github.com/mlpen/Nystromformer ``LRA/code/``. Packages their modules import but the
-compared paths do not use (einops, performer_pytorch, local_attention, axial_positional_embedding) get
-stand-ins, when not installed, only while their modules import: sys.modules and sys.path are then
-restored exactly. (``transformers`` is imported only by their BigBird/Reformer modules, never built.)
-
-Forcing the draws:
-  * Skeinformer and its ablations: their forward's torch.rand (1 x d pilot uniforms) and
-    torch.multinomial ((B*H) x d columns) results are recorded in call order and replayed into
-    ``attention.skeinformer.pilot_uniforms`` / ``gumbel_topk``; every recorded draw must be used, once.
-  * Skyformer: the same torch.manual_seed before both forwards (each layer draws its landmarks with
-    one torch.rand call, on both sides, in the same order).
-  * Performer: their projection matrix copied into our omega; Linformer: their E (heads, k, n) into
-    our E (heads, n, k) (the Nyströmformer code shares one E between layers); Nyström: the conv weights.
-
-Tolerances on the paper column (docs/fidelity.md): 1e-5 for the Skeinformer code, 1e-4 for the
-Skyformer and Nyströmformer codes. Exit status 1 if a paper row is above its tolerance (or fails).
+Each row builds the public code's classifier from a local checkout (imported at run time; nothing of it is
+copied here), copies its weights into the harness's classifier of the preset, forces the random draws equal
+and compares the logits on one right-padded batch; the chunk table compares their accumulation chunks with
+the memory fit's micro-batches. What each row and column means, the tolerances and the measured table:
+docs/fidelity.md, "Equivalence, measured".
 
     python -m lra.fidelity --skeinformer ~/src/Skeinformer --skyformer ~/src/Skyformer \\
         --nystromformer ~/src/Nystromformer [--rows skeinformer_paper:listops:skeinformer ...] [--out t.md]
-
-Accumulation chunks (their code runs each batch as ``torch.chunk(batch, accumu_steps)``, so the batch-coupled
-draws, budgets and starts act per chunk): ``*-chunks`` rows run 8 samples split as they split them, theirs by
-their config's count, ours by the micro-batch ``lra.fit.plan`` chooses under the preset's quirks (train.chunks);
-their notes give the Skeinformer budget d of every forward, ours forced and ours as one micro-batch
-(train.chunks=1). The chunk table reads every attention's count from their config (Skeinformer/Skyformer
-main.py: ``bz_rate``; Nyströmformer run_tasks.py: ``batch // gpu_memory`` on one GPU) and compares their
-chunk sizes with our micro-batch x accumulation (``hardware=cpu``: no memory budget cuts it) for every
-preset x task; a disagreement fails like a paper row above tolerance.
-
-Not compared: the Nyströmformer code's performer-256 imports pip ``performer_pytorch`` (no version
-pinned in its LRA/README.md); when that is not installed, the row runs on the copy of FastAttention
-the Skeinformer repo ships (``src/models/performer.py``), so it needs --skeinformer, else it is listed
-as not compared. Informer, BigBird, Reformer, the Nyströmformer code's linear attention: their draws
-are not forced and their modules not mapped here. Retrieval (two-tower ``ModelForSCDual``), text,
-image: not in the table. Training (dropout, gradients, optimiser): only the eval forward is compared.
 """
 
 from __future__ import annotations

@@ -9,32 +9,9 @@ replaces that axis or adds one (in a search: adds or replaces a search parameter
 ``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md has the commands for a laptop, a GPU box
 and a SLURM cluster.
 
-Every job is an ordinary run: ``python -m lra.train <its overrides>``, in the run folder Hydra names
-(``runs/<preset>/<task>/<attn>/seed<seed>[/<other overrides>]``), so the collector reads sweeps and
-single runs alike. A grid is:
-
-1. expanded and composed job by job with Hydra (the run folder of each; two jobs that would share a
-   folder stop the sweep before anything runs);
-2. written to ``<runs root>/<preset>/sweeps/<name>/manifest-<key>.json`` with each job's status read
-   from its run folder: ``completed``/``stopped_early``/``stuck`` (finished: skipped), ``running`` (a
-   live job holds it: skipped), ``failed``, ``interrupted`` (a job started there and died: launched,
-   and lra.train resumes it from its last checkpoint), ``pending``, ``invalid`` (does not compose).
-   ``<key>`` is a short hash of the sweep's definition (:func:`definition`: its jobs' overrides with
-   the values as Hydra reads them, order-free), so two sweeps of one grid with other overrides keep
-   their own manifests and the same command again finds its own (:func:`find_manifest`);
-3. launched as one Hydra multirun of the unfinished jobs through the chosen launcher (Hydra's
-   ``basic``, ``local`` = submitit_local, ``slurm`` = submitit_slurm; conf/hydra/launcher/), in
-   batches of ``parallel`` on one machine, as one job array on SLURM;
-4. watched while the launcher blocks (a progress line with an ETA, :class:`GridWatch`), and
-   summarised (and the manifest updated) when it returns. SIGINT or SIGTERM to the driver
-   (:func:`interruptible`) stops the jobs (:func:`stop_jobs`), re-reads every job's status from its
-   folder, writes the manifest and says so in one line with the command that resumes (exit 130/143).
-
-Run the same command again and it finishes where it stopped. Why not ``python -m lra.train -m``
-with the basic sweeper: that can only launch cartesian products, not "the jobs still to do", and
-Lightning's DDP re-executes ``sys.argv`` for every extra device, which must be a single run. So the
-multirun is driven from here with Hydra's own launchers and config loader, and each job runs
-lra.train in a child process (:func:`lra.sweep.jobs.run_job`).
+Every job is an ordinary run (``python -m lra.train <its overrides>`` in a child process, in the folder a single
+run would have), so the collector reads sweeps and single runs alike. How a grid is planned, recorded in its
+manifest, launched, watched and resumed, and why it is not ``lra.train -m``: docs/sweeps.md.
 
 The package, one job per module (dependencies point down this list; nothing below ``lra.sweep``
 imports it, and a run knows nothing of the sweep that launched it):
