@@ -18,6 +18,7 @@ import time
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.data import DataError, data_record, load_task
+from lra.interrupts import Interrupted, raise_interrupted, signal_of
 
 USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
 ABOUT = "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/)."
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         log.error("%s", e)
         return 2
-    except (KeyboardInterrupt, Terminated) as e:
-        sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+    except (KeyboardInterrupt, Interrupted) as e:
+        sig = signal.Signals(signal_of(e))
         log.error("interrupted by %s: no partial data was put in place (generated sets and cache entries appear only "
                   "when complete; a download continues where it stopped); run the same command again", sig.name)
         return 128 + sig
@@ -64,21 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised where the main thread is, so every ``finally`` runs (worker pools stopped, temporary
-    folders removed) before the one line; a BaseException, so no ``except Exception`` swallows it."""
-
-
-def _terminated(signum, frame):
-    raise Terminated()
-
-
 @contextlib.contextmanager
 def _sigterm_raises():
     if threading.current_thread() is not threading.main_thread():  # signals can only be set there
         yield
         return
-    old = signal.signal(signal.SIGTERM, _terminated)
+    old = signal.signal(signal.SIGTERM, raise_interrupted)  # every ``finally`` runs before the one line
     try:
         yield
     finally:
