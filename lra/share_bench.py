@@ -25,7 +25,7 @@ from pathlib import Path
 from lra import REPO_ROOT
 from lra.cli import Parser
 from lra.files import runs_root, write_json
-from lra.sweep import Refusal, interruptible, signal_of, switch
+from lra.sweep import Interrupted, Refusal, interruptible, signal_of, switch
 
 OPTIONS = ("ks", "out", "runs_root", "dry_run")  # consumed here; anything else goes to every sweep
 
@@ -159,7 +159,7 @@ def run_sweep(cmd: list[str], env: dict) -> int:
     with interruptible():
         try:
             return proc.wait()
-        except KeyboardInterrupt as e:
+        except (KeyboardInterrupt, Interrupted) as e:
             with contextlib.suppress(OSError):
                 proc.send_signal(signal_of(e))
             return proc.wait()

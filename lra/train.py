@@ -1,9 +1,10 @@
 """One LRA run: ``python -m lra.train task=<task> attn=<name> [overrides]`` (``make lra``).
 
 Composes the config (conf/) once, with the ``hydra`` node ``@hydra.main`` would give it, and resolves
-it into a typed spec (lra/config.py; a bad value is one line and exit code 2, before any folder exists),
-prepares the data (generating ListOps if absent), decides the micro-batch and accumulation (lra/fit.py; a
-run that does not fit even at micro-batch 1 stops here, exit code 3), trains with Lightning under the preset's protocol
+it once into a typed spec (lra/config.py; a bad value is one line and exit code 2, before any folder
+exists), prepares the data (generating ListOps if absent) and hands spec and data to the run, which
+decides the micro-batch and accumulation (lra/fit.py; a run that does not fit even at micro-batch 1
+stops here, exit code 3), trains with Lightning under the preset's protocol
 (lra/protocol.py), tests the selected checkpoint and writes ``<run dir>/result.json``.
 
 The run folder is named by preset, task, attention, seed and any other overrides, so re-running
@@ -19,7 +20,7 @@ go to ``@hydra.main``.
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import os
 import shlex
@@ -45,20 +46,22 @@ from lra.data import DataError, Split, data_record, fingerprint, load_task
 from lra.devices import LoadMeter, limit_gpu_memory
 from lra.fit import FitError, Plan, plan
 from lra.hydra_glue import run_dir_of, run_in_folder
+from lra.interrupts import Interrupted, raise_interrupted
 from lra.loggers import check_loggers
-from lra.loop import check_callbacks, wire
+from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
 from lra.naming import run_tag
 from lra.protocol import FINISHED, Callbacks, measured, outcome
-from lra.record import new_record, read_record, write_record
+from lra.record import Record, new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, hold
 from lra.wandb_extras import log_record
 
 log = logging.getLogger("lra.train")
 
 
-def run(spec: RunSpec) -> dict:
-    """Train (or resume), test, record. Returns the record; a failure is recorded, then raised."""
+def run(spec: RunSpec, splits: dict[str, Split] | None = None) -> Record:
+    """Train (or resume), test, record. ``splits``: the task's data, as :func:`check_before_run` loaded it
+    (None: loaded here). Returns the record; a failure is recorded, then raised."""
     run_dir, ckpt_dir = spec.run_dir, spec.run_dir / "checkpoints"
     with owned(run_dir):
         old = _finished_record(spec)
@@ -66,100 +69,137 @@ def run(spec: RunSpec) -> dict:
             return old
         _prepare(spec, ckpt_dir)
         rec = new_record(spec)
-        trainer = _train_and_test(spec, rec, run_dir, ckpt_dir)
+        trainer = _train_and_test(spec, splits, rec, ckpt_dir)
         _finish(spec, rec, trainer)
     return rec
 
 
-def _train_and_test(spec: RunSpec, rec: dict, run_dir: Path, ckpt_dir: Path) -> L.Trainer:
+def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record, ckpt_dir: Path) -> L.Trainer:
     """The run's named steps, under the failure policy; fills ``rec`` in as it goes."""
     trainer = None
-    with recorded(run_dir, rec):
-        before = _unfinished_record(run_dir, ckpt_dir / "last.ckpt")
-        rec["machine"] = before.get("machine")  # the stretches trained so far; this one is folded in
-        splits = _load_data(spec, rec)
+    with recorded(spec.run_dir, rec):
+        before = _unfinished_record(spec.run_dir, ckpt_dir / "last.ckpt")
+        rec.machine = before.get("machine")  # the stretches trained so far; this one is folded in
+        splits = _load_data(spec, rec, splits)
         p = plan(spec)  # raises FitError (micro-batch 1 does not fit) before any training
-        rec.update(_plan_fields(p))
+        rec.set(**_plan_fields(p))
         log.info("%s", p.describe())
         key = spec.resume_key(p.micro_batch, p.accum_steps, fingerprint(splits))
         start = _resume(ckpt_dir / "last.ckpt", key, rec, before)
-        rec["resumed_from_step"] = start
-        _write(run_dir, rec)  # status "running": the decision is visible before training starts
+        rec.resumed_from_step = start
+        _write(spec.run_dir, rec)  # status "running": the decision is visible before training starts
 
         w = wire(spec, p, splits, key, start)
         lit, cb, trainer, dm = w.lit, w.cb, w.trainer, w.dm
-        rec["num_params"] = count_params(lit)
-        rec.update(_device_fields(spec, trainer, p))
-        meter = LoadMeter(trainer.strategy.root_device, spec.hardware.num_workers, rec["machine"])
-        rec["machine"] = meter.fields
-        try:
-            trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_dir / "last.ckpt") if start is not None else None)
-        except CompileError as e:  # train.compile=true: the failed record says what did not compile
-            rec.update(compiled=False, compile_note=str(e))
-            raise
-        finally:
-            rec["machine"] = meter.end()
-        rec.update(compiled=lit.compiled, compile_note=lit.compile_note or rec["compile_note"])  # a fallback ran eager
-
-        rec.update(
-            measured(spec, trainer, cb, p.effective_batch),
-            **_peak_memory(trainer, p),
-            compile_time_s=lit.compile_time_s,
-        )
+        rec.num_params = count_params(lit)
+        rec.set(**_device_fields(spec, trainer, p))
+        _fit(spec, w, p, rec, ckpt_dir / "last.ckpt" if start is not None else None)
+        rec.set(compiled=lit.compiled, compile_note=lit.compile_note or rec.compile_note)  # a fallback ran eager
+        rec.set(**_peak_memory(trainer, p), compile_time_s=lit.compile_time_s)
         out = outcome(spec, trainer, cb)
-        rec.update(out.fields, **_callback_fields(cb))
+        rec.set(**out.fields)
+        rec.merge(_callback_fields(cb))
         if out.status != "failed":
             test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False)[0]
-            rec.update(test_acc=test["test/acc"], test_loss=test["test/loss"])
-            if not torch.isfinite(torch.tensor(rec["test_loss"])):
-                rec.update(status="failed", reason="non-finite test loss")
+            rec.set(test_acc=test["test/acc"], test_loss=test["test/loss"])
+            if not torch.isfinite(torch.tensor(rec.test_loss)):
+                rec.set(status="failed", reason="non-finite test loss")
         _warn_about(rec, cb)
     return trainer
+
+
+def _fit(spec: RunSpec, w: Wired, p: Plan, rec: Record, resume_from: Path | None) -> None:
+    """``trainer.fit``, measured into ``rec`` however it ends: a fit cut short (a signal, an error) leaves a
+    record of the steps done and the best validation so far, as a finished one says them."""
+    meter = LoadMeter(w.trainer.strategy.root_device, spec.hardware.num_workers, rec.machine)
+    rec.machine = meter.fields
+    try:
+        w.trainer.fit(w.lit, datamodule=w.dm, ckpt_path=str(resume_from) if resume_from is not None else None)
+    except BaseException as e:
+        if isinstance(e, CompileError):  # train.compile=true: the failed record says what did not compile
+            rec.set(compiled=False, compile_note=str(e))
+        with contextlib.suppress(Exception):  # measuring must not hide why the fit ended
+            rec.set(**measured(spec, w.trainer, w.cb, p.effective_batch))
+        raise
+    finally:
+        rec.machine = meter.end()
+    rec.set(**measured(spec, w.trainer, w.cb, p.effective_batch))
 
 
 # ---------------------------------------------------------------------------------------------
 # Failure policy: whatever ends a run short of SIGKILL leaves a record that says why
 
 
-class Interrupted(SystemExit):
-    """SIGINT or SIGTERM, raised where the main process was; its code is 128 + the signal."""
-
-
 class RunError(RuntimeError):
     """The run cannot go on until the user acts (a damaged record or checkpoint, another config)."""
 
 
-def _interrupt(signum, frame):
-    raise Interrupted(128 + signum)
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How an exception ends a run: what its record says (``status``, ``reason``) and, where the harness has
+    a policy for it, the exit code and the one line on the console (None: a bug, ended by its traceback)."""
+
+    status: str  # interrupted | failed
+    reason: str
+    code: int | None = None
+    line: str | None = None
+
+
+# Once the run has started (its record says the rest): exception types, exit code, the one line.
+_EXITS = (
+    ((ConfigError, DataError, RunError), 2, "{e}"),  # the user's to fix
+    ((attention.BackendContractError, CompileError), 1, "{e}"),  # a backend broke its contract, compile failed
+    ((FitError,), 3, "does not fit, not training: {e}"),
+    ((RunLocked,), EXIT_LOCKED, "{e}"),
+    ((OSError,), 1, "{name}: {e} (the run's record says where it stopped)"),  # disk full: the environment's
+)
+# Before it started (nothing is written): a bad command line or value.
+_EXITS_BEFORE = (((UsageError, ConfigError, DataError), 2, "error: {e}"),)
+
+
+def ending(e: BaseException, command: str | None = None) -> Ending:
+    """The one exit policy of ``python -m lra.train``. ``command``: the command line that resumes the run;
+    None: the run has not started (an interruption then leaves nothing to resume)."""
+    code = _interrupt_code(e)
+    if code is not None:
+        name = signal.Signals(code - 128).name if code > 128 else type(e).__name__
+        status, reason = "interrupted", f"{name}: run the same command again to resume from the last checkpoint"
+    else:
+        status, reason = "failed", f"{type(e).__name__}: {e}"
+    said = signal.Signals(code - 128).name if code is not None and code > 128 else f"exit {code}"
+    if command is None and isinstance(e, (KeyboardInterrupt, Interrupted)):
+        line = f"interrupted ({said}) before the run started; nothing was written to the runs root"
+        return Ending(status, reason, code, line)
+    if command is not None and isinstance(e, Interrupted):  # the record says interrupted; the line how to go on
+        line = f"interrupted ({said}): the record says where it stopped; resume with the same command: {command}"
+        return Ending(status, reason, code, line)
+    for types, exit_code, fmt in _EXITS if command is not None else _EXITS_BEFORE:
+        if isinstance(e, types):
+            return Ending(status, reason, exit_code, fmt.format(e=e, name=type(e).__name__))
+    return Ending(status, reason)
 
 
 @contextlib.contextmanager
-def recorded(run_dir: Path, rec: dict):
+def recorded(run_dir: Path, rec: Record):
     """The failure policy: SIGINT/SIGTERM become ``interrupted`` (exit 130/143), any exception
-    ``failed`` with its reason; the record is written, then the exception goes on. Signals are turned
-    into exceptions here (loader workers ignore them), so a signal to the whole process group ends
-    the run as cleanly as one to this process."""
+    ``failed`` with its reason (:func:`ending`); the record is written, then the exception goes on. Signals
+    are turned into exceptions here (loader workers ignore them), so a signal to the whole process group
+    ends the run as cleanly as one to this process."""
     handlers = {}
     if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield rec
     except BaseException as e:
+        end = ending(e)
+        rec.set(status=end.status, reason=end.reason)
         code = _interrupt_code(e)
-        if code is not None:
-            name = signal.Signals(code - 128).name if code > 128 else type(e).__name__
-            rec.update(
-                status="interrupted",
-                reason=f"{name}: run the same command again to resume from the last " f"checkpoint",
-            )
-        else:
-            rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
         if code is not None and handlers:  # a second Ctrl-C must not cut the interrupted record short
             for s in handlers:
                 signal.signal(s, signal.SIG_IGN)
         _write_or_keep(run_dir, rec)
         if code is not None and not isinstance(e, Interrupted):
-            raise Interrupted(code) from e
+            raise Interrupted(code - 128 if code > 128 else None, code) from e
         raise
     finally:
         for s, h in handlers.items():
@@ -184,13 +224,13 @@ def owned(run_dir: Path):
         yield
 
 
-def _write(run_dir: Path, rec: dict) -> None:
+def _write(run_dir: Path, rec: Record) -> None:
     """Only global rank zero writes the record (DDP runs one process per device)."""
     if getattr(rank_zero_only, "rank", 0) == 0:
         write_record(run_dir, rec)
 
 
-def _write_or_keep(run_dir: Path, rec: dict) -> None:
+def _write_or_keep(run_dir: Path, rec: Record) -> None:
     """Write the record of a run that is ending badly; if even that fails (disk full), say so and leave
     the previous record as it was (records are replaced atomically, never half-written)."""
     try:
@@ -203,7 +243,7 @@ def _write_or_keep(run_dir: Path, rec: dict) -> None:
 # The steps of a run
 
 
-def _finished_record(spec: RunSpec) -> dict | None:
+def _finished_record(spec: RunSpec) -> Record | None:
     """The record of a finished run in this folder (None: nothing to skip)."""
     try:
         old = read_record(spec.run_dir)
@@ -242,17 +282,10 @@ def _prepare(spec: RunSpec, ckpt_dir: Path) -> None:
     L.seed_everything(spec.seed, workers=True, verbose=False)
 
 
-_LOADED: dict[str, dict[str, Split]] = {}  # the splits main() checked, handed to the run it starts
-
-
-def _data_key(spec: RunSpec) -> str:
-    return json.dumps([spec.data.options, str(spec.data.root)], sort_keys=True, default=str)
-
-
-def _splits(spec: RunSpec) -> dict[str, Split]:
-    """The task's splits (generated or tokenised on first use), loaded once per process; raises a
-    one-line ConfigError when the effective batch is larger than the training split."""
-    splits = _LOADED.pop(_data_key(spec), None) or load_task(spec.data.spec, spec.data.root)
+def checked_splits(spec: RunSpec, splits: dict[str, Split] | None = None) -> dict[str, Split]:
+    """The task's splits (``splits``, or generated or tokenised on first use); raises a one-line ConfigError
+    when the effective batch is larger than the training split."""
+    splits = splits or load_task(spec.data.spec, spec.data.root)
     n = len(splits["train"])
     if spec.train.batch_size > n:  # every step would be the whole split, recorded as a batch it never was
         raise ConfigError(
@@ -262,11 +295,11 @@ def _splits(spec: RunSpec) -> dict[str, Split]:
     return splits
 
 
-def _load_data(spec: RunSpec, rec: dict) -> dict[str, Split]:
-    splits = _splits(spec)
-    rec["majority_acc"] = splits["test"].majority_rate()
-    rec["split_sizes"] = {k: len(v) for k, v in splits.items()}
-    rec["data"] = data_record(splits)  # what was read: id, kind, description (lra/data/provenance.py)
+def _load_data(spec: RunSpec, rec: Record, splits: dict[str, Split] | None) -> dict[str, Split]:
+    splits = checked_splits(spec, splits)
+    rec.majority_acc = splits["test"].majority_rate()
+    rec.split_sizes = {k: len(v) for k, v in splits.items()}
+    rec.data = data_record(splits)  # what was read: id, kind, description (lra/data/provenance.py)
     return splits
 
 
@@ -290,20 +323,20 @@ def resume_step(last: Path, key: str) -> int | None:
     return int(saved.get("global_step", 0))
 
 
-def _unfinished_record(run_dir: Path, last: Path) -> dict:
-    """The record of the run ``last.ckpt`` would continue ({}: none, or unreadable)."""
+def _unfinished_record(run_dir: Path, last: Path) -> Record:
+    """The record of the run ``last.ckpt`` would continue (an empty one: none, or unreadable)."""
     try:
-        return (read_record(run_dir) or {}) if last.exists() else {}
+        return (read_record(run_dir) or Record()) if last.exists() else Record()
     except ValueError:
-        return {}
+        return Record()
 
 
-def _resume(last: Path, key: str, rec: dict, before: dict) -> int | None:
+def _resume(last: Path, key: str, rec: Record, before: Record) -> int | None:
     """:func:`resume_step`; a checkpoint of a run on other data (another data id) says which data both are."""
     try:
         return resume_step(last, key)
     except RunError:
-        old, new = before.get("data") or {}, rec.get("data") or {}
+        old, new = before.get("data") or {}, rec.data or {}
         if old.get("id") and new.get("id") and old["id"] != new["id"]:
             raise RunError(
                 f"{last} was trained on other data: {old.get('description')} (id {old['id']}); "
@@ -380,10 +413,10 @@ def _peak_memory(trainer: L.Trainer, p: Plan) -> dict:
     }
 
 
-def _warn_about(rec: dict, cb: Callbacks) -> None:
-    if rec["status"] in ("failed", "stuck"):
-        (log.error if rec["status"] == "failed" else log.warning)("%s", rec["reason"])
-    if cb.guard.at_chance and rec["status"] != "stuck":
+def _warn_about(rec: Record, cb: Callbacks) -> None:
+    if rec.status in ("failed", "stuck"):
+        (log.error if rec.status == "failed" else log.warning)("%s", rec.reason)
+    if cb.guard.at_chance and rec.status != "stuck":
         log.warning(
             "the last validation was at chance level (loss %.4f, accuracy %.4f, majority %.4f): the run "
             "may be stuck (train.stuck_after_steps stops such runs)",
@@ -392,24 +425,24 @@ def _warn_about(rec: dict, cb: Callbacks) -> None:
         )
 
 
-def _finish(spec: RunSpec, rec: dict, trainer: L.Trainer | None) -> None:
+def _finish(spec: RunSpec, rec: Record, trainer: L.Trainer | None) -> None:
     _write(spec.run_dir, rec)
     if trainer is not None and trainer.is_global_zero:
-        log_record(trainer.loggers, rec, spec.run_dir)  # to W&B, if among the loggers
+        log_record(trainer.loggers, rec.to_json(), spec.run_dir)  # to W&B, if among the loggers
     if getattr(rank_zero_only, "rank", 0) != 0:
         return
     last = spec.run_dir / "checkpoints" / "last.ckpt"
-    if rec["status"] in FINISHED and last.exists():
+    if rec.status in FINISHED and last.exists():
         last.unlink()  # the run is over; best.ckpt stays
     log.info(
         "%s seed %d: %s, test acc %s (majority %.4f), %d steps, %.1f s training -> %s",
         spec.where,
         spec.seed,
-        rec["status"],
-        _fmt(rec["test_acc"]),
-        rec["majority_acc"],
-        rec["steps"],
-        rec["train_time_s"] or 0.0,
+        rec.status,
+        _fmt(rec.test_acc),
+        rec.majority_acc,
+        rec.steps,
+        rec.train_time_s or 0.0,
         spec.run_dir / "result.json",
     )
 
@@ -433,32 +466,18 @@ def _fmt(x):
 # Entry
 
 
-def run_task(cfg: DictConfig, spec: RunSpec | None = None) -> float | None:
-    """The run of one composed config in its folder (Hydra's job folder), with the exit policy: a clear
-    line and exit code for everything the user can act on. ``spec``: the run as :func:`check_before_run`
-    resolved it from this very config (None: resolve it here, as under ``python -m lra.train -m``)."""
+def run_task(cfg: DictConfig, spec: RunSpec | None = None, splits: dict[str, Split] | None = None) -> float | None:
+    """The run of one composed config in its folder (Hydra's job folder), under the exit policy (:func:`ending`):
+    a clear line and exit code for everything the user can act on. ``spec`` and ``splits``: the run and its
+    data as :func:`check_before_run` resolved and loaded them from this very config (None: done here, as
+    under ``python -m lra.train -m``)."""
     try:
-        rec = run(spec or resolve(cfg, HydraConfig.get().runtime.output_dir))
-    except Interrupted as e:  # the record says interrupted; the console says how to go on
-        code = int(e.code)
-        _exit(
-            code,
-            "interrupted (%s): the record says where it stopped; resume with the same command: %s",
-            signal.Signals(code - 128).name if code > 128 else f"exit {code}",
-            _command(),
-        )
-    except (ConfigError, DataError, RunError) as e:  # the user's to fix: one line
-        _exit(2, "%s", e)
-    except attention.BackendContractError as e:  # a backend broke its contract: the record says failed, and why
-        _exit(1, "%s", e)
-    except CompileError as e:  # train.compile=true and torch.compile failed: the record says failed, and why
-        _exit(1, "%s", e)
-    except FitError as e:
-        _exit(3, "does not fit, not training: %s", e)
-    except RunLocked as e:
-        _exit(EXIT_LOCKED, "%s", e)
-    except OSError as e:  # disk full, a read-only folder: the environment's, not a harness bug
-        _exit(1, "%s: %s (the run's record says where it stopped)", type(e).__name__, e)
+        rec = run(spec or resolve(cfg, HydraConfig.get().runtime.output_dir), splits)
+    except BaseException as e:
+        end = ending(e, _command())
+        if end.code is None:
+            raise
+        _exit(end.code, "%s", end.line)
     if rec.get("status") == "failed":  # exit 1, as the README says: a script must not take it for done
         _exit(
             1,
@@ -466,7 +485,7 @@ def run_task(cfg: DictConfig, spec: RunSpec | None = None) -> float | None:
             rec.get("reason"),
             Path(HydraConfig.get().runtime.output_dir) / "result.json",
         )
-    return rec.get("best_val_acc")  # the objective for Hydra sweepers
+    return rec.get("best_val_acc")  # the objective for Hydra sweepers (a record may predate the field)
 
 
 # Hydra's own command line (--help, --cfg job, -m): the same task under @hydra.main.
@@ -497,27 +516,29 @@ def check_writable(folder: Path) -> None:
         )
 
 
-def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec]:
+def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec, dict[str, Split] | None]:
     """Everything the user can get wrong, checked before the run folder exists: every value, the loggers,
     the callbacks, the runs root, the data (prepared here if absent) against the batch. Returns the run's
     config, composed once (with its ``hydra`` node, as ``@hydra.main`` would) and given its folder's tag
-    (:func:`lra.naming.run_tag`), and the spec resolved from it, which is what the run trains."""
+    (:func:`lra.naming.run_tag`), the spec resolved once from it, which is what the run trains, and the
+    splits it trains on (None: the folder holds a finished run, which needs no data to be skipped)."""
     cfg = compose_checked(args, job="train")
     spec = resolve(without_hydra(cfg))
     check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
     check_callbacks(spec)  # callbacks.<name>._target_ that is not an importable Lightning callback: one line
     check_writable(Path(spec.config["runs_root"]))
+    tag = run_tag(args, spec)  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
     with open_dict(cfg):
-        cfg.run_tag = run_tag(args, spec)  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
-    run_dir = run_dir_of(cfg)  # hydra.run.dir: the named folder, or the one a sweep's job gives
-    spec = resolve(without_hydra(cfg), run_dir)
+        cfg.run_tag = tag
+    # hydra.run.dir: the named folder, or the one a sweep's job gives; the spec resolving cfg again would give
+    spec = dataclasses.replace(spec, run_dir=run_dir_of(cfg), config={**spec.config, "run_tag": tag})
     try:
-        old = read_record(run_dir)
+        old = read_record(spec.run_dir)
     except ValueError:  # a damaged record: the run says so (RunError), in its own words
         old = None
-    if spec.force or not (old and old.get("status") in FINISHED):  # a finished run needs no data to be skipped
-        _LOADED[_data_key(spec)] = _splits(spec)
-    return cfg, spec
+    if spec.force or not (old and old.get("status") in FINISHED):
+        return cfg, spec, checked_splits(spec)
+    return cfg, spec, None
 
 
 def main() -> None:
@@ -529,26 +550,18 @@ def main() -> None:
             _hydra_main()
             return
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: the data's temporary folders go
+        previous = signal.signal(signal.SIGTERM, raise_interrupted)  # as Ctrl-C: the data's temporary folders go
         try:
-            cfg, spec = check_before_run(args)
+            cfg, spec, splits = check_before_run(args)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        run_in_folder(cfg, lambda task_cfg: run_task(task_cfg, spec), job_name="train")  # composed once, above
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (KeyboardInterrupt, Interrupted) as e:  # before the run started (e.g. while generating data)
-        code = int(e.code) if isinstance(e, Interrupted) else 128 + signal.SIGINT
-        print(
-            f"interrupted ({signal.Signals(code - 128).name}) before the run started; nothing was written to the "
-            f"runs root",
-            file=sys.stderr,
-        )
-        sys.exit(code)
+        run_in_folder(cfg, lambda task_cfg: run_task(task_cfg, spec, splits), job_name="train")  # composed once
+    except BaseException as e:  # before the run started (its own exits are run_task's)
+        end = ending(e)
+        if end.code is None:
+            raise
+        print(end.line, file=sys.stderr)
+        sys.exit(end.code)
 
 
 if __name__ == "__main__":

@@ -267,3 +267,41 @@ def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path, 
         tb = _tensorboard_epochs(tmp_path / "runs" / "ref")
         assert tb == [(k, e) for k, e, _ in expected]
         assert _tensorboard_epochs(tmp_path / "runs" / "resumed") == tb
+
+
+class _SigtermAt(L.Callback):
+    """Sends this process SIGTERM once optimizer step ``step`` is done, as ``kill`` or a scheduler would."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_interrupted_record_says_how_far_the_run_got(tmp_path, monkeypatch):
+    """SIGTERM after 8 optimizer steps (evaluated at 3 and 6): the interrupted record says 8 steps and the best
+    validation so far with its step, as metrics.csv shows them and a finished record would say them (it said
+    ``steps: 0``, ``best_val_acc: null``); the same spec run again resumes and finishes."""
+    from lra import train as lra_train
+    from lra.interrupts import Interrupted
+
+    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [_SigtermAt(8)])
+    overrides = [*EPOCHS, f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}"]
+    spec = load(overrides, run_dir=tmp_path / "runs" / "term")
+    with pytest.raises(Interrupted) as e:
+        lra_train.run(spec)
+    assert e.value.code == 128 + signal.SIGTERM
+    rec = json.loads((spec.run_dir / "result.json").read_text())
+    assert rec["status"] == "interrupted" and rec["reason"].startswith("SIGTERM: run the same command again")
+    assert rec["steps"] == rec["steps_at_stop"] == 8 and rec["train_time_s"] > 0
+    with open(spec.run_dir / "metrics.csv", newline="") as f:
+        vals = [(int(float(r["step"])), float(r["val/acc"])) for r in csv.DictReader(f) if r.get("val/acc")]
+    assert len(vals) == 2
+    assert rec["best_val_acc"] == pytest.approx(max(acc for _, acc in vals), abs=1e-7)
+    assert rec["steps_to_best"] in (3, 6) and rec["best_ckpt"].endswith("best.ckpt")
+
+    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [])
+    done = lra_train.run(spec)
+    assert done["status"] == "completed" and done["resumed_from_step"] == 8 and done["steps"] == 14

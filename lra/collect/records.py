@@ -39,7 +39,8 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA_VERSION = 1  # the newest run-record schema this reader knows (lra/record.py)
+from lra.record import SCHEMA_VERSION, Record  # the newest run-record schema this reader knows
+
 # Finished runs (= lra.train.FINISHED). "stuck" (training ran, but stayed at chance level) is a real
 # outcome the papers count too (YOSO Table 3: Performer 18.80 on ListOps): it enters the means and is
 # listed among the issues so that nobody mistakes it for a working run.
@@ -238,9 +239,11 @@ def _seed_problem(raw_seed, rel: str) -> str | None:
     return None
 
 
-def normalise(raw: dict, rel: str) -> tuple[dict, list[Issue]]:
-    """One record in the current schema's field names and units (accuracies as fractions)."""
+def normalise(record: Record, rel: str) -> tuple[dict, list[Issue]]:
+    """One record in the current schema's field names and units (accuracies as fractions); what an older
+    record lacks is derived where its config or folder tells, and reported."""
     issues: list[Issue] = []
+    raw = record.to_json()  # the fields the file holds, no more
     rec = dict(raw)
     version = rec.get("schema_version")
     version = int(version) if isinstance(version, (int, float)) and not isinstance(version, bool) else 0
@@ -425,9 +428,7 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
     for f in records:
         rel = _rel(f.parent, root)
         try:
-            raw = json.loads(f.read_text())
-            if not isinstance(raw, dict):
-                raise ValueError(f"top level is {type(raw).__name__}, not an object")
+            raw = Record.from_json(json.loads(f.read_text()))  # any version: what it lacks stays absent
         except (OSError, ValueError, UnicodeDecodeError) as e:
             issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}"))
             continue

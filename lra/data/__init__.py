@@ -16,5 +16,13 @@ from lra.data.provenance import data_record
 from lra.data.registry import available_tasks, load_task, register_task
 from lra.files import data_root  # the data root lives with the other paths (lra/files.py); re-exported
 
-__all__ = ["DataError", "Split", "available_tasks", "data_record", "data_root", "fingerprint", "load_task",
-           "register_task"]
+__all__ = [
+    "DataError",
+    "Split",
+    "available_tasks",
+    "data_record",
+    "data_root",
+    "fingerprint",
+    "load_task",
+    "register_task",
+]

@@ -18,6 +18,7 @@ import time
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.data import DataError, data_record, load_task
+from lra.interrupts import Interrupted, raise_interrupted, signal_of
 
 USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
 ABOUT = "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/)."
@@ -28,8 +29,14 @@ EXAMPLES = """examples:
 
 
 def parser() -> Parser:
-    p = Parser(prog="python -m lra.data", usage=USAGE, description=ABOUT, epilog=EXAMPLES,
-               formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = Parser(
+        prog="python -m lra.data",
+        usage=USAGE,
+        description=ABOUT,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     p.add_overrides("Hydra overrides, as lra.train takes them: task=<task>, preset=<preset>, task.<key>=<value>")
     return p
 
@@ -50,27 +57,27 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         log.error("%s", e)
         return 2
-    except (KeyboardInterrupt, Terminated) as e:
-        sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
-        log.error("interrupted by %s: no partial data was put in place (generated sets and cache entries appear only "
-                  "when complete; a download continues where it stopped); run the same command again", sig.name)
+    except (KeyboardInterrupt, Interrupted) as e:
+        sig = signal.Signals(signal_of(e))
+        log.error(
+            "interrupted by %s: no partial data was put in place (generated sets and cache entries appear only "
+            "when complete; a download continues where it stopped); run the same command again",
+            sig.name,
+        )
         return 128 + sig
     for name, s in splits.items():
-        log.info("%s %s: %d examples, tokens %s, majority class %.1f%%", spec.task, name, len(s),
-                 tuple(s.tokens.shape), 100 * s.majority_rate())
+        log.info(
+            "%s %s: %d examples, tokens %s, majority class %.1f%%",
+            spec.task,
+            name,
+            len(s),
+            tuple(s.tokens.shape),
+            100 * s.majority_rate(),
+        )
     data = data_record(splits)
     log.info("data id %s (%s): %s", data["id"], data["kind"], data["description"])
     log.info("ready in %.1f s under %s", time.perf_counter() - t0, spec.data.root)
     return 0
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the main thread is, so every ``finally`` runs (worker pools stopped, temporary
-    folders removed) before the one line; a BaseException, so no ``except Exception`` swallows it."""
-
-
-def _terminated(signum, frame):
-    raise Terminated()
 
 
 @contextlib.contextmanager
@@ -78,7 +85,7 @@ def _sigterm_raises():
     if threading.current_thread() is not threading.main_thread():  # signals can only be set there
         yield
         return
-    old = signal.signal(signal.SIGTERM, _terminated)
+    old = signal.signal(signal.SIGTERM, raise_interrupted)  # every ``finally`` runs before the one line
     try:
         yield
     finally:

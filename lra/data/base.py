@@ -11,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-
-
 GENERATED_DIR = "generated"  # <data root>/generated/: every set the harness generates, one folder per setting
 
 
@@ -49,7 +47,9 @@ class Split:
     def __post_init__(self):
         n = len(self.labels)
         if len(self.tokens) != n or len(self.lengths) != n:
-            raise ValueError(f"split arrays disagree: tokens {len(self.tokens)}, lengths {len(self.lengths)}, labels {n}")
+            raise ValueError(
+                f"split arrays disagree: tokens {len(self.tokens)}, lengths {len(self.lengths)}, labels {n}"
+            )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -105,6 +105,7 @@ def hf_datasets(why: str):
     try:
         import datasets  # noqa: PLC0415 - optional dependency, only for the HF formats
     except ImportError:
-        raise DataError(f"{why} needs the `datasets` package: pip install 'lra-harness[data]' "
-                        f"(or pip install datasets)") from None
+        raise DataError(
+            f"{why} needs the `datasets` package: pip install 'lra-harness[data]' " f"(or pip install datasets)"
+        ) from None
     return datasets

@@ -38,8 +38,15 @@ from typing import Callable
 import numpy as np
 
 from lra.data.base import Split
-from lra.data.provenance import (FIELDS, Origin, content_fingerprint, describe_files, file_sha256, hash_arrays,
-                                 relative_paths)
+from lra.data.provenance import (
+    FIELDS,
+    Origin,
+    content_fingerprint,
+    describe_files,
+    file_sha256,
+    hash_arrays,
+    relative_paths,
+)
 from lra.files import write_text
 
 log = logging.getLogger(__name__)
@@ -62,8 +69,9 @@ def source_fingerprint(paths) -> list:
     return out
 
 
-def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[str, Split]],
-                  origin: Origin | None = None) -> dict[str, Split]:
+def cached_splits(
+    root: Path, task: str, params: dict, build: Callable[[], dict[str, Split]], origin: Origin | None = None
+) -> dict[str, Split]:
     """Load the entry for ``params`` or build it with ``build()`` and store it atomically. A damaged entry
     (truncated ``.npy``, bad ``meta.json``, an array that fails its checksum: a full disk, a copy cut short,
     an edit) or one from before checksums is rebuilt in place with one warning. ``origin``: what the reader
@@ -85,14 +93,20 @@ def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[
         for name, s in splits.items():
             for field in FIELDS:
                 np.save(tmp / f"{name}.{field}.npy", getattr(s, field))
-        meta = {"task": task, "params": params, "splits": {k: len(v) for k, v in splits.items()},
-                "arrays": {k: {f: [list(getattr(v, f).shape), getattr(v, f).dtype.str] for f in FIELDS}
-                           for k, v in splits.items()},
-                "checksums": {f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")}
-                              for k in splits for f in FIELDS},
-                "content": {k: content_fingerprint(v) for k, v in splits.items()},
-                "source": describe_files(origin.paths, root) if origin is not None else None,
-                "built_in_s": round(time.perf_counter() - t0, 2)}
+        meta = {
+            "task": task,
+            "params": params,
+            "splits": {k: len(v) for k, v in splits.items()},
+            "arrays": {
+                k: {f: [list(getattr(v, f).shape), getattr(v, f).dtype.str] for f in FIELDS} for k, v in splits.items()
+            },
+            "checksums": {
+                f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")} for k in splits for f in FIELDS
+            },
+            "content": {k: content_fingerprint(v) for k, v in splits.items()},
+            "source": describe_files(origin.paths, root) if origin is not None else None,
+            "built_in_s": round(time.perf_counter() - t0, 2),
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         if final.exists():  # a damaged entry, or a concurrent builder finished first: the cache is ours
             old = final.with_name(f".old-{final.name}-{os.getpid()}")
@@ -105,8 +119,9 @@ def cached_splits(root: Path, task: str, params: dict, build: Callable[[], dict[
     return _with_origin(final, load_entry(final, verify=False), task, root, origin)  # just hashed: no check
 
 
-def _with_origin(folder: Path, splits: dict[str, Split], task: str, root: Path,
-                 origin: Origin | None) -> dict[str, Split]:
+def _with_origin(
+    folder: Path, splits: dict[str, Split], task: str, root: Path, origin: Origin | None
+) -> dict[str, Split]:
     """``splits`` with their ``origin`` (lra/data/provenance.py). What ``meta.json`` lacks (an entry from
     before provenance, or a reader that now lists other source paths) is computed once and stored."""
     meta = json.loads((folder / "meta.json").read_text())  # again: verifying may have rewritten it
@@ -126,8 +141,13 @@ def _with_origin(folder: Path, splits: dict[str, Split], task: str, root: Path,
         except OSError as e:
             log.debug("could not store the data fingerprints in %s: %s", folder, e)
     for name, s in splits.items():
-        s.origin = {"task": task, "entry": folder.name, "split": name, "content": meta["content"][name],
-                    "source": origin.fields(source) if origin is not None else None}
+        s.origin = {
+            "task": task,
+            "entry": folder.name,
+            "split": name,
+            "content": meta["content"][name],
+            "source": origin.fields(source) if origin is not None else None,
+        }
     return splits
 
 
@@ -151,8 +171,10 @@ def load_entry(folder: Path, verify: bool = True) -> dict[str, Split]:
                 if len(a) != n:
                     raise DamagedEntry(f"is damaged ({name}.{f}.npy has {len(a)} rows, meta.json says {n})")
                 if [list(a.shape), a.dtype.str] != arrays[name][f]:
-                    raise DamagedEntry(f"is damaged ({name}.{f}.npy is {a.dtype.str}{list(a.shape)}, meta.json says "
-                                       f"{arrays[name][f][1]}{arrays[name][f][0]})")
+                    raise DamagedEntry(
+                        f"is damaged ({name}.{f}.npy is {a.dtype.str}{list(a.shape)}, meta.json says "
+                        f"{arrays[name][f][1]}{arrays[name][f][0]})"
+                    )
             out[name] = Split(*(got[f] for f in FIELDS))
         if verify:
             _verify_checksums(folder, meta, [f"{k}.{f}.npy" for k in sizes for f in FIELDS])
@@ -174,8 +196,10 @@ def _verify_checksums(folder: Path, meta: dict, names: list[str]) -> None:
         if stat == want.get("stat") or _checked.get(str(path)) == stat:
             continue
         if file_sha256(path) != want["sha256"]:
-            raise DamagedEntry(f"is damaged ({name} does not match the checksum recorded when the entry was built: "
-                               f"edited or corrupted)")
+            raise DamagedEntry(
+                f"is damaged ({name} does not match the checksum recorded when the entry was built: "
+                f"edited or corrupted)"
+            )
         if stat[2] < time.time_ns() - SETTLE_S * 1e9:
             _checked[str(path)] = want["stat"] = stat
             recorded = True

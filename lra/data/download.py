@@ -73,38 +73,65 @@ class HubSource:
 # The one table of what is fetched. Revisions: the commits other projects pin (docs/facts.md §3.2 and
 # public code); row counts: IMDB 25k/25k, CIFAR-10 50k/10k, AAN as released (docs/facts.md §3).
 SOURCES: dict[str, HubSource] = {
-    "text": HubSource("stanfordnlp/imdb", "e6281661ce1c48d982bc483cf8a173c1bbeb5d31", "hf-stanfordnlp-imdb",
-                      {"train": 25_000, "test": 25_000}),
-    "image": HubSource("uoft-cs/cifar10", "0b2714987fa478483af9968de7c934580d0bb9a2", "hf-uoft-cs-cifar10",
-                       {"train": 50_000, "test": 10_000}),
-    "retrieval": HubSource("OpenNLPLab/lra", "6cb133c44f406da743661488df9e977b87d98775", "hf-OpenNLPLab-lra-aan",
-                           {"train": 147_086, "val": 18_090, "test": 17_437},
-                           {"train": "data/aan/new_aan_pairs.train.tsv", "val": "data/aan/new_aan_pairs.eval.tsv",
-                            "test": "data/aan/new_aan_pairs.test.tsv"}),
+    "text": HubSource(
+        "stanfordnlp/imdb",
+        "e6281661ce1c48d982bc483cf8a173c1bbeb5d31",
+        "hf-stanfordnlp-imdb",
+        {"train": 25_000, "test": 25_000},
+    ),
+    "image": HubSource(
+        "uoft-cs/cifar10",
+        "0b2714987fa478483af9968de7c934580d0bb9a2",
+        "hf-uoft-cs-cifar10",
+        {"train": 50_000, "test": 10_000},
+    ),
+    "retrieval": HubSource(
+        "OpenNLPLab/lra",
+        "6cb133c44f406da743661488df9e977b87d98775",
+        "hf-OpenNLPLab-lra-aan",
+        {"train": 147_086, "val": 18_090, "test": 17_437},
+        {
+            "train": "data/aan/new_aan_pairs.train.tsv",
+            "val": "data/aan/new_aan_pairs.eval.tsv",
+            "test": "data/aan/new_aan_pairs.test.tsv",
+        },
+    ),
 }
 
 
 def hint(task: str, root: Path) -> str:
     """The line the readers' missing-data messages add."""
     src = SOURCES[task]
-    return (f"  - or let the harness fetch it: make data task={task} ARGS='task.download=true' (or add "
-            f"task.download=true to a run): HF {src.repo} at revision {src.revision[:12]}, into {root}/{src.folder}/")
+    return (
+        f"  - or let the harness fetch it: make data task={task} ARGS='task.download=true' (or add "
+        f"task.download=true to a run): HF {src.repo} at revision {src.revision[:12]}, into {root}/{src.folder}/"
+    )
 
 
-def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = True,
-          hub: str | None = None, by_hand: str = "") -> Path:
+def fetch(
+    task: str,
+    root: Path,
+    explicit: Path | None = None,
+    progress: bool = True,
+    hub: str | None = None,
+    by_hand: str = "",
+) -> Path:
     """Download ``task``'s data into ``<root>/<folder>/`` (see the module docstring); return that folder.
     ``by_hand`` says how to get the data without the Hub (the no-network message ends with it)."""
     src = SOURCES[task]
     root = Path(root)
     if explicit is not None:
-        raise DataError(f"task.download=true fetches into the data root, but task.path={explicit} is set: unset "
-                        f"task.path, or put the data at task.path yourself")
+        raise DataError(
+            f"task.download=true fetches into the data root, but task.path={explicit} is set: unset "
+            f"task.path, or put the data at task.path yourself"
+        )
     hub = hub or os.environ.get(HUB_ENV) or None
     final, tmp = root / src.folder, root / f".download-{src.folder}"
     if final.exists() and not (final / STAMP).is_file():
-        raise DataError(f"{final} exists but was not written by task.download (no {STAMP}) and the reader did not "
-                        f"accept it: move it away, or point task.path at it")
+        raise DataError(
+            f"{final} exists but was not written by task.download (no {STAMP}) and the reader did not "
+            f"accept it: move it away, or point task.path at it"
+        )
     if not hub:
         check_network(task, by_hand)
     where = src.location(hub)
@@ -116,8 +143,15 @@ def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = 
         stamp = _copy_files(src, where, hub, tmp, out, progress)
     else:
         stamp = _load_dataset(src, where, tmp, out)
-    stamp.update({"task": task, "repo": src.repo, "revision": src.revision if not hub else None,
-                  "source": where, "seconds": round(time.perf_counter() - t0, 1)})
+    stamp.update(
+        {
+            "task": task,
+            "repo": src.repo,
+            "revision": src.revision if not hub else None,
+            "source": where,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+    )
     _write_json(out / STAMP, stamp)
     _replace(final, out, tmp)
     log.info("%s: %s ready (%s)", task, final, ", ".join(f"{s} {n} rows" for s, n in stamp["rows"].items()))
@@ -128,19 +162,29 @@ def fetch(task: str, root: Path, explicit: Path | None = None, progress: bool = 
 def check_network(task: str, by_hand: str = "") -> None:
     """One connection attempt to the Hub (or to its proxy), no retry; DataError if there is no network."""
     src = SOURCES[task]
-    offline = next((v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-                    if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")), None)
+    offline = next(
+        (
+            v
+            for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+            if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        ),
+        None,
+    )
     if offline:
-        raise DataError(f"task.download=true cannot fetch {src.repo}: {offline}={os.environ[offline]} forbids the "
-                        f"network (unset it); or {by_hand or 'put the data under the data root'}, or set {HUB_ENV} "
-                        f"to a local copy of the Hub repository")
+        raise DataError(
+            f"task.download=true cannot fetch {src.repo}: {offline}={os.environ[offline]} forbids the "
+            f"network (unset it); or {by_hand or 'put the data under the data root'}, or set {HUB_ENV} "
+            f"to a local copy of the Hub repository"
+        )
     host, port, via = _probe_target(os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT)
     try:
         socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as e:
-        raise DataError(f"task.download=true cannot fetch {src.repo}: no network ({_why(e, host, port, via)}). "
-                        f"Connect and run again, or {by_hand or 'put the data under the data root'} (or set "
-                        f"{HUB_ENV} to a local copy of the Hub repository)") from None
+        raise DataError(
+            f"task.download=true cannot fetch {src.repo}: no network ({_why(e, host, port, via)}). "
+            f"Connect and run again, or {by_hand or 'put the data under the data root'} (or set "
+            f"{HUB_ENV} to a local copy of the Hub repository)"
+        ) from None
 
 
 def _probe_target(endpoint: str) -> tuple[str, int, str]:
@@ -172,17 +216,21 @@ def _load_dataset(src: HubSource, where: str, tmp: Path, out: Path) -> dict:
     try:
         dd = datasets.load_dataset(where, revision=src.revision, cache_dir=str(tmp / "hf-cache"))
     except Exception as e:  # noqa: BLE001 - network, auth and format errors come in many types
-        raise DataError(f"downloading {where} (revision {src.revision[:12]}) failed: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}. Check the network (HF_ENDPOINT, HF_TOKEN) "
-                        f"and run again: finished files are reused") from None
+        raise DataError(
+            f"downloading {where} (revision {src.revision[:12]}) failed: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}. Check the network (HF_ENDPOINT, HF_TOKEN) "
+            f"and run again: finished files are reused"
+        ) from None
     _check_rows(src, {s: (len(dd[s]) if s in dd else None) for s in src.rows}, tmp)
     if out.exists():
         shutil.rmtree(out)  # a half-written copy from an interrupted try (inside our dot folder)
     try:
         datasets.DatasetDict({s: dd[s] for s in src.rows}).save_to_disk(str(out))
     except OSError as e:
-        raise DataError(f"writing {out} failed ({type(e).__name__}: {e}); free some space and run again "
-                        f"(what was downloaded is reused)") from None
+        raise DataError(
+            f"writing {out} failed ({type(e).__name__}: {e}); free some space and run again "
+            f"(what was downloaded is reused)"
+        ) from None
     return {"rows": {s: len(dd[s]) for s in src.rows}}
 
 
@@ -212,16 +260,20 @@ def _file_info(src: HubSource, where: str, hub: str | None) -> dict:
     if hub:
         missing = [n for n in names if not (Path(where) / n).is_file()]
         if missing:
-            raise DataError(f"{HUB_ENV}={hub}: {Path(where) / missing[0]} does not exist; the mirror must hold "
-                            f"{src.repo} as the Hub lays it out")
+            raise DataError(
+                f"{HUB_ENV}={hub}: {Path(where) / missing[0]} does not exist; the mirror must hold "
+                f"{src.repo} as the Hub lays it out"
+            )
         return {n: ((Path(where) / n).stat().st_size, None) for n in names}
     from huggingface_hub import HfApi
 
     try:
         found = HfApi().get_paths_info(src.repo, names, revision=src.revision, repo_type="dataset")
     except Exception as e:  # noqa: BLE001 - network, auth and server errors come in many types
-        raise DataError(f"cannot reach {src.repo}@{src.revision[:12]} on the Hub ({type(e).__name__}: "
-                        f"{_first_line(e)}); check the network (HF_ENDPOINT, HF_TOKEN) or {HUB_ENV}") from None
+        raise DataError(
+            f"cannot reach {src.repo}@{src.revision[:12]} on the Hub ({type(e).__name__}: "
+            f"{_first_line(e)}); check the network (HF_ENDPOINT, HF_TOKEN) or {HUB_ENV}"
+        ) from None
     info = {f.path: (int(f.size), _lfs_sha256(getattr(f, "lfs", None))) for f in found if hasattr(f, "size")}
     absent = [n for n in names if n not in info]
     if absent:
@@ -246,11 +298,14 @@ def _hub_download(src: HubSource, name: str, tmp: Path, progress: bool) -> Path:
     if quiet:
         disable_progress_bars()
     try:
-        return Path(hf_hub_download(src.repo, name, repo_type="dataset", revision=src.revision,
-                                    local_dir=str(tmp / "hub")))
+        return Path(
+            hf_hub_download(src.repo, name, repo_type="dataset", revision=src.revision, local_dir=str(tmp / "hub"))
+        )
     except Exception as e:  # noqa: BLE001 - a dropped connection or a full disk, in many types
-        raise DataError(f"downloading {src.repo}/{name} stopped ({type(e).__name__}: {_first_line(e)}); run "
-                        f"again: it continues from there") from None
+        raise DataError(
+            f"downloading {src.repo}/{name} stopped ({type(e).__name__}: {_first_line(e)}); run "
+            f"again: it continues from there"
+        ) from None
     finally:
         if quiet:
             enable_progress_bars()
@@ -292,8 +347,10 @@ def _count_lines(path: Path) -> int:
 def _check_rows(src: HubSource, got: dict, tmp: Path) -> None:
     bad = [f"{s} {got.get(s)} (expected {n})" for s, n in src.rows.items() if got.get(s) != n]
     if bad:
-        raise DataError(f"{src.repo}@{src.revision[:12]}: wrong number of rows: {', '.join(bad)}; not the pinned "
-                        f"dataset or a damaged download. Delete {tmp} and run again")
+        raise DataError(
+            f"{src.repo}@{src.revision[:12]}: wrong number of rows: {', '.join(bad)}; not the pinned "
+            f"dataset or a damaged download. Delete {tmp} and run again"
+        )
 
 
 def _write_json(path: Path, obj: dict) -> None:

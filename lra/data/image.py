@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.data.base import DataError, Split, hf_datasets
 from lra.data import download
+from lra.data.base import DataError, Split, hf_datasets
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
@@ -69,9 +69,15 @@ def to_gray(rgb: np.ndarray, method: str = "luminance") -> np.ndarray:
 class _BatchUnpickler(pickle.Unpickler):
     """Loads a CIFAR batch (a dict of numpy arrays and lists) and nothing else."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module, name):
         if (module, name) in self.ALLOWED:
@@ -87,8 +93,9 @@ def read_batch(data: bytes, where: str) -> tuple[np.ndarray, np.ndarray]:
         x = np.asarray(d["data"], dtype=np.uint8)
         y = np.asarray(d["labels"], dtype=np.int64)
     except (pickle.UnpicklingError, EOFError, KeyError, AttributeError, TypeError, ValueError) as e:
-        raise DataError(f"{where}: not a CIFAR-10 python batch ({type(e).__name__}: {e}); download "
-                        f"{CIFAR_URL} again") from None
+        raise DataError(
+            f"{where}: not a CIFAR-10 python batch ({type(e).__name__}: {e}); download " f"{CIFAR_URL} again"
+        ) from None
     if x.ndim != 2 or x.shape[1] != 3072 or len(x) != len(y):
         raise DataError(f"{where}: expected data of shape (N, 3072) and N labels, got {x.shape} and {len(y)}")
     if y.min() < 0 or y.max() > 9:
@@ -110,16 +117,22 @@ def _torchvision(folder: Path):
         log.info("CIFAR-10: read %s with torchvision", folder)
         return out
     except Exception as e:  # noqa: BLE001 - a broken torchvision (CPU torch) fails in many ways
-        log.info("CIFAR-10: torchvision cannot read %s (%s: %s); reading the pickles directly", folder,
-                 type(e).__name__, str(e)[:200])
+        log.info(
+            "CIFAR-10: torchvision cannot read %s (%s: %s); reading the pickles directly",
+            folder,
+            type(e).__name__,
+            str(e)[:200],
+        )
         return None
 
 
 def read_pickles(folder: Path) -> dict:
     missing = [b for b in TRAIN_BATCHES + (TEST_BATCH,) if not (folder / b).is_file()]
     if missing:
-        raise DataError(f"{folder} is incomplete: no {', '.join(missing)}. Unpack {CIFAR_URL} again "
-                        f"(it holds cifar-10-batches-py/ with data_batch_1..5 and test_batch)")
+        raise DataError(
+            f"{folder} is incomplete: no {', '.join(missing)}. Unpack {CIFAR_URL} again "
+            f"(it holds cifar-10-batches-py/ with data_batch_1..5 and test_batch)"
+        )
     tv = _torchvision(folder)
     if tv is not None:
         return tv
@@ -135,8 +148,13 @@ def read_tar(path: Path, progress: bool = True) -> dict:
     missing = [b for b in TRAIN_BATCHES + (TEST_BATCH,) if b not in got]
     if missing:
         raise DataError(f"{path}: no cifar-10-batches-py/{missing[0]} in this archive; expected {CIFAR_URL}")
-    return {"train": (np.concatenate([got[b][0] for b in TRAIN_BATCHES]),
-                      np.concatenate([got[b][1] for b in TRAIN_BATCHES])), "test": got[TEST_BATCH]}
+    return {
+        "train": (
+            np.concatenate([got[b][0] for b in TRAIN_BATCHES]),
+            np.concatenate([got[b][1] for b in TRAIN_BATCHES]),
+        ),
+        "test": got[TEST_BATCH],
+    }
 
 
 # ------------------------------------------------------------------------------ HF formats
@@ -180,8 +198,10 @@ def read_parquet(folder: Path, files: dict) -> dict:
             try:
                 df = pd.read_parquet(f, columns=["img", "label"])
             except Exception as e:  # noqa: BLE001
-                raise DataError(f"{f}: cannot read the columns 'img' and 'label' ({type(e).__name__}: {e}); "
-                                f"expected the HF uoft-cs/cifar10 parquet files") from None
+                raise DataError(
+                    f"{f}: cannot read the columns 'img' and 'label' ({type(e).__name__}: {e}); "
+                    f"expected the HF uoft-cs/cifar10 parquet files"
+                ) from None
             xs.append(_decode_images(df["img"].tolist(), f))
             ys.append(_labels(df["label"].tolist(), f))
         out[split] = (np.concatenate(xs), np.concatenate(ys))
@@ -253,7 +273,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"  - hf download uoft-cs/cifar10 --repo-type dataset --local-dir {root}/cifar10\n"
         f"  - python -c \"import datasets; datasets.load_dataset('uoft-cs/cifar10').save_to_disk('{root}/cifar10')\"\n"
         f"{download.hint('image', root)}\n"
-        f"then run `make data task=image`.")
+        f"then run `make data task=image`."
+    )
 
 
 @register_task("image", spec=ImageSpec)
@@ -262,8 +283,9 @@ def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]
     explicit = explicit_path(spec.path)
     found, notes = locate(root, explicit)
     if found is None and spec.download:
-        download.fetch("image", root, explicit, progress,
-                       by_hand=f"download {CIFAR_URL} to {root}/cifar-10-python.tar.gz")
+        download.fetch(
+            "image", root, explicit, progress, by_hand=f"download {CIFAR_URL} to {root}/cifar-10-python.tar.gz"
+        )
         found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)
@@ -276,8 +298,13 @@ def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]
         files = [where / "dataset_dict.json", where / "train", where / "test"]
     else:
         files = [where]
-    key = {"task": "image", "grayscale": method, "val_fraction": val_fraction, "source": kind,
-           "sources": source_fingerprint(files)}
+    key = {
+        "task": "image",
+        "grayscale": method,
+        "val_fraction": val_fraction,
+        "source": kind,
+        "sources": source_fingerprint(files),
+    }
 
     def build():
         log.info("CIFAR-10: reading %s %s", kind, where)
@@ -299,6 +326,16 @@ def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]
         return {"train": full(gtr[:cut], ytr[:cut]), "val": full(gtr[cut:], ytr[cut:]), "test": full(gte, yte)}
 
     kinds = {"pickles": "release", "tar": "archive", "parquet": "hf", "hf_disk": "hf"}
-    return cached_splits(root, "image", key, build, Origin(
-        kinds[kind], kind, f"CIFAR-10 ({method} grayscale), {kind} {relative_path(where, root)}", files,
-        downloaded=downloaded_stamp(where, root)))
+    return cached_splits(
+        root,
+        "image",
+        key,
+        build,
+        Origin(
+            kinds[kind],
+            kind,
+            f"CIFAR-10 ({method} grayscale), {kind} {relative_path(where, root)}",
+            files,
+            downloaded=downloaded_stamp(where, root),
+        ),
+    )

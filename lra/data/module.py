@@ -42,7 +42,8 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 def _quiet_hangup(exc_type, exc, tb) -> None:
     if issubclass(exc_type, (ConnectionError, EOFError)) and any(
-            f.f_code.co_filename.endswith("resource_sharer.py") for f, _ in traceback.walk_tb(tb)):
+        f.f_code.co_filename.endswith("resource_sharer.py") for f, _ in traceback.walk_tb(tb)
+    ):
         return  # the main process hung up while fetching a batch: it is stopping
     sys.__excepthook__(exc_type, exc, tb)
 
@@ -72,8 +73,9 @@ class EpochBatches(Sampler):
     ranks, rank r takes batches r, r + W, ...; in training every rank gets the same number of batches
     (the last ``len % W`` batches of an epoch are left out, as a distributed sampler pads or drops)."""
 
-    def __init__(self, n: int, batch_size: int, seed: int = 0, *, shuffle: bool = True, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, n: int, batch_size: int, seed: int = 0, *, shuffle: bool = True, rank: int = 0, world_size: int = 1
+    ):
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
@@ -92,7 +94,7 @@ class EpochBatches(Sampler):
         else:
             order = torch.arange(self.n)
         for i in range(self.start + self.rank, self.batches_per_epoch(), self.world_size):
-            yield order[i * self.batch_size:(i + 1) * self.batch_size].tolist()
+            yield order[i * self.batch_size : (i + 1) * self.batch_size].tolist()
 
 
 class ResumableLoader(DataLoader):
@@ -101,8 +103,15 @@ class ResumableLoader(DataLoader):
     ``_Stateful`` protocol). Counting delivered batches (not sampled ones) keeps worker prefetching out."""
 
     def __init__(self, dataset, sampler: EpochBatches, num_workers: int = 0, pin_memory: bool = False):
-        super().__init__(dataset, sampler=sampler, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
-                         generator=torch.Generator().manual_seed(sampler.seed), worker_init_fn=ignore_stop_signals)
+        super().__init__(
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            generator=torch.Generator().manual_seed(sampler.seed),
+            worker_init_fn=ignore_stop_signals,
+        )
         self.batches = sampler
         self.epoch, self.position = 0, 0
 
@@ -123,8 +132,15 @@ class ResumableLoader(DataLoader):
 
 
 class LRADataModule(L.LightningDataModule):
-    def __init__(self, splits: dict[str, Split], batch_size: int, eval_batch_size: int | None = None,
-                 seed: int = 0, num_workers: int = 0, pin_memory: bool = False):
+    def __init__(
+        self,
+        splits: dict[str, Split],
+        batch_size: int,
+        eval_batch_size: int | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ):
         super().__init__()
         self.splits = splits
         self.batch_size = batch_size
@@ -140,14 +156,26 @@ class LRADataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool) -> DataLoader:
         rank, world = self._ranks()
         data = self.splits[split]
-        batches = EpochBatches(len(data), self.batch_size if train else self.eval_batch_size, self.seed,
-                               shuffle=train, rank=rank, world_size=world)
+        batches = EpochBatches(
+            len(data),
+            self.batch_size if train else self.eval_batch_size,
+            self.seed,
+            shuffle=train,
+            rank=rank,
+            world_size=world,
+        )
         if train:
             return ResumableLoader(SplitDataset(data), batches, self.num_workers, self.pin_memory)
         # evaluation loaders start afresh each time: no persistent workers holding RNG or file state
-        return DataLoader(SplitDataset(data), sampler=batches, batch_size=None, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory, worker_init_fn=ignore_stop_signals,
-                          generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            SplitDataset(data),
+            sampler=batches,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            worker_init_fn=ignore_stop_signals,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def train_dataloader(self):
         return self._loader("train", True)

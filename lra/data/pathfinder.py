@@ -40,11 +40,19 @@ from PIL import Image, UnidentifiedImageError
 
 from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, worker_pool
 from lra.data.cache import cached_splits, source_fingerprint
-from lra.data.provenance import Origin, generator_fields, relative_path
 from lra.data.pathfinder_gen import DIFFICULTIES, GENERATOR_VERSION, GeneratorParams, write_dataset
+from lra.data.provenance import Origin, generator_fields, relative_path
 from lra.data.registry import register_task
-from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, member_prefix, natural_key, \
-    release_archives, walk
+from lra.data.release import (
+    RELEASE_URL,
+    explicit_path,
+    is_archive,
+    iter_tar,
+    member_prefix,
+    natural_key,
+    release_archives,
+    walk,
+)
 from lra.tasks import PathfinderSpec
 
 log = logging.getLogger(__name__)
@@ -71,8 +79,10 @@ def parse_metadata(data: bytes, where: str) -> list[tuple[str, int]]:
         if not f:
             continue
         if len(f) < 4:
-            raise DataError(f"{where}:{lineno}: expected at least 4 fields ('imgs/<k> sample_<i>.png <i> <label> "
-                            f"...'), got {len(f)}")
+            raise DataError(
+                f"{where}:{lineno}: expected at least 4 fields ('imgs/<k> sample_<i>.png <i> <label> "
+                f"...'), got {len(f)}"
+            )
         if f[3] not in ("0", "1"):
             raise DataError(f"{where}:{lineno}: label (field 4) must be 0 or 1, got {f[3]!r}")
         out.append((f"{f[0]}/{f[1]}", int(f[3])))
@@ -92,8 +102,10 @@ def decode_png(data: bytes | None, n: int, where: str) -> np.ndarray | str:
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         return "unreadable"
     if arr.shape != (n, n):
-        raise DataError(f"{where}: image is {arr.shape[1]}x{arr.shape[0]}, expected {n}x{n}; is this the "
-                        f"pathfinder{n} folder? (task.resolution={n})")
+        raise DataError(
+            f"{where}: image is {arr.shape[1]}x{arr.shape[0]}, expected {n}x{n}; is this the "
+            f"pathfinder{n} folder? (task.resolution={n})"
+        )
     return arr
 
 
@@ -160,7 +172,8 @@ def missing_error(root: Path, explicit: Path | None, res: int, dirname: str) -> 
         f"(task.generate=false).\nEither let it be generated (the official distribution, seeded): "
         f"`make data task=pathfinder` (or drop task.generate=false), or use the official images: put "
         f"lra_release.gz ({RELEASE_URL}) anywhere under {root} (read without unpacking), or unpack it there so "
-        f"that .../pathfinder{res}/{dirname}/{{imgs,metadata}} exists.")
+        f"that .../pathfinder{res}/{dirname}/{{imgs,metadata}} exists."
+    )
 
 
 # ------------------------------------------------------------------------------ reading
@@ -172,13 +185,12 @@ def read_folder(folder: Path, res: int, n_images: int | None, seed: int, workers
     records = _subset(records, n_images, seed)
     rels = [rel for rel, _ in records]
     chunk = max(1, min(2000, -(-len(rels) // max(1, workers * 4))))
-    jobs = [(folder, rels[i:i + chunk], res) for i in range(0, len(rels), chunk)]
+    jobs = [(folder, rels[i : i + chunk], res) for i in range(0, len(rels), chunk)]
     results = _run(_decode_files, jobs, workers, progress, len(rels), f"reading {folder}")
     return records, results, metas
 
 
-def read_archive(path: Path, res: int, dirname: str, n_images: int | None, seed: int, workers: int,
-                 progress: bool):
+def read_archive(path: Path, res: int, dirname: str, n_images: int | None, seed: int, workers: int, progress: bool):
     rel_dir = f"pathfinder{res}/{dirname}"
     prefixes: list[str] = []
     metas: dict[str, bytes] = {}
@@ -191,23 +203,31 @@ def read_archive(path: Path, res: int, dirname: str, n_images: int | None, seed:
         if not prefixes:
             prefixes.append(p)
         elif p not in prefixes:
-            log.warning("%s also holds %s%s; using the first copy, %s%s (unpack it and set task.path to choose)",
-                        path, p, rel_dir, prefixes[0], rel_dir)
+            log.warning(
+                "%s also holds %s%s; using the first copy, %s%s (unpack it and set task.path to choose)",
+                path,
+                p,
+                rel_dir,
+                prefixes[0],
+                rel_dir,
+            )
             prefixes.append(p)
         return p == prefixes[0] and (name.endswith(".png") or "/metadata/" in name)
 
     for name, f in iter_tar(path, want, desc=f"reading {rel_dir} from {path.name}", progress=progress):
-        rel = name[len(prefixes[0]) + len(rel_dir) + 1:]
+        rel = name[len(prefixes[0]) + len(rel_dir) + 1 :]
         (metas if rel.startswith("metadata/") else pngs)[rel] = f.read()
     if not metas:
-        raise DataError(f"{path}: no {rel_dir}/metadata/ in this archive (is it lra_release.gz?); or pick another "
-                        f"task.resolution / task.difficulty")
+        raise DataError(
+            f"{path}: no {rel_dir}/metadata/ in this archive (is it lra_release.gz?); or pick another "
+            f"task.resolution / task.difficulty"
+        )
     where = f"{path}:{prefixes[0]}{rel_dir}"
     records = [r for k in sorted(metas, key=natural_key) for r in parse_metadata(metas[k], f"{where}/{k}")]
     records = _subset(records, n_images, seed)
     blobs = [(rel, pngs.get(rel)) for rel, _ in records]
     chunk = max(1, min(2000, -(-len(blobs) // max(1, workers * 4))))
-    jobs = [(blobs[i:i + chunk], res, where) for i in range(0, len(blobs), chunk)]
+    jobs = [(blobs[i : i + chunk], res, where) for i in range(0, len(blobs), chunk)]
     return records, _run(_decode_blobs, jobs, workers, progress, len(blobs), "decoding"), [path]
 
 
@@ -223,6 +243,7 @@ def _run(fn, jobs, workers, progress, total, desc):
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=total, desc=desc, unit="img", mininterval=1.0)
     out = []
     try:
@@ -255,8 +276,10 @@ def assemble(records, results, res: int, where: str, split_seed: int) -> dict[st
     if n_skip:
         detail = ", ".join(f"{len(v)} {k} (e.g. {v[0]})" for k, v in skipped.items())
         if n_skip > MAX_SKIPPED * len(records):  # docs/data.md: more than 1% is an error, however few images
-            raise DataError(f"{where}: {n_skip} of {len(records)} images cannot be used: {detail}. The data is "
-                            f"incomplete or damaged: copy or unpack it again.")
+            raise DataError(
+                f"{where}: {n_skip} of {len(records)} images cannot be used: {detail}. The data is "
+                f"incomplete or damaged: copy or unpack it again."
+            )
         log.warning("Pathfinder: skipped %d of %d images: %s", n_skip, len(records), detail)
     if len(ok) < 10:
         raise DataError(f"{where}: only {len(ok)} usable images; at least 10 are needed for a split")
@@ -265,16 +288,24 @@ def assemble(records, results, res: int, where: str, split_seed: int) -> dict[st
     n = len(ok)
     n_val = n_test = n // 10
     perm = np.random.default_rng(split_seed).permutation(n)
-    idx = {"train": np.sort(perm[n_val + n_test:]), "val": np.sort(perm[:n_val]),
-           "test": np.sort(perm[n_val:n_val + n_test])}
+    idx = {
+        "train": np.sort(perm[n_val + n_test :]),
+        "val": np.sort(perm[:n_val]),
+        "test": np.sort(perm[n_val : n_val + n_test]),
+    }
     lengths = np.full(n, res * res, dtype=np.int32)
     return {s: Split(tokens[i], lengths[i], labels[i]) for s, i in idx.items()}
 
 
 # ------------------------------------------------------------------------------ loader
 def generator_params(spec: PathfinderSpec) -> GeneratorParams:
-    return GeneratorParams(resolution=spec.resolution, difficulty=spec.difficulty, n_images=spec.n_images or 200_000,
-                           seed=spec.generator.seed, chunk=spec.generator.chunk)
+    return GeneratorParams(
+        resolution=spec.resolution,
+        difficulty=spec.difficulty,
+        n_images=spec.n_images or 200_000,
+        seed=spec.generator.seed,
+        chunk=spec.generator.chunk,
+    )
 
 
 def generated_folder(root: Path, label, params: GeneratorParams) -> Path:
@@ -304,14 +335,23 @@ def prepare_generated(spec: PathfinderSpec, root: Path, params: GeneratorParams,
     if _stamped_params(legacy) == asdict(params):
         return legacy
     if legacy.exists() and not is_generated(legacy):  # not accepted as official data by locate(): incomplete
-        raise DataError(f"{legacy} is not complete Pathfinder data (no metadata/) and was not generated by the "
-                        f"harness; it is left as it is. Complete it (imgs/ and metadata/), or move it away to let "
-                        f"Pathfinder images be generated.")
+        raise DataError(
+            f"{legacy} is not complete Pathfinder data (no metadata/) and was not generated by the "
+            f"harness; it is left as it is. Complete it (imgs/ and metadata/), or move it away to let "
+            f"Pathfinder images be generated."
+        )
     if not spec.generate:
         raise missing_error(root, explicit_path(spec.path), params.resolution, params.dirname)
-    log.warning("Pathfinder data not found under %s: generating %d images of the official distribution "
-                "(pathfinder%d %s, seed %d) into %s", root, params.n_images, params.resolution, params.difficulty,
-                params.seed, folder)
+    log.warning(
+        "Pathfinder data not found under %s: generating %d images of the official distribution "
+        "(pathfinder%d %s, seed %d) into %s",
+        root,
+        params.n_images,
+        params.resolution,
+        params.difficulty,
+        params.seed,
+        folder,
+    )
     return write_dataset(folder, params, workers=workers, progress=progress)
 
 
@@ -334,10 +374,16 @@ def load(spec: PathfinderSpec, root: Path, workers: int = 1, progress: bool = Tr
     else:
         files = [where]
     stamp = where / "GENERATED.json" if kind == "folder" else None
-    key = {"task": "pathfinder", "resolution": res, "difficulty": difficulty, "split_seed": split_seed,
-           "n_images": None if n_images is None else int(n_images), "source": kind,
-           "sources": source_fingerprint(files),  # sizes + mtimes (seconds): a regenerated set needs the stamp too
-           "generated": json.loads(stamp.read_text()) if stamp is not None and stamp.exists() else None}
+    key = {
+        "task": "pathfinder",
+        "resolution": res,
+        "difficulty": difficulty,
+        "split_seed": split_seed,
+        "n_images": None if n_images is None else int(n_images),
+        "source": kind,
+        "sources": source_fingerprint(files),  # sizes + mtimes (seconds): a regenerated set needs the stamp too
+        "generated": json.loads(stamp.read_text()) if stamp is not None and stamp.exists() else None,
+    }
 
     def build():
         log.info("Pathfinder: reading %s %s", kind, where)
@@ -360,9 +406,14 @@ def origin(kind: str, where: Path, root: Path, res: int, dirname: str) -> Origin
     if not is_generated(where):
         return Origin("release", kind, f"Pathfinder release {rel}", paths)
     gen = generator_fields(json.loads((where / "GENERATED.json").read_text()), "lra.data.pathfinder_gen")
-    return Origin("generated", kind, f"Pathfinder pathfinder{res}/{dirname} generated by {gen['name']}", paths,
-                  notes=[f"generator v{gen['version']}", f"seed {gen['seed']}",
-                         f"{gen['params'].get('n_images')} images"], generator=gen)
+    return Origin(
+        "generated",
+        kind,
+        f"Pathfinder pathfinder{res}/{dirname} generated by {gen['name']}",
+        paths,
+        notes=[f"generator v{gen['version']}", f"seed {gen['seed']}", f"{gen['params'].get('n_images')} images"],
+        generator=gen,
+    )
 
 
 @register_task("pathfinder", spec=PathfinderSpec)

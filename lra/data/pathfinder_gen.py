@@ -61,8 +61,11 @@ from lra.data.base import DataError, made_parents, worker_pool
 
 log = logging.getLogger(__name__)
 
-DIFFICULTIES = {"easy": ("curv_baseline", 6), "intermediate": ("curv_contour_length_9", 9),
-                "hard": ("curv_contour_length_14", 14)}
+DIFFICULTIES = {
+    "easy": ("curv_baseline", 6),
+    "intermediate": ("curv_contour_length_9", 9),
+    "hard": ("curv_contour_length_14", 14),
+}
 LANCZOS = Image.Resampling.LANCZOS
 GENERATOR_VERSION = 1  # part of a generated folder's key: a change to the distribution gets new folders
 
@@ -120,7 +123,7 @@ class GeneratorParams:
 
 def disk(r: float) -> np.ndarray:
     n = int(math.floor(r))
-    y, x = np.ogrid[-n:n + 1, -n:n + 1]
+    y, x = np.ogrid[-n : n + 1, -n : n + 1]
     return x * x + y * y <= r * r
 
 
@@ -158,8 +161,8 @@ class Painter:
         base = np.ones((N, N), np.float32)
         base[self.inner] = 0
         p = s.padding
-        base[P:P + p, P:P + resolution] = base[P + resolution - p:P + resolution, P:P + resolution] = 1
-        base[P:P + resolution, P:P + p] = base[P:P + resolution, P + resolution - p:P + resolution] = 1
+        base[P : P + p, P : P + resolution] = base[P + resolution - p : P + resolution, P : P + resolution] = 1
+        base[P : P + resolution, P : P + p] = base[P : P + resolution, P + resolution - p : P + resolution] = 1
         self.empty_mask = base
 
     # ---------------------------------------------------------------- renderings
@@ -201,8 +204,9 @@ class Painter:
         if hit is None:
             radius = self.s.paddle_length + margin
             ang = np.arange(0, 360, 360.0 / (2 * radius * math.pi)) * math.pi / 180
-            off = np.unique(np.stack([np.floor(radius * np.sin(ang)), np.floor(radius * np.cos(ang))], 1)
-                            .astype(np.int64), axis=0)
+            off = np.unique(
+                np.stack([np.floor(radius * np.sin(ang)), np.floor(radius * np.cos(ang))], 1).astype(np.int64), axis=0
+            )
             ang = np.arctan2(off[:, 0], off[:, 1])
             d = np.abs(ang - theta)
             d = np.minimum(np.minimum(d, 2 * math.pi - d) * self.s.continuity, math.pi / 2)
@@ -211,8 +215,14 @@ class Painter:
             dsk = np.argwhere(disk(margin)) - margin
             pts = off[keep][:, None, :] + dsk[None]
             step = self.s.paddle_length + 2 * margin  # pivot to next pivot
-            hit = (off[keep], ang[keep], turn[keep], pts[..., 0] * self.N + pts[..., 1],
-                   step * math.sin(theta), step * math.cos(theta))
+            hit = (
+                off[keep],
+                ang[keep],
+                turn[keep],
+                pts[..., 0] * self.N + pts[..., 1],
+                step * math.sin(theta),
+                step * math.cos(theta),
+            )
             self._circles[key] = hit
         return hit
 
@@ -225,7 +235,7 @@ class Painter:
         small = Image.fromarray(big).resize((2 * c + 1, 2 * c + 1), LANCZOS)
         patch = np.asarray(small, dtype=np.float32) / 255
         k = math.ceil(r) + 1  # keep the disk and its halo, within the frame
-        return patch[c - k:c + k + 1, c - k:c + k + 1]
+        return patch[c - k : c + k + 1, c - k : c + k + 1]
 
     # ---------------------------------------------------------------- primitives
     def inside(self, p) -> bool:
@@ -235,7 +245,7 @@ class Painter:
         """``target = max(target, scale * patch)`` with the patch centred on image pixel ``p``."""
         h = patch.shape[0] >> 1
         y, x = p[0] + self.P - h, p[1] + self.P - h
-        win = target[y:y + 2 * h + 1, x:x + 2 * h + 1]
+        win = target[y : y + 2 * h + 1, x : x + 2 * h + 1]
         np.maximum(win, patch * scale if scale != 1.0 else patch, out=win)
 
     def render(self, snake, target: np.ndarray, contrast: float):
@@ -247,7 +257,7 @@ class Painter:
         n, P = self.n, self.P
         out = np.zeros((n, n), np.float32)
         for dy, dx in offsets:
-            np.maximum(out, mask[P + dy:P + dy + n, P + dx:P + dx + n], out=out)
+            np.maximum(out, mask[P + dy : P + dy + n, P + dx : P + dx + n], out=out)
         return out
 
     def _free_for_first_seed(self, theta: float, margin: int) -> np.ndarray:
@@ -258,8 +268,8 @@ class Painter:
         if hit is None:
             lined = self.empty_mask.copy()
             b, P, n = 2 * self.s.seed_distance, self.P, self.n
-            lined[P:P + b, :] = lined[P + n - b:P + n, :] = 1
-            lined[:, P:P + b] = lined[:, P + n - b:P + n] = 1
+            lined[P : P + b, :] = lined[P + n - b : P + n, :] = 1
+            lined[:, P : P + b] = lined[:, P + n - b : P + n] = 1
             self._seed_free[key] = hit = np.flatnonzero(self.blocked(lined, self.footprint(theta, margin)) <= 0.3)
         return hit
 
@@ -283,8 +293,7 @@ class Painter:
 
     def _start(self, tail, theta, pivot, margin):
         line, m = self.paddle(theta, margin)
-        return {"pivot": pivot, "theta": theta, "prev": (m, tail), "start": tail, "end": tail,
-                "lines": [(line, tail)]}
+        return {"pivot": pivot, "theta": theta, "prev": (m, tail), "start": tail, "end": tail, "lines": [(line, tail)]}
 
     def extend(self, rng, snake, mask, margin) -> bool:
         """Add one paddle to ``snake`` (drawn into an image later, by :meth:`render`)."""
@@ -305,7 +314,7 @@ class Painter:
             line, m = self.paddle(_flip(float(ang[i])), margin)
             h = m.shape[0] >> 1
             y, x = head[0] + P - h, head[1] + P - h
-            if (mask[y:y + 2 * h + 1, x:x + 2 * h + 1] + m).max() < 1.8:
+            if (mask[y : y + 2 * h + 1, x : x + 2 * h + 1] + m).max() < 1.8:
                 self.put(mask, *snake["prev"])
                 snake["lines"].append((line, head))
                 snake.update(pivot=pivot, theta=float(ang[i]), prev=(m, head), end=head)
@@ -327,8 +336,10 @@ class Painter:
             for _ in range(s.max_paddle_retrial + 1):
                 theta = int(rng.integers(-180, 180)) * math.pi / 180
                 phi = int(rng.integers(0, 360)) * math.pi / 180
-                tail = (int(np.rint(first["start"][0] + s.seed_distance * math.sin(phi))),
-                        int(np.rint(first["start"][1] + s.seed_distance * math.cos(phi))))
+                tail = (
+                    int(np.rint(first["start"][0] + s.seed_distance * math.sin(phi))),
+                    int(np.rint(first["start"][1] + s.seed_distance * math.cos(phi))),
+                )
                 head = _translate(tail, theta, s.paddle_length)
                 pivot = _translate(head, _flip(theta), s.paddle_length + margin)
                 if self.inside(tail) and self.inside(head) and self.inside(pivot):
@@ -379,9 +390,12 @@ class Painter:
         lo, hi = float(image.min()), float(image.max())
         scale = 255.0 / (hi - lo if hi > lo else 1.0)
         if info is not None:  # layers on the image's 0..255 scale: target snake 0, 1, distractors
-            info.update(markers=[snakes[origin]["start"], snakes[terminal]["end"]], origin=origin,
-                        ends=[(sn["start"], sn["end"]) for sn in snakes],
-                        layers=[(x[self.inner] - lo) * scale for x in layers])
+            info.update(
+                markers=[snakes[origin]["start"], snakes[terminal]["end"]],
+                origin=origin,
+                ends=[(sn["start"], sn["end"]) for sn in snakes],
+                layers=[(x[self.inner] - lo) * scale for x in layers],
+            )
         out = np.floor((image - lo) * scale + 0.5)
         return np.clip(out, 0, 255).astype(np.uint8), label, margin
 
@@ -414,8 +428,10 @@ def _write_chunk(args) -> tuple[int, int, int]:
     lines = []
     for i, (img, lab, m) in enumerate(zip(images, labels, margins)):
         (d / f"sample_{i}.png").write_bytes(png_bytes(img))
-        lines.append(f"imgs/{k} sample_{i}.png {i} {lab} {s.continuity} {params.contour_length} "
-                     f"{params.contour_length // 3} {s.paddle_length} {s.paddle_thickness} {m} 1")
+        lines.append(
+            f"imgs/{k} sample_{i}.png {i} {lab} {s.continuity} {params.contour_length} "
+            f"{params.contour_length // 3} {s.paddle_length} {s.paddle_thickness} {m} 1"
+        )
     (folder / "metadata" / f"{k}.npy").write_text("\n".join(lines) + "\n")
     return k, count, int(labels.sum())
 
@@ -443,16 +459,17 @@ def _replace_ours(new: Path, folder: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = None,
-                  progress: bool = True) -> Path:
+def write_dataset(folder: Path, params: GeneratorParams, workers: int | None = None, progress: bool = True) -> Path:
     """Generate ``params.n_images`` images into ``folder`` (the difficulty folder, e.g.
     ``.../pathfinder32/curv_contour_length_14``) atomically, plus ``GENERATED.json`` and an
     ``examples.png`` grid. Returns ``folder``."""
     folder = Path(folder)
     if folder.exists() and not (folder / "GENERATED.json").is_file():
-        raise DataError(f"{folder} exists and was not generated by the harness (no GENERATED.json); it is left as "
-                        f"it is. Complete it (imgs/ and metadata/), move it away, or set task.gen_dir to generate "
-                        f"Pathfinder images elsewhere.")
+        raise DataError(
+            f"{folder} exists and was not generated by the harness (no GENERATED.json); it is left as "
+            f"it is. Complete it (imgs/ and metadata/), move it away, or set task.gen_dir to generate "
+            f"Pathfinder images elsewhere."
+        )
     workers = max(1, workers or os.cpu_count() or 1)
     with made_parents(folder):
         _write(folder, params, workers, progress)
@@ -466,8 +483,13 @@ def _write(folder: Path, params: GeneratorParams, workers: int, progress: bool) 
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=params.n_images, unit="img", desc=f"generating pathfinder{params.resolution} "
-                                                             f"{params.difficulty}", mininterval=1.0)
+
+        bar = tqdm(
+            total=params.n_images,
+            unit="img",
+            desc=f"generating pathfinder{params.resolution} " f"{params.difficulty}",
+            mininterval=1.0,
+        )
     t0 = time.perf_counter()
     positives = 0
     try:
@@ -484,9 +506,19 @@ def _write(folder: Path, params: GeneratorParams, workers: int, progress: bool) 
                 if bar:
                     bar.update(count)
         elapsed = time.perf_counter() - t0
-        (tmp / "GENERATED.json").write_text(json.dumps(
-            {"generator": "lra.data.pathfinder_gen", "version": GENERATOR_VERSION, "params": asdict(params),
-             "positives": positives, "seconds": round(elapsed, 1), "workers": workers}, indent=1))
+        (tmp / "GENERATED.json").write_text(
+            json.dumps(
+                {
+                    "generator": "lra.data.pathfinder_gen",
+                    "version": GENERATOR_VERSION,
+                    "params": asdict(params),
+                    "positives": positives,
+                    "seconds": round(elapsed, 1),
+                    "workers": workers,
+                },
+                indent=1,
+            )
+        )
         save_grid(tmp, tmp / "examples.png")
         if folder.exists():
             _replace_ours(tmp, folder)
@@ -496,9 +528,16 @@ def _write(folder: Path, params: GeneratorParams, workers: int, progress: bool) 
         shutil.rmtree(tmp, ignore_errors=True)
         if bar:
             bar.close()
-    log.info("generated %d pathfinder%d %s images in %.1f s (%.0f images/s, %d workers) into %s",
-             params.n_images, params.resolution, params.difficulty, elapsed, params.n_images / elapsed, workers,
-             folder)
+    log.info(
+        "generated %d pathfinder%d %s images in %.1f s (%.0f images/s, %d workers) into %s",
+        params.n_images,
+        params.resolution,
+        params.difficulty,
+        elapsed,
+        params.n_images / elapsed,
+        workers,
+        folder,
+    )
 
 
 def save_grid(folder: Path, out: Path, per_class: int = 16, cols: int = 8) -> Path:
@@ -525,6 +564,6 @@ def save_grid(folder: Path, out: Path, per_class: int = 16, cols: int = 8) -> Pa
         block, j = divmod(idx, per_class)
         r, c = divmod(j, cols)
         y = block * (rows_per * (t + g) + 4 * g) + r * (t + g)
-        grid[y:y + t, c * (t + g):c * (t + g) + t] = np.kron(tile, np.ones((z, z), np.uint8))
+        grid[y : y + t, c * (t + g) : c * (t + g) + t] = np.kron(tile, np.ones((z, z), np.uint8))
     Image.fromarray(grid).save(out)
     return out

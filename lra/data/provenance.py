@@ -54,8 +54,15 @@ class Origin:
 
     def fields(self, source: dict | None) -> dict:
         """The origin with the stored checksums of its sources (:func:`describe_files`)."""
-        return {"kind": self.kind, "format": self.format, "what": self.what, "notes": list(self.notes),
-                "generator": self.generator, "downloaded": self.downloaded, **(source or {})}
+        return {
+            "kind": self.kind,
+            "format": self.format,
+            "what": self.what,
+            "notes": list(self.notes),
+            "generator": self.generator,
+            "downloaded": self.downloaded,
+            **(source or {}),
+        }
 
 
 def relative_path(path: Path, root: Path) -> str:
@@ -121,8 +128,12 @@ def downloaded_stamp(path: Path, root: Path) -> dict | None:
 def generator_fields(stamp: dict, default_name: str) -> dict:
     """The record's ``generator`` from a ``GENERATED.json``."""
     params = stamp.get("params") or {}
-    return {"name": stamp.get("generator", default_name), "version": stamp.get("version"),
-            "seed": params.get("seed"), "params": params}
+    return {
+        "name": stamp.get("generator", default_name),
+        "version": stamp.get("version"),
+        "seed": params.get("seed"),
+        "params": params,
+    }
 
 
 def subset_origin(origin: dict | None, n: int, of: int, seed: int) -> dict | None:
@@ -150,12 +161,22 @@ def data_record(splits: dict) -> dict | None:
     subsets = {k: o["subset_of"] for k, o in origins.items() if o.get("subset_of") is not None}
     aliases = {k: o["split"] for k, o in origins.items() if o.get("split") not in (None, k)}
     task = next((o.get("task") for o in origins.values() if o.get("task")), None)
-    return {"id": data_id(content), "kind": src.get("kind", "unknown"),
-            "description": _description(task, src, sizes, subsets, aliases), "task": task,
-            "format": src.get("format"), "sizes": sizes, "subsets": subsets, "aliases": aliases,
-            "generator": src.get("generator"), "downloaded": src.get("downloaded"),
-            "files": src.get("files", []), "sha256": src.get("sha256"), "content": content,
-            "cache": next((o.get("entry") for o in origins.values() if o.get("entry")), None)}
+    return {
+        "id": data_id(content),
+        "kind": src.get("kind", "unknown"),
+        "description": _description(task, src, sizes, subsets, aliases),
+        "task": task,
+        "format": src.get("format"),
+        "sizes": sizes,
+        "subsets": subsets,
+        "aliases": aliases,
+        "generator": src.get("generator"),
+        "downloaded": src.get("downloaded"),
+        "files": src.get("files", []),
+        "sha256": src.get("sha256"),
+        "content": content,
+        "cache": next((o.get("entry") for o in origins.values() if o.get("entry")), None),
+    }
 
 
 def _unrecorded(split) -> dict:
@@ -179,7 +200,7 @@ def hash_arrays(h, split, chunk_bytes: int = _CHUNK) -> None:
         h.update(f"{f}:{a.dtype.str}:{list(a.shape)};".encode())
         step = max(1, chunk_bytes // max(1, a[:1].nbytes)) if a.ndim else 1
         for i in range(0, max(1, len(a) if a.ndim else 1), step):
-            h.update(np.ascontiguousarray(a[i:i + step] if a.ndim else a))
+            h.update(np.ascontiguousarray(a[i : i + step] if a.ndim else a))
 
 
 def _description(task, src: dict, sizes: dict, subsets: dict, aliases: dict) -> str:

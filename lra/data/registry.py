@@ -34,8 +34,10 @@ def register_task(name: str, *, spec: type[TaskSpec]):
     registered = TASK_SPECS.get(name)
     if spec is not registered:
         where = f"registers {registered.__name__}" if registered else "registers no spec for it"
-        raise ValueError(f"task {name!r}: the reader takes {getattr(spec, '__name__', spec)}, but lra.tasks.TASK_SPECS "
-                         f"{where}; a task's spec is registered in lra/tasks.py")
+        raise ValueError(
+            f"task {name!r}: the reader takes {getattr(spec, '__name__', spec)}, but lra.tasks.TASK_SPECS "
+            f"{where}; a task's spec is registered in lra/tasks.py"
+        )
 
     def deco(fn: Loader) -> Loader:
         if name in LOADERS and LOADERS[name] is not fn:
@@ -43,6 +45,7 @@ def register_task(name: str, *, spec: type[TaskSpec]):
         fn.spec = spec
         LOADERS[name] = fn
         return fn
+
     return deco
 
 
@@ -58,8 +61,11 @@ def load_task(task: TaskSpec | Mapping, root: Path) -> dict[str, Split]:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
     spec = task if isinstance(task, TaskSpec) else task_spec(task)
     splits = limit_examples(LOADERS[name](spec, Path(root)), spec.max_examples.limits() if spec.max_examples else None)
-    return {k: dataclasses.replace(splits[k], zero_is_padding=spec.zero_is_padding)
-            for k in ("train", "val", "test") if k in splits}
+    return {
+        k: dataclasses.replace(splits[k], zero_is_padding=spec.zero_is_padding)
+        for k in ("train", "val", "test")
+        if k in splits
+    }
 
 
 def limit_examples(splits: dict[str, Split], limits: dict | None, seed: int = 0) -> dict[str, Split]:
@@ -75,7 +81,11 @@ def limit_examples(splits: dict[str, Split], limits: dict | None, seed: int = 0)
         if n is None or int(n) >= len(s):
             continue
         idx = np.sort(np.random.default_rng([seed, len(s)]).choice(len(s), size=int(n), replace=False))
-        out[name] = Split(np.asarray(s.tokens[idx]), np.asarray(s.lengths[idx]), np.asarray(s.labels[idx]),
-                          origin=subset_origin(s.origin, int(n), len(s), seed))
+        out[name] = Split(
+            np.asarray(s.tokens[idx]),
+            np.asarray(s.lengths[idx]),
+            np.asarray(s.labels[idx]),
+            origin=subset_origin(s.origin, int(n), len(s), seed),
+        )
         log.info("%s: using %d of %d examples (task.max_examples)", name, int(n), len(s))
     return out

@@ -29,8 +29,7 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 7  # <root>/hub/datasets--OpenNLPLab--lra/snapshots/<rev>/data/aan/ is 6 levels down
 # Folders never worth entering: our cache and generated sets, image and review leaf folders (tens of
 # thousands of files).
-PRUNE = {"cache", GENERATED_DIR, "imgs", "pos", "neg", "unsup", "__pycache__", "node_modules", "checkpoints",
-         "runs"}
+PRUNE = {"cache", GENERATED_DIR, "imgs", "pos", "neg", "unsup", "__pycache__", "node_modules", "checkpoints", "runs"}
 RELEASE_ARCHIVES = ("lra_release.gz", "lra_release.tar.gz", "lra_release.tgz", "lra_release.tar")
 RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 
@@ -67,8 +66,9 @@ def walk(root: Path, max_depth: int = MAX_DEPTH) -> Iterator[tuple[Path, list[st
                 queue.append((folder / d, depth + 1))
 
 
-def find_dirs(root: Path, accept: Callable[[Path, list[str], list[str]], bool],
-              max_depth: int = MAX_DEPTH) -> list[Path]:
+def find_dirs(
+    root: Path, accept: Callable[[Path, list[str], list[str]], bool], max_depth: int = MAX_DEPTH
+) -> list[Path]:
     """Folders under ``root`` (``root`` included) for which ``accept(folder, dirs, files)`` holds."""
     return [folder for folder, dirs, files in walk(root, max_depth) if accept(folder, dirs, files)]
 
@@ -95,7 +95,7 @@ def member_prefix(name: str, rel: str) -> str | None:
     parts, relparts = name.split("/"), rel.strip("/").split("/")
     k = len(relparts)
     for i in range(len(parts) - k):  # rel must be a folder: at least one component follows it
-        if parts[i:i + k] == relparts:
+        if parts[i : i + k] == relparts:
             return "/".join(parts[:i]) + ("/" if i else "")
     return None
 
@@ -143,20 +143,24 @@ def _check_end(tail: _Tail, offset: int) -> None:
     while tail.read(1 << 20):  # the rest (for gzip this also checks the length and CRC)
         pass
     if tail.pos - offset < tarfile.BLOCKSIZE:
-        raise TruncatedArchive(f"it ends at byte {tail.pos} without the end-of-archive block, inside or right "
-                               f"after a member")
+        raise TruncatedArchive(
+            f"it ends at byte {tail.pos} without the end-of-archive block, inside or right " f"after a member"
+        )
     if tail.data_end > offset:
-        raise TruncatedArchive(f"the members stop at byte {offset} but data follows up to byte {tail.data_end} "
-                               f"(a damaged header)")
+        raise TruncatedArchive(
+            f"the members stop at byte {offset} but data follows up to byte {tail.data_end} " f"(a damaged header)"
+        )
 
 
 _ARCHIVE_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 
 
 def archive_error(path: Path, e: Exception) -> DataError:
-    return DataError(f"{path}: cannot read this archive ({type(e).__name__}: {e}). It is truncated or not a "
-                     f"(gzipped) tar file: download it again, or unpack it with `tar xzf {Path(path).name}` and "
-                     f"point the task at the unpacked folder.")
+    return DataError(
+        f"{path}: cannot read this archive ({type(e).__name__}: {e}). It is truncated or not a "
+        f"(gzipped) tar file: download it again, or unpack it with `tar xzf {Path(path).name}` and "
+        f"point the task at the unpacked folder."
+    )
 
 
 class _Member:
@@ -185,8 +189,9 @@ class _Member:
             yield line
 
 
-def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
-             progress: bool = True) -> Iterator[tuple[str, IO[bytes]]]:
+def iter_tar(
+    path: Path, wanted: Callable[[str], bool], desc: str | None = None, progress: bool = True
+) -> Iterator[tuple[str, IO[bytes]]]:
     """Stream ``path`` (tar, tar.gz, or the LRA ``.gz``) once, yielding ``(member name, file object)``
     for every regular file ``wanted(name)`` accepts. A file object is valid until the next item.
 
@@ -199,8 +204,10 @@ def iter_tar(path: Path, wanted: Callable[[str], bool], desc: str | None = None,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=desc or f"reading {path.name}",
-                   mininterval=1.0)
+
+        bar = tqdm(
+            total=path.stat().st_size, unit="B", unit_scale=True, desc=desc or f"reading {path.name}", mininterval=1.0
+        )
     raw = _Progress(open(path, "rb"), bar)
     try:
         magic = raw.f.read(2)
@@ -233,6 +240,8 @@ def explicit_path(path: str | None) -> Path | None:
         return None
     p = Path(path).expanduser()
     if not p.exists():
-        raise DataError(f"task.path={p} does not exist. Point it at the data (folder or archive), or leave it "
-                        f"unset to search the data root.")
+        raise DataError(
+            f"task.path={p} does not exist. Point it at the data (folder or archive), or leave it "
+            f"unset to search the data root."
+        )
     return p.resolve()

@@ -30,8 +30,8 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from lra.data.base import DataError, Split
 from lra.data import download
+from lra.data.base import DataError, Split
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
@@ -53,8 +53,10 @@ def parse_lines(lines: Iterable[bytes], where: str, max_length: int) -> tuple[li
             continue
         parts = line.split(b"\t")
         if len(parts) != 5:
-            raise DataError(f"{where}:{lineno}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
-                            f"got {len(parts)}. Is this an AAN file from lra_release.gz (tsv_data/)?")
+            raise DataError(
+                f"{where}:{lineno}: expected 5 tab-separated fields (label, id1, id2, text1, text2), "
+                f"got {len(parts)}. Is this an AAN file from lra_release.gz (tsv_data/)?"
+            )
         try:
             lab = float(parts[0])
         except ValueError:
@@ -79,8 +81,8 @@ def _read_file(path: Path, max_length: int, progress: bool):
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"reading {path.name}",
-                   mininterval=1.0)
+
+        bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"reading {path.name}", mininterval=1.0)
 
     def lines(f: IO[bytes]):
         for line in f:
@@ -108,8 +110,10 @@ def locate(root: Path, explicit: Path | None):
         if len(have) == 3:
             return ("folder", folder), notes
         if have:
-            notes.append(f"{folder} has {', '.join(FILES[s] for s in have)} but not "
-                         f"{', '.join(FILES[s] for s in FILES if s not in have)}")
+            notes.append(
+                f"{folder} has {', '.join(FILES[s] for s in have)} but not "
+                f"{', '.join(FILES[s] for s in FILES if s not in have)}"
+            )
     archives = release_archives(explicit or root)
     if archives:
         return ("archive", archives[0]), notes
@@ -130,7 +134,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"(the files are in data/aan/)\n"
         f"  - or copy the three .tsv files into {root}/tsv_data/\n"
         f"{download.hint('retrieval', root)}\n"
-        f"then run `make data task=retrieval`.")
+        f"then run `make data task=retrieval`."
+    )
 
 
 def read_archive(path: Path, max_length: int, progress: bool) -> dict:
@@ -150,8 +155,10 @@ def read_archive(path: Path, max_length: int, progress: bool) -> dict:
         got[split] = parse_lines(f, f"{path}:{name}", max_length)
     missing = [FILES[s] for s in FILES if s not in got]
     if missing:
-        raise DataError(f"{path}: the archive has no {', '.join(missing)}; it is not the full LRA release "
-                        f"(lra_release.gz, tsv_data/)")
+        raise DataError(
+            f"{path}: the archive has no {', '.join(missing)}; it is not the full LRA release "
+            f"(lra_release.gz, tsv_data/)"
+        )
     return got
 
 
@@ -160,17 +167,27 @@ def load(spec: RetrievalSpec, root: Path, progress: bool = True) -> dict[str, Sp
     explicit = explicit_path(spec.path)
     found, notes = locate(root, explicit)
     if found is None and spec.download:
-        download.fetch("retrieval", root, explicit, progress,
-                       by_hand=f"download {RELEASE_URL} to {root}/ (read without unpacking), or put "
-                               f"new_aan_pairs.{{train,eval,test}}.tsv in {root}/tsv_data/")
+        download.fetch(
+            "retrieval",
+            root,
+            explicit,
+            progress,
+            by_hand=f"download {RELEASE_URL} to {root}/ (read without unpacking), or put "
+            f"new_aan_pairs.{{train,eval,test}}.tsv in {root}/tsv_data/",
+        )
         found, notes = locate(root, explicit)
     if found is None:
         raise missing_error(root, explicit, notes)
     kind, where = found
     files = [where / f for f in FILES.values()] if kind == "folder" else [where]
     max_length, seq_len = spec.max_length, spec.seq_len
-    key = {"task": "retrieval", "max_length": max_length, "seq_len": seq_len, "source": kind,
-           "sources": source_fingerprint(files)}
+    key = {
+        "task": "retrieval",
+        "max_length": max_length,
+        "seq_len": seq_len,
+        "source": kind,
+        "sources": source_fingerprint(files),
+    }
 
     def build():
         log.info("AAN: reading %s %s", kind, where)
@@ -182,5 +199,10 @@ def load(spec: RetrievalSpec, root: Path, progress: bool = True) -> dict[str, Sp
 
     downloaded = downloaded_stamp(where, root)  # task.download's copy of the HF mirror
     data_kind = "archive" if kind == "archive" else "hf" if downloaded else "release"
-    return cached_splits(root, "retrieval", key, build, Origin(
-        data_kind, kind, f"AAN pairs, {kind} {relative_path(where, root)}", files, downloaded=downloaded))
+    return cached_splits(
+        root,
+        "retrieval",
+        key,
+        build,
+        Origin(data_kind, kind, f"AAN pairs, {kind} {relative_path(where, root)}", files, downloaded=downloaded),
+    )

@@ -34,8 +34,8 @@ from typing import Sequence
 
 import numpy as np
 
-from lra.data.base import DataError, Split, hf_datasets
 from lra.data import download
+from lra.data.base import DataError, Split, hf_datasets
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
@@ -101,8 +101,10 @@ def locate(root: Path, explicit: Path | None) -> tuple[Source | None, list[str]]
         if explicit.suffix == ".parquet":
             base = explicit.parent
         else:
-            raise DataError(f"task.path={explicit}: expected an aclImdb folder, aclImdb_v1.tar.gz, a folder of "
-                            f"train/test parquet files or a saved HF dataset")
+            raise DataError(
+                f"task.path={explicit}: expected an aclImdb folder, aclImdb_v1.tar.gz, a folder of "
+                f"train/test parquet files or a saved HF dataset"
+            )
     found: dict[str, list[Source]] = {}
     for folder, dirs, files in walk(base):
         named = explicit is not None or "imdb" in str(folder.relative_to(base.parent)).lower()
@@ -112,7 +114,8 @@ def locate(root: Path, explicit: Path | None) -> tuple[Source | None, list[str]]
                 notes.append(f"{folder} is incomplete (no {', '.join(missing)}): unpack aclImdb_v1.tar.gz again")
             else:
                 found.setdefault("folder", []).append(
-                    Source("folder", folder, [folder / s / c for s in SPLITS for c in CLASSES]))
+                    Source("folder", folder, [folder / s / c for s in SPLITS for c in CLASSES])
+                )
         for f in files:
             if f.startswith("aclImdb") and f.endswith((".tar.gz", ".tgz", ".tar")):
                 found.setdefault("tar", []).append(Source("tar", folder / f, [folder / f]))
@@ -120,10 +123,13 @@ def locate(root: Path, explicit: Path | None) -> tuple[Source | None, list[str]]
             pq = {s: _split_files(files, s, "parquet") for s in SPLITS}
             if all(pq.values()):
                 found.setdefault("parquet", []).append(
-                    Source("parquet", folder, [folder / f for s in SPLITS for f in pq[s]]))
+                    Source("parquet", folder, [folder / f for s in SPLITS for f in pq[s]])
+                )
             elif any(pq.values()):
-                notes.append(f"{folder} has parquet files for {[s for s in SPLITS if pq[s]]} only: "
-                             f"train-*.parquet and test-*.parquet are both needed")
+                notes.append(
+                    f"{folder} has parquet files for {[s for s in SPLITS if pq[s]]} only: "
+                    f"train-*.parquet and test-*.parquet are both needed"
+                )
             if "dataset_dict.json" in files:
                 found.setdefault("hf_disk", []).append(
                     Source("hf_disk", folder, [folder / "dataset_dict.json"] + [folder / s for s in SPLITS])
@@ -131,7 +137,8 @@ def locate(root: Path, explicit: Path | None) -> tuple[Source | None, list[str]]
             ar = {s: _split_files(files, s, "arrow") for s in SPLITS}
             if all(ar.values()):
                 found.setdefault("hf_arrow", []).append(
-                    Source("hf_arrow", folder, [folder / f for s in SPLITS for f in ar[s]]))
+                    Source("hf_arrow", folder, [folder / f for s in SPLITS for f in ar[s]])
+                )
     for kind in ("folder", "tar", "parquet", "hf_disk", "hf_arrow"):
         if found.get(kind):
             others = [str(s) for k in found for s in found[k] if s is not found[kind][0]]
@@ -155,7 +162,8 @@ def missing_error(root: Path, explicit: Path | None, notes: list[str]) -> DataEr
         f"  - hf download stanfordnlp/imdb --repo-type dataset --local-dir {root}/imdb\n"
         f"  - python -c \"import datasets; datasets.load_dataset('stanfordnlp/imdb').save_to_disk('{root}/imdb')\"\n"
         f"{download.hint('text', root)}\n"
-        f"then run `make data task=text` (or set LRA_DATA to the folder holding them).")
+        f"then run `make data task=text` (or set LRA_DATA to the folder holding them)."
+    )
 
 
 # ------------------------------------------------------------------------------ readers
@@ -199,8 +207,9 @@ def read_tar(path: Path, progress: bool = True) -> Rows:
         out[m.group(1)].append((CLASSES.index(m.group(2)), f.read()))
     empty = [f"{s}/{c}" for s in SPLITS for lab, c in enumerate(CLASSES) if not any(x == lab for x, _ in out[s])]
     if empty:
-        raise DataError(f"{path}: no aclImdb/{empty[0]}/*.txt members; this is not (or not all of) "
-                        f"the IMDB release {IMDB_URL}")
+        raise DataError(
+            f"{path}: no aclImdb/{empty[0]}/*.txt members; this is not (or not all of) " f"the IMDB release {IMDB_URL}"
+        )
     return out
 
 
@@ -213,8 +222,10 @@ def read_parquet(files: list[Path]) -> Rows:
         try:
             df = pd.read_parquet(f, columns=["text", "label"])
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files
-            raise DataError(f"{f}: cannot read the columns 'text' and 'label' ({type(e).__name__}: {e}); "
-                            f"expected the HF stanfordnlp/imdb parquet files") from None
+            raise DataError(
+                f"{f}: cannot read the columns 'text' and 'label' ({type(e).__name__}: {e}); "
+                f"expected the HF stanfordnlp/imdb parquet files"
+            ) from None
         for i, (t, lab) in enumerate(zip(df["text"].tolist(), df["label"].tolist())):
             if not isinstance(t, str):
                 raise DataError(f"{f}: row {i}: 'text' is {type(t).__name__}, expected a string")
@@ -235,8 +246,10 @@ def read_hf_disk(folder: Path) -> Rows:
     try:
         dd = datasets.load_from_disk(str(folder))
     except Exception as e:  # noqa: BLE001
-        raise DataError(f"{folder}: datasets.load_from_disk failed ({type(e).__name__}: {e}); expected a folder "
-                        f"written by DatasetDict.save_to_disk") from None
+        raise DataError(
+            f"{folder}: datasets.load_from_disk failed ({type(e).__name__}: {e}); expected a folder "
+            f"written by DatasetDict.save_to_disk"
+        ) from None
     missing = [s for s in SPLITS if s not in dd]
     if missing:
         raise DataError(f"{folder}: the saved dataset has splits {list(dd)}, needs {list(SPLITS)}")
@@ -275,6 +288,7 @@ def _bar(progress, total, desc):
     if not progress:
         return None
     from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit="file", mininterval=1.0)
 
 
@@ -288,8 +302,9 @@ def carve(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def build_splits(rows: Rows, max_length: int, seq_len: int, dev_split: str, val_fraction: float,
-                 split_seed: int) -> dict[str, Split]:
+def build_splits(
+    rows: Rows, max_length: int, seq_len: int, dev_split: str, val_fraction: float, split_seed: int
+) -> dict[str, Split]:
     out = {}
     for s in SPLITS:
         ordered = sorted(rows[s])  # canonical: by label, then bytes
@@ -307,8 +322,13 @@ KINDS = {"folder": "release", "tar": "archive", "parquet": "hf", "hf_disk": "hf"
 
 
 def origin(src: Source, root: Path) -> Origin:
-    return Origin(KINDS[src.kind], src.kind, f"IMDB reviews, {src.kind} {relative_path(src.path, root)}",
-                  src.files, downloaded=downloaded_stamp(src.path, root))
+    return Origin(
+        KINDS[src.kind],
+        src.kind,
+        f"IMDB reviews, {src.kind} {relative_path(src.path, root)}",
+        src.files,
+        downloaded=downloaded_stamp(src.path, root),
+    )
 
 
 @register_task("text", spec=TextSpec)
@@ -317,16 +337,21 @@ def load(spec: TextSpec, root: Path, progress: bool = True) -> dict[str, Split]:
     explicit = explicit_path(spec.path)
     src, notes = locate(root, explicit)
     if src is None and spec.download:
-        download.fetch("text", root, explicit, progress,
-                       by_hand=f"download {IMDB_URL} to {root}/aclImdb_v1.tar.gz")
+        download.fetch("text", root, explicit, progress, by_hand=f"download {IMDB_URL} to {root}/aclImdb_v1.tar.gz")
         src, notes = locate(root, explicit)
     if src is None:
         raise missing_error(root, explicit, notes)
     max_length, seq_len = spec.max_length, spec.seq_len
-    key = {"task": "text", "max_length": max_length, "seq_len": seq_len, "dev_split": dev_split,
-           "val_fraction": float(spec.val_fraction) if dev_split == "carve" else None,
-           "split_seed": spec.split_seed, "source": src.kind,
-           "sources": source_fingerprint(src.files)}
+    key = {
+        "task": "text",
+        "max_length": max_length,
+        "seq_len": seq_len,
+        "dev_split": dev_split,
+        "val_fraction": float(spec.val_fraction) if dev_split == "carve" else None,
+        "split_seed": spec.split_seed,
+        "source": src.kind,
+        "sources": source_fingerprint(src.files),
+    }
 
     def build():
         log.info("IMDB: reading %s", src)

@@ -8,6 +8,7 @@ import signal
 import threading
 
 from lra import CONF_DIR
+from lra.interrupts import Interrupted, signal_of  # noqa: F401 - the sweep's names for them
 
 log = logging.getLogger("lra.sweep")
 
@@ -37,19 +38,6 @@ class Refusal(SystemExit):
 
     def __str__(self) -> str:
         return self.message
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the sweep's driver (:func:`interruptible`)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-
-def signal_of(e: BaseException) -> int:
-    """The signal behind an interruption: Interrupted knows it; a bare KeyboardInterrupt is a Ctrl-C."""
-    return getattr(e, "signum", signal.SIGINT)
 
 
 @contextlib.contextmanager

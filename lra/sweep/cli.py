@@ -14,7 +14,7 @@ import sys
 
 from lra.cli import Parser
 from lra.config import ConfigError, renamed_overrides
-from lra.sweep.base import Refusal, signal_of
+from lra.sweep.base import Interrupted, Refusal, signal_of
 from lra.sweep.driver import run_grid
 from lra.sweep.grid import apply_cli, available_grids, load_grid
 
@@ -104,15 +104,16 @@ def command(args: list[str], run) -> int:
     except Refusal as e:
         print(e, file=sys.stderr)
         raise
-    except SystemExit as e:
-        if isinstance(e.code, str):  # the sweep's one-line refusals: bad input, exit 2 (README)
-            print(e.code, file=sys.stderr)
-            raise Refusal(e.code) from None
-        raise
-    except KeyboardInterrupt as e:  # before any job started (run_grid and run_search say it themselves after)
+    except (KeyboardInterrupt, Interrupted) as e:
+        # before any job started (run_grid and run_search say it themselves after); before SystemExit: it is one
         print(
             f"lra.sweep {name}: interrupted by {signal.Signals(signal_of(e)).name} before any job started; "
             f"resume with: {(grid.command if grid else '') or 'the same command'}",
             file=sys.stderr,
         )
         return 128 + signal_of(e)
+    except SystemExit as e:
+        if isinstance(e.code, str):  # the sweep's one-line refusals: bad input, exit 2 (README)
+            print(e.code, file=sys.stderr)
+            raise Refusal(e.code) from None
+        raise

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lra.hydra_glue import Composer
-from lra.sweep.base import FINISHED, LEGACY_MANIFEST, interruptible, signal_of
+from lra.sweep.base import FINISHED, LEGACY_MANIFEST, Interrupted, interruptible, signal_of
 from lra.sweep.grid import Grid, definition, quote, sweep_key, with_run_tag
 from lra.sweep.jobs import ctrl_c_to_the_driver, read_json, run_job, stop_jobs
 from lra.sweep.manifest import Job, counts, find_manifest, rel_path, sweep_lock, write_manifest
@@ -161,7 +161,8 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                         jobs_per_gpu=k,
                         gpus=gpus,
                     )
-            except KeyboardInterrupt as e:  # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
+            except (KeyboardInterrupt, Interrupted) as e:
+                # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
                 stopped = signal_of(e)
                 stop_jobs([j.run_dir for j in todo], stopped)
             for j in jobs:  # each job's status as its folder says now, whatever the launcher reported

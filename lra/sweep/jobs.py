@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from lra import REPO_ROOT
 from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
-from lra.record import read_record
+from lra.record import Record, read_record
 from lra.runlock import holder_pid
 from lra.sweep.base import FINISHED, MARKER, STOP_GRACE_S
 from lra.sweep.grid import quote
@@ -88,7 +88,7 @@ def run_job(cfg: DictConfig) -> float | None:
         if rank0:
             info.update(finished=now_iso(), t_end=time.time(), returncode=proc.poll())
             write_json(marker, info)
-    rec = read_record(run_dir) or {}
+    rec = read_record(run_dir) or Record()
     if rc != 0 or rec.get("status") not in FINISHED:
         raise RuntimeError(
             f"lra.train exited {rc}, status {rec.get('status')!r}: {rec.get('reason')} "
@@ -240,7 +240,7 @@ def _job_here(info: dict | None) -> bool:
 def run_status(run_dir: Path) -> tuple[str, dict]:
     """(status, record or {}) of a run folder."""
     try:
-        rec = read_record(run_dir) or {}
+        rec = (read_record(run_dir) or Record()).to_json()  # the manifest's rows read it as a dict
     except ValueError:
         rec = {"status": "unreadable"}
     if rec.get("status") in FINISHED:

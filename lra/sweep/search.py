@@ -51,7 +51,7 @@ from lra import REPO_ROOT
 from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
 from lra.hydra_glue import Composer
-from lra.sweep.base import FINISHED, MANIFEST_VERSION, MARKER, STOP_GRACE_S, interruptible, signal_of
+from lra.sweep.base import FINISHED, MANIFEST_VERSION, MARKER, STOP_GRACE_S, Interrupted, interruptible, signal_of
 from lra.sweep.driver import fmt_counts
 from lra.sweep.grid import LAUNCH_ONLY, Grid, canonical, override_parser, quote, sweep_key, with_run_tag
 from lra.sweep.jobs import now_iso, read_json, run_status
@@ -375,7 +375,7 @@ def drive(
                     progress.update(done=len(durations), running=0, failed=failed, pending=0, durations=durations)
             time.sleep(poll_s)
     except BaseException as e:  # Ctrl-C / SIGTERM: each trial writes its "interrupted" record; re-run resumes
-        interrupted = isinstance(e, KeyboardInterrupt)
+        interrupted = isinstance(e, (KeyboardInterrupt, Interrupted))
         stop_trials(
             active,
             signal_of(e) if interrupted else signal.SIGTERM,
@@ -657,7 +657,7 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             stopped = None
             try:
                 drive(s, study, progress=progress)
-            except KeyboardInterrupt as e:  # SIGINT or SIGTERM: drive stopped and re-queued the running trials
+            except (KeyboardInterrupt, Interrupted) as e:  # SIGINT, SIGTERM: drive re-queued the running trials
                 stopped = signal_of(e)
             finally:
                 body = write_manifest(
