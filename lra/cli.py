@@ -39,7 +39,7 @@ HYDRA_FLAGS = frozenset(
         "--experimental-rerun",
     }
 )
-HARNESS_OVERRIDES = ("run_tag=",)  # set by the harness itself (lra.train, lra.sweep), never by the user
+HARNESS_OVERRIDES = ("run_tag=",)  # set by the harness itself (lra.train, lra.tools.sweep), never by the user
 
 
 class UsageError(ValueError):

@@ -2,7 +2,7 @@
 an error was an out-of-memory one, and the cap on a shared GPU's memory a run keeps to.
 
 The bottom layer of the harness: imports torch, the standard library and :mod:`lra.checks` only, so the
-benchmark, the measuring package (:mod:`lra.meter`), the doctor, the run and the sweeps all take these from here.
+benchmark, the measuring package (:mod:`lra.tools.meter`), the doctor, the run and the sweeps all take these from here.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def is_oom(err: BaseException) -> bool:
     return "out of memory" in msg or "can't allocate memory" in msg
 
 
-MEMORY_LIMIT_ENV = "LRA_MEMORY_LIMIT_GIB"  # this run's share of a GPU it shares (lra.sweep jobs_per_gpu=k sets it)
+MEMORY_LIMIT_ENV = (
+    "LRA_MEMORY_LIMIT_GIB"  # this run's share of a GPU it shares (lra.tools.sweep jobs_per_gpu=k sets it)
+)
 
 
 def memory_share(device: torch.device, env=None) -> float | None:
@@ -76,7 +78,7 @@ def memory_share(device: torch.device, env=None) -> float | None:
     if not limit > 0:
         raise ConfigError(
             f"{MEMORY_LIMIT_ENV}={raw!r}: give this run's GPU memory in GiB, a number > 0 "
-            f"(lra.sweep jobs_per_gpu=k sets it), or unset it"
+            f"(lra.tools.sweep jobs_per_gpu=k sets it), or unset it"
         )
     return min(1.0, limit * GIB / torch.cuda.get_device_properties(device).total_memory)
 
@@ -84,7 +86,7 @@ def memory_share(device: torch.device, env=None) -> float | None:
 def limit_gpu_memory(device: torch.device, env=None) -> float | None:
     """Cap this process's caching allocator at ``$LRA_MEMORY_LIMIT_GIB`` GiB on ``device`` (a CUDA device;
     anything else, or no variable: nothing to do), so a run that shares a GPU and outgrows its estimate
-    fails alone with an out-of-memory error instead of taking memory promised to the others (lra.sweep
+    fails alone with an out-of-memory error instead of taking memory promised to the others (lra.tools.sweep
     ``jobs_per_gpu=k`` sets the variable: docs/sweeps.md). Returns the fraction of the device set."""
     fraction = memory_share(device, env)
     if fraction is None:
@@ -103,8 +105,8 @@ def limit_gpu_memory(device: torch.device, env=None) -> float | None:
 # ---------------------------------------------------------------------------------------------
 # How shared the machine was while a run trained: the record's ``machine``
 
-JOBS_PER_GPU_ENV = "LRA_SWEEP_JOBS_PER_GPU"  # lra.sweep jobs_per_gpu=k: k runs on each GPU
-PARALLEL_ENV = "LRA_SWEEP_PARALLEL"  # lra.sweep parallel=n: n runs at once on this machine
+JOBS_PER_GPU_ENV = "LRA_SWEEP_JOBS_PER_GPU"  # lra.tools.sweep jobs_per_gpu=k: k runs on each GPU
+PARALLEL_ENV = "LRA_SWEEP_PARALLEL"  # lra.tools.sweep parallel=n: n runs at once on this machine
 LOADED_CPU = 0.5  # others' share of the machine's CPU above which a timing counts as taken under load
 LOADED_GPU_GIB = 2.0  # GPU memory held outside this run's allocator above which another process shares the GPU
 
@@ -116,7 +118,7 @@ def machine_loaded(m: dict | None) -> bool | None:
     * ``cpu_others > LOADED_CPU`` (0.5): other processes used more than half the machine's CPU time while
       the run trained (measured: /proc/stat less this process's own CPU time). Where that is null (no
       /proc/stat), ``loadavg_start / cpus > LOADED_CPU`` instead;
-    * ``gpu_share < 1``: the run was one of several on its GPU (lra.sweep ``jobs_per_gpu``: also ``gpu_jobs``);
+    * ``gpu_share < 1``: the run was one of several on its GPU (lra.tools.sweep ``jobs_per_gpu``: also ``gpu_jobs``);
     * ``gpu_others_gib_start`` or ``gpu_others_gib_end > LOADED_GPU_GIB`` (2 GiB): GPU memory held outside this
       run's allocator, i.e. another process on the GPU (this run's own CUDA context, under 1 GiB, counts too).
 
@@ -185,7 +187,7 @@ class LoadMeter:
       trained (null without /proc/stat; a multi-device run's other ranks count as others); ``window_s``: the
       wall time it covers (from just before training to its end);
     * ``gpu_share``: this run's fraction of its GPU's memory (1.0: not shared by a sweep's plan; null on a
-      CPU); ``gpu_jobs``: runs per GPU (lra.sweep jobs_per_gpu; 1 on an unshared GPU; null when unknown or
+      CPU); ``gpu_jobs``: runs per GPU (lra.tools.sweep jobs_per_gpu; 1 on an unshared GPU; null when unknown or
       on a CPU); ``sweep_parallel``: runs a sweep ran at once (null: not from a sweep);
     * ``gpu_others_gib_start`` / ``gpu_others_gib_end``: GPU memory in use outside this run's allocator;
     * ``stretches``: the processes the training took: a resumed run folds its earlier stretches in (the

@@ -1,6 +1,6 @@
 """The training loop of a run, wired: the module, the protocol's callbacks, the user's callbacks
 (``callbacks=``), the loggers, the Trainer and the data, exactly as ``lra.train`` trains them
-(``lra.doctor`` times this same loop against a bare one)."""
+(``lra.tools.doctor`` times this same loop against a bare one)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def wire(
         p: the micro-batch and accumulation (:func:`lra.fit.plan`).
         splits: the task's ``train``/``val``/``test`` splits.
         key: the resume key written into checkpoints; ``start``: the step a resume continues from.
-        extra: more callbacks, run after the protocol's own and the user's (``lra.doctor`` times the loop
+        extra: more callbacks, run after the protocol's own and the user's (``lra.tools.doctor`` times the loop
             with one).
 
     Example:

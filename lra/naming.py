@@ -1,6 +1,6 @@
 """The run folder: ``<runs_root>/<preset>/<semantics>/<task>/<attn>/seed<s>[/<tag>]``, named by the resolved
 configuration, not by how the command line spelled it (``train.lr=1e-3`` and ``train.lr=0.001`` are one
-folder). ``lra.train`` and ``lra.sweep`` name runs through :func:`run_tag`; ``hydra.run.dir`` in
+folder). ``lra.train`` and ``lra.tools.sweep`` name runs through :func:`run_tag`; ``hydra.run.dir`` in
 conf/config.yaml is the same template."""
 
 from __future__ import annotations

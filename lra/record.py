@@ -67,7 +67,7 @@ class Record:
     attn_backend: str = ABSENT
     seed: int = ABSENT
     name: str | None = ABSENT  # name=: the display name; a finished run keeps the one it ran with
-    search: dict | None = ABSENT  # a search trial's: {study, trial, grid, params, objective} (lra.sweep.pruning)
+    search: dict | None = ABSENT  # a search trial's: {study, trial, grid, params, objective} (lra.tools.sweep.pruning)
     preset: str = ABSENT
     semantics: str = ABSENT
     quirks: dict = ABSENT

@@ -384,7 +384,7 @@ def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
             spec.attn.label,
         )
     if device.type == "cuda":
-        limit_gpu_memory(device)  # lra.sweep jobs_per_gpu=k: cap this run at its share of a shared GPU
+        limit_gpu_memory(device)  # lra.tools.sweep jobs_per_gpu=k: cap this run at its share of a shared GPU
         torch.cuda.reset_peak_memory_stats(device)
     if spec.hardware.compile_note:
         log.warning("%s", spec.hardware.compile_note)

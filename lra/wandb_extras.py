@@ -7,7 +7,7 @@ resolved config and every metric. This module adds what a reader of the papers' 
   of (step, validation accuracy, validation loss) of every evaluation;
 * :func:`log_record`: after ``result.json`` is written, puts its numbers in the run summary, logs it
   as a ``run_record`` table and attaches the file itself as an artifact (type ``run-record``);
-* :func:`log_sweep_table`: at the end of a sweep (lra/sweep.py), one run of job type ``sweep`` in the
+* :func:`log_sweep_table`: at the end of a sweep (lra/tools/sweep.py), one run of job type ``sweep`` in the
   sweep's group with a ``jobs`` table (task, attention, seed, status, accuracies, steps, time).
 
 Offline unless ``WANDB_MODE=online``: runs are written under the run folder (``wandb/``) and

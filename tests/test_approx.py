@@ -1,4 +1,4 @@
-"""The approximation study (lra.approx): metric, outputs of --quick, budget trend, bad input."""
+"""The approximation study (lra.tools.approx): metric, outputs of --quick, budget trend, bad input."""
 
 import csv
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attention
-from lra import approx
+from lra.tools import approx
 
 
 def test_spectral_norm_matches_torch_and_hand_example():
@@ -133,16 +133,18 @@ def test_quirks_twin_builds_the_public_code_options_at_the_study_budget():
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
-    """``python -m lra.approx`` with an unknown method or a zero count: one line, exit 2 (bad input, as
+    """``python -m lra.tools.approx`` with an unknown method or a zero count: one line, exit 2 (bad input, as
     the README says; it was exit 1, and ``--lengths 0`` a ZeroDivisionError traceback), nothing written."""
-    monkeypatch.setattr("lra.approx.command._keep_freed_memory", lambda: None)  # process-wide: not in the test process
+    monkeypatch.setattr(
+        "lra.tools.approx.command._keep_freed_memory", lambda: None
+    )  # process-wide: not in the test process
     monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
     for argv, words in (
         (["--methods", "no_such_attention"], ("no_such_attention", "available", "vmean")),
         (["--trials", "0"], ("--trials 0", ">= 1")),
         (["--lengths", "0"], ("--lengths 0", ">= 1")),
     ):
-        monkeypatch.setattr("sys.argv", ["lra.approx", "--quick", "--sources", "random", *argv])
+        monkeypatch.setattr("sys.argv", ["lra.tools.approx", "--quick", "--sources", "random", *argv])
         try:
             code = approx.cli()
         except SystemExit as stop:  # the argument parser's own errors
@@ -156,7 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
 def test_figure_reads_like_the_papers_and_rerenders_byte_identical(tmp_path):
     from matplotlib.text import Text
 
-    from lra.approx import render
+    from lra.tools.approx import render
 
     rows = []
     for method, ref, base in (

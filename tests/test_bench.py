@@ -1,4 +1,4 @@
-"""lra.bench. Layer mode: the quick run's outputs, the CPU memory measurement, the fused-SDPA FLOP formula,
+"""lra.tools.bench. Layer mode: the quick run's outputs, the CPU memory measurement, the fused-SDPA FLOP formula,
 errors. Task mode: the quick run's tables and ratios, accumulation as the plan says, errors."""
 
 import csv
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import attention
-from lra import bench
-from lra.bench import cli as bench_cli
-from lra.bench import tasks as bench_tasks
-from lra.meter import LIVE, LiveTensorBytes, measure_peak, storage_bytes
+from lra.tools import bench
+from lra.tools.bench import cli as bench_cli
+from lra.tools.bench import tasks as bench_tasks
+from lra.tools.meter import LIVE, LiveTensorBytes, measure_peak, storage_bytes
 
 CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
 
@@ -392,7 +392,7 @@ def _figure_texts(fig) -> list[str]:
 
 
 def test_figure_reads_like_the_papers_and_rerenders_byte_identical(tmp_path):
-    from lra.bench import render
+    from lra.tools.bench import render
 
     results = [
         dict(

@@ -47,7 +47,7 @@ def test_checkout_uses_its_own_conf_and_roots():
         ("lra.train", ["task=listops", "experiment=quick"], "experiment= is now preset=: use preset=quick"),
         ("lra.train", ["-m", "semantics=clean"], "semantics= is now quirks=: use quirks=none"),
         (
-            "lra.sweep",
+            "lra.tools.sweep",
             ["grid=skeinformer_table1", "semantics=paper"],
             "semantics= is now quirks=: use quirks=skeinformer",
         ),

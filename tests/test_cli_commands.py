@@ -1,7 +1,7 @@
 """Issue 19's command-line cases for the tools: every ``python -m lra.*`` command answers ``--help``
 without side effects and refuses an unknown flag with one line (exit 2), in-process (a subprocess per
 command would cost seconds of imports each); bench and approx write under ``$LRA_RUNS``; the long
-decisions (``lra.fit --table``, ``lra.bench --tasks``) print a line per item with a count and the time."""
+decisions (``lra.fit --table``, ``lra.tools.bench --tasks``) print a line per item with a count and the time."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def run_as_main(module: str, argv: list[str], tmp_path: Path, monkeypatch, caplo
     monkeypatch.setattr(sys, "argv", [module, *argv])
     for name in ("run", "Popen", "call", "check_call", "check_output"):
         monkeypatch.setattr(subprocess, name, _no_processes)
-    monkeypatch.setattr("ctypes.CDLL", _no_libc)  # lra.approx tunes malloc for its own process, not pytest's
+    monkeypatch.setattr("ctypes.CDLL", _no_libc)  # lra.tools.approx tunes malloc for its own process, not pytest's
     before = {d: _tree_stamp(REPO_ROOT / d) for d in ("runs", "data")}
     caplog.set_level(logging.INFO)
     code, logging_before = 0, _logging_state()
@@ -110,11 +110,11 @@ def test_every_command_is_found():
         "lra.train",
         "lra.data",
         "lra.fit",
-        "lra.collect",
-        "lra.sweep",
-        "lra.bench",
-        "lra.approx",
-        "lra.fidelity",
+        "lra.tools.collect",
+        "lra.tools.sweep",
+        "lra.tools.bench",
+        "lra.tools.approx",
+        "lra.tools.fidelity",
     } <= set(entry_points()), entry_points()
 
 
@@ -125,7 +125,8 @@ def test_every_command_has_a_console_script():
 
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     expected = {
-        m: "lra-tables" if m == "lra.collect" else "lra-" + m.split(".")[-1].replace("_", "-") for m in entry_points()
+        m: "lra-tables" if m == "lra.tools.collect" else "lra-" + m.split(".")[-1].replace("_", "-")
+        for m in entry_points()
     }
     assert {m: s for m, s in expected.items() if s not in scripts} == {}
     assert len(expected) == len(scripts), sorted(set(scripts) - set(expected.values()))
@@ -154,8 +155,8 @@ def test_every_command_refuses_an_unknown_flag_in_one_line(module, tmp_path, mon
 def test_lra_runs_moves_the_outputs_of_bench_and_approx(tmp_path, monkeypatch):
     """Issue 19: bench and approx wrote into the checkout's runs/ or the current folder whatever LRA_RUNS
     said. Now their default output folders are under the runs root; an explicit --out still wins."""
-    from lra import approx, bench
-    from lra.bench import cli as bench_cli
+    from lra.tools import approx, bench
+    from lra.tools.bench import cli as bench_cli
 
     cwd, runs = tmp_path / "cwd", tmp_path / "runs"
     cwd.mkdir()
@@ -225,7 +226,7 @@ def test_bench_tasks_shows_a_line_per_item_then_the_table(tmp_path, capsys):
     """Issue 19: `make bench ARGS='--tasks --quick'` looked hung. Now every fit and every measurement is a
     line on stderr ending in ``[i/N, elapsed]`` (N = tasks x backends), and the ratio tables and the files
     written come on stdout at the end."""
-    from lra import bench
+    from lra.tools import bench
 
     bench.main(
         [
@@ -264,4 +265,4 @@ def test_bench_tasks_shows_a_line_per_item_then_the_table(tmp_path, capsys):
     ], lines
     assert {m.group(2) for _, m in counted} == {"2"}
     assert "## Whole training step: time ratio to fused softmax" in out and "| none |" in out
-    assert out.strip().splitlines()[-1].startswith("lra.bench: done in") and "bench_tasks.csv" in out
+    assert out.strip().splitlines()[-1].startswith("lra.tools.bench: done in") and "bench_tasks.csv" in out

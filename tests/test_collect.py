@@ -1,4 +1,4 @@
-"""lra.collect on synthetic run records: statistics, bad input, paper layout, formats, determinism."""
+"""lra.tools.collect on synthetic run records: statistics, bad input, paper layout, formats, determinism."""
 
 import csv
 import json
@@ -12,12 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lra.collect import collect, main
-from lra.collect.records import load_runs
-from lra.collect.render import to_latex, to_markdown
-from lra.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results, summary
 from lra.config import attn_configs
 from lra.files import write_atomic, write_text
+from lra.tools.collect import collect, main
+from lra.tools.collect.records import load_runs
+from lra.tools.collect.render import to_latex, to_markdown
+from lra.tools.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results, summary
 
 SPEC = {s.key: s for s in TABLES}
 
@@ -459,7 +459,7 @@ def test_a_failing_renderer_leaves_previous_tables_intact(tmp_path, monkeypatch)
     make_record(tmp_path / "runs", "softmax", 0)
     collect(tmp_path / "runs", tmp_path / "out", plots=False)
     before = (tmp_path / "out" / "quick" / "skeinformer_table1.tex").read_bytes()
-    import lra.collect as lc
+    import lra.tools.collect as lc
 
     monkeypatch.setattr(lc, "to_latex", lambda built: (_ for _ in ()).throw(RuntimeError("render bug")))
     make_record(tmp_path / "runs", "softmax", 1, test_acc=0.9)
@@ -505,7 +505,7 @@ def test_module_entry_point(tmp_path):
     make_record(tmp_path / "runs", "none", 0)
     env = {**os.environ, "LRA_RUNS": str(tmp_path / "runs")}
     proc = subprocess.run(
-        [sys.executable, "-m", "lra.collect", "--no-plots", "--format", "md"],
+        [sys.executable, "-m", "lra.tools.collect", "--no-plots", "--format", "md"],
         env=env,
         capture_output=True,
         text=True,
@@ -551,7 +551,7 @@ def test_paper_results_are_consistent_and_sourced():
 
 
 FACTS = Path(__file__).resolve().parents[1] / "docs" / "facts.md"
-# docs/facts.md §5: sub-section -> (paper, table) of lra/paper_results.csv
+# docs/facts.md §5: sub-section -> (paper, table) of lra/tools/collect/paper_results.csv
 FACT_TABLES = {
     "5.1": ("skeinformer", "table1"),
     "5.2": ("skyformer", "table1"),
@@ -580,7 +580,7 @@ def facts_tables() -> dict:
 
 
 def test_paper_results_match_docs_facts():
-    """Every cell of the tables in docs/facts.md §5 is in lra/paper_results.csv, printed the same."""
+    """Every cell of the tables in docs/facts.md §5 is in lra/tools/collect/paper_results.csv, printed the same."""
     tables = facts_tables()
     assert set(tables) == set(FACT_TABLES), sorted(tables)
     df = paper_results()

@@ -1,4 +1,4 @@
-"""The tables' 95% intervals and marks (lra/collect/stats.py, tables.py, render.py), checked against
+"""The tables' 95% intervals and marks (lra/tools/collect/stats.py, tables.py, render.py), checked against
 hand computations and scipy's own t-test, never against numbers copied from the implementation."""
 
 import math
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from lra.collect import collect
-from lra.collect.records import load_runs
-from lra.collect.render import (
+from lra.tools.collect import collect
+from lra.tools.collect.records import load_runs
+from lra.tools.collect.render import (
     BASELINE_MARK,
     PAPER_MARK,
     UNTESTED_MARK,
@@ -22,7 +22,7 @@ from lra.collect.render import (
     to_latex,
     to_markdown,
 )
-from lra.collect.stats import (
+from lra.tools.collect.stats import (
     CANNOT_SEPARATE,
     NOT_TESTABLE,
     SEPARATED,
@@ -30,7 +30,7 @@ from lra.collect.stats import (
     t_quantile,
     welch_interval,
 )
-from lra.collect.tables import TABLES, build, paper_results, summary
+from lra.tools.collect.tables import TABLES, build, paper_results, summary
 from tests.test_collect import cell, make_record
 
 SPEC = {s.key: s for s in TABLES}

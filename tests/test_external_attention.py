@@ -141,7 +141,7 @@ def test_external_backend_trains_and_appears_in_the_tables(tmp_path, user_packag
         [
             sys.executable,
             "-m",
-            "lra.collect",
+            "lra.tools.collect",
             "--runs",
             str(tmp_path / "runs"),
             "--out",

@@ -1,4 +1,4 @@
-"""lra.fidelity without the public code: its command line, its weight-name map, the import sandbox, and
+"""lra.tools.fidelity without the public code: its command line, its weight-name map, the import sandbox, and
 the draw replay checked from first principles against a tiny stand-in for the public code's sampling."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import attention
 import attention.skeinformer as skein
 from lra import REPO_ROOT
 from lra.config import load
-from lra.fidelity import (
+from lra.model import build_model
+from lra.tools.fidelity import (
     ROWS,
     DrawMismatch,
     DrawReplay,
@@ -27,13 +28,12 @@ from lra.fidelity import (
     public_code,
     weight_map,
 )
-from lra.model import build_model
 
 
 # ----------------------------------------------------------------------------- command line
 def test_missing_checkout_is_one_line_and_exit_2():
     proc = subprocess.run(
-        [sys.executable, "-m", "lra.fidelity", "--skeinformer", "/nonexistent"],
+        [sys.executable, "-m", "lra.tools.fidelity", "--skeinformer", "/nonexistent"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -242,7 +242,7 @@ def _fake_skeinformer(root, bz_rate: int):
 def test_chunk_rows_compare_their_config_with_our_plan(tmp_path):
     """Bug caught: a chunk table that agrees whatever their config says. Their count read as main.py reads
     it (bz_rate, else 1), their chunk sizes against our micro-batch x accumulation; a disagreement fails."""
-    from lra.fidelity import CHUNK_ROWS, compare_chunks
+    from lra.tools.fidelity import CHUNK_ROWS, compare_chunks
 
     row = next(r for r in CHUNK_ROWS if r.key == "skeinformer_paper:listops:chunks")
     good = compare_chunks(row, {"skeinformer": _fake_skeinformer(tmp_path / "a", 2)})

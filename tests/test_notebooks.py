@@ -2,7 +2,7 @@
 
 Fast: synthetic records / a synthetic approx.csv, and missing input (a clear message, no error).
 Slow: real quick runs made here (softmax and none x 2 seeds, tiny ListOps) and a real
-``python -m lra.approx --quick`` study.
+``python -m lra.tools.approx --quick`` study.
 """
 
 import subprocess
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from nbclient import NotebookClient
 
-from lra.collect import collect
+from lra.tools.collect import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,7 +89,7 @@ def test_results_notebook_without_collector_output(tmp_path, monkeypatch):
 
 
 def _synthetic_approx(path: Path):
-    from lra.approx import COLUMNS
+    from lra.tools.approx import COLUMNS
 
     rows = []
     for method, base in (("skeinformer", 0.5), ("vmean", 0.6)):
@@ -142,7 +142,7 @@ def test_approx_notebook_on_synthetic_study(tmp_path, monkeypatch):
 def test_approx_notebook_without_output_or_with_a_foreign_csv(tmp_path, monkeypatch):
     monkeypatch.setenv("LRA_APPROX", str(tmp_path / "nothing"))
     text = text_of(execute("approx.ipynb"))
-    assert "No approximation-study output found" in text and "lra.approx --quick --out" in text
+    assert "No approximation-study output found" in text and "lra.tools.approx --quick --out" in text
     (tmp_path / "approx.csv").write_text("a,b\n1,2\n")
     monkeypatch.setenv("LRA_APPROX", str(tmp_path / "approx.csv"))
     text = text_of(execute("approx.ipynb"))
@@ -179,7 +179,7 @@ def test_results_notebook_on_real_quick_runs(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_approx_notebook_on_real_quick_study(tmp_path, monkeypatch):
     proc = subprocess.run(
-        [sys.executable, "-m", "lra.approx", "--quick", "--out", str(tmp_path / "approx")],
+        [sys.executable, "-m", "lra.tools.approx", "--quick", "--out", str(tmp_path / "approx")],
         capture_output=True,
         text=True,
         timeout=600,

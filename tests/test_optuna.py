@@ -1,5 +1,5 @@
-"""Optuna searches (lra/sweep/search.py) and trial pruning (lra/sweep/pruning.py): the search space, the driver
-with a fake job runner (parallel trials, n_trials as the study's total, failures, a killed driver's
+"""Optuna searches (lra/tools/sweep/search.py) and trial pruning (lra/tools/sweep/pruning.py): the search space, the
+driver with a fake job runner (parallel trials, n_trials as the study's total, failures, a killed driver's
 trials re-queued into their own run folder, progress lines), the pruning callback on a tiny Lightning
 model, and (slow) a real search on tiny ListOps that is killed and resumed."""
 
@@ -26,9 +26,9 @@ from optuna.trial import TrialState  # noqa: E402
 from test_sweep import TINY, sweep_env  # noqa: E402
 
 from lra.files import write_json  # noqa: E402
-from lra.sweep import MARKER, Progress  # noqa: E402
-from lra.sweep.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
-from lra.sweep.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
+from lra.tools.sweep import MARKER, Progress  # noqa: E402
+from lra.tools.sweep.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
+from lra.tools.sweep.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
 
 SPACE = {
     "train.lr": "tag(log, interval(1e-5, 3e-3))",
@@ -51,7 +51,7 @@ def test_hydra_sweep_syntax_maps_to_optuna_distributions():
 def test_bad_space_is_one_line(bad):
     with pytest.raises(SystemExit) as e:
         parse_space(bad)
-    assert str(e.value).startswith("lra.sweep: ") and "\n" not in str(e.value)
+    assert str(e.value).startswith("lra.tools.sweep: ") and "\n" not in str(e.value)
 
 
 def test_pruner_spec():
@@ -263,7 +263,7 @@ def test_progress_prints_on_change_and_every_n_seconds_with_an_eta():
 
 
 def test_grid_watch_reads_job_folders(tmp_path):
-    from lra.sweep import GridWatch
+    from lra.tools.sweep import GridWatch
 
     t0 = time.time()
     dirs = [tmp_path / f"j{i}" for i in range(4)]
@@ -396,7 +396,7 @@ def test_trial_command_gives_the_run_its_search_fields(tmp_path):
     their types, and the callback is built from the trial's config as lra.train builds it."""
     from lra.config import load
     from lra.loop import user_callbacks
-    from lra.sweep.search import OBJECTIVE, trial_command
+    from lra.tools.sweep.search import OBJECTIVE, trial_command
 
     s = make_search(tmp_path, space={**SPACE, "train.eval_every": "choice(5, 10)"})
     s.fixed, s.grid = ["preset=quick", "attn=skeinformer"], "search_quick"
@@ -479,7 +479,7 @@ def test_real_search_killed_then_resumed(tmp_path):
     args = [
         sys.executable,
         "-m",
-        "lra.sweep",
+        "lra.tools.sweep",
         "grid=search_quick",
         "n_trials=2",
         "progress=5",
@@ -540,7 +540,7 @@ def test_real_search_prunes_through_lra_train(tmp_path):
     args = [
         sys.executable,
         "-m",
-        "lra.sweep",
+        "lra.tools.sweep",
         "grid=search_quick",
         "n_trials=1",
         *TINY,
@@ -562,7 +562,7 @@ def test_real_search_prunes_through_lra_train(tmp_path):
 
 
 def test_command_line_edits_the_search():
-    from lra.sweep import apply_cli, load_grid
+    from lra.tools.sweep import apply_cli, load_grid
 
     grid = load_grid("search_quick")
     opts, hydra = apply_cli(

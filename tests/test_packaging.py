@@ -147,7 +147,7 @@ def test_wheel_holds_every_module_config_and_console_script(wheel):
     assert sources - names == set(), "modules missing from the wheel: add their package to pyproject"
     configs = {"lra/" + p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "conf").rglob("*.yaml")}
     assert len(configs) > 20 and configs - names == set()
-    assert "lra/paper_results.csv" in names
+    assert "lra/tools/collect/paper_results.csv" in names
     assert not any(n.startswith(("conf/", "tests/", "data/", "runs/")) for n in names)
     (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     cp = configparser.ConfigParser()
@@ -165,7 +165,7 @@ def test_installed_package_finds_its_conf_and_imports_without_extras(installed, 
     code = (
         "import importlib, pkgutil, lra, lra.train;"
         "[importlib.import_module(m.name) for m in pkgutil.walk_packages(lra.__path__, 'lra.')"
-        " if not m.name.endswith('__main__') and m.name not in ('lra.sweep.search', 'lra.sweep.pruning')];"
+        " if not m.name.endswith('__main__') and m.name not in ('lra.tools.sweep.search', 'lra.tools.sweep.pruning')];"
         "print(lra.IN_CHECKOUT, lra.CONF_DIR, lra.REPO_ROOT, lra.__file__, sep='\\n')"
     )
     proc = subprocess.run(

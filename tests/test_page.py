@@ -1,4 +1,4 @@
-"""The results page (lra/collect/page.py), read back with the stdlib's html.parser as a browser would."""
+"""The results page (lra/tools/collect/page.py), read back with the stdlib's html.parser as a browser would."""
 
 import base64
 import re
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from test_collect import make_record
 
-from lra.collect import collect, main, render
+from lra.tools.collect import collect, main, render
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 SCRIPT = "attn.tag=<script>alert(1)</script>"

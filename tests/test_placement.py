@@ -1,4 +1,4 @@
-"""Several runs per GPU (lra.sweep jobs_per_gpu=k, lra/sweep/share.py), with a fake device list: which GPU
+"""Several runs per GPU (lra.tools.sweep jobs_per_gpu=k, lra/tools/sweep/share.py), with a fake device list: which GPU
 each job slot gets, each run's share of the memory (what lra.fit will budget), the allocator limit the run
 sets on CUDA, and the sweep's dry run and end-to-end plumbing on the CPU."""
 
@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from lra import CONF_DIR
 from lra.config import ConfigError, load
 from lra.devices import MEMORY_LIMIT_ENV, limit_gpu_memory
-from lra.sweep import Job, ShareError, check_sharing, gpu_of_slot, job_share, share_plan
-from lra.sweep.cli import main
-from lra.sweep.jobs import assign_gpus
-from lra.sweep.share import budget_gib, limit_gib, share_gib
+from lra.tools.sweep import Job, ShareError, check_sharing, gpu_of_slot, job_share, share_plan
+from lra.tools.sweep.cli import main
+from lra.tools.sweep.jobs import assign_gpus
+from lra.tools.sweep.share import budget_gib, limit_gib, share_gib
 
 GPUS = ["0", "1", "2", "3"]
 
@@ -186,7 +186,7 @@ def test_dry_run_shows_each_jobs_gpu_and_budget(tmp_path, capsys, monkeypatch):
     assert len(lines) == 4 and all(f"fit budget {budget:.2f} GiB" in ln for ln in lines)
     assert [ln.split("[GPU ")[1][0] for ln in lines] == ["0", "0", "1", "1"]
     assert not (tmp_path / "runs").exists()
-    with pytest.raises(SystemExit, match=r"^lra.sweep: parallel=5 with jobs_per_gpu=2 needs parallel <= "):
+    with pytest.raises(SystemExit, match=r"^lra.tools.sweep: parallel=5 with jobs_per_gpu=2 needs parallel <= "):
         main(["grid=quick", "task=listops", "hardware=h100_80gb", "jobs_per_gpu=2", "parallel=5", "dry_run=true"])
     with pytest.raises(SystemExit, match="jobs_per_gpu=x: give a whole number >= 1"):
         main(["grid=quick", "jobs_per_gpu=x", "dry_run=true"])
@@ -203,7 +203,7 @@ def test_shared_gpu_sweep_end_to_end_on_cpu(tmp_path):
         [
             sys.executable,
             "-m",
-            "lra.sweep",
+            "lra.tools.sweep",
             "grid=quick",
             "task=listops",
             "attn=skeinformer",
@@ -232,8 +232,8 @@ def test_shared_gpu_sweep_end_to_end_on_cpu(tmp_path):
 
 # ----------------------------------------------------------------------------- the throughput measurement
 def test_share_bench_dry_run_and_its_sweeps_place_k_runs_on_one_gpu(tmp_path, capsys, monkeypatch):
-    from lra.share_bench import commands
-    from lra.share_bench import main as bench
+    from lra.tools.share_bench import commands
+    from lra.tools.share_bench import main as bench
 
     assert bench(["dry_run=true", f"out={tmp_path}", "train.max_steps=50"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -253,7 +253,7 @@ def test_share_bench_dry_run_and_its_sweeps_place_k_runs_on_one_gpu(tmp_path, ca
 
 
 def test_share_bench_summary_sums_the_rates_of_runs_side_by_side(tmp_path):
-    from lra.share_bench import summarise, table
+    from lra.tools.share_bench import summarise, table
 
     for k, t1k in ((1, [100.0]), (2, [160.0, 200.0])):
         for i, t in enumerate(t1k):
@@ -281,7 +281,7 @@ def test_search_dry_run_shows_the_trials_share(tmp_path, capsys, monkeypatch):
         f"2 at a time, 2 per GPU on GPUs 0 (hardware.total_gib=39.555: fit budget {budget:.2f} GiB each)"
         in capsys.readouterr().out
     )
-    with pytest.raises(SystemExit, match="^lra.sweep: parallel=3 with jobs_per_gpu=2 needs parallel <= "):
+    with pytest.raises(SystemExit, match="^lra.tools.sweep: parallel=3 with jobs_per_gpu=2 needs parallel <= "):
         main(["grid=search_quick", "jobs_per_gpu=2", "parallel=3", "hardware=h100_80gb", "dry_run=true"])
 
 
@@ -289,7 +289,7 @@ def test_search_trials_take_the_slot_a_finished_trial_freed(tmp_path):
     """Four trial slots on two GPUs, two per GPU; trial 1 (GPU 0) ends first: trial 4 goes to GPU 0,
     not next to trials 2 and 3 on GPU 1."""
     pytest.importorskip("optuna")
-    from lra.sweep.search import drive, open_study
+    from lra.tools.sweep.search import drive, open_study
     from tests.test_optuna import FakeRunner, make_search
 
     class PlacingRunner(FakeRunner):

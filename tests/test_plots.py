@@ -1,4 +1,4 @@
-"""lra.collect's figures on synthetic run records: time axes, the LRA chart, labels, names and units."""
+"""lra.tools.collect's figures on synthetic run records: time axes, the LRA chart, labels, names and units."""
 
 import math
 from pathlib import Path
@@ -8,11 +8,11 @@ import pytest
 from matplotlib.text import Annotation, Text
 from test_collect import make_record
 
-from lra.collect.chart import lra_chart_data, lra_chart_figure
-from lra.collect.drawing import readable_names
-from lra.collect.plots import curves_figure, efficiency_figure, plot_preset, read_curve
-from lra.collect.records import load_runs
-from lra.collect.tables import summary
+from lra.tools.collect.chart import lra_chart_data, lra_chart_figure
+from lra.tools.collect.drawing import readable_names
+from lra.tools.collect.plots import curves_figure, efficiency_figure, plot_preset, read_curve
+from lra.tools.collect.records import load_runs
+from lra.tools.collect.tables import summary
 
 LONG = "protocol.listops.data.n_test=64,protocol.listops.data.n_train=256,train.lr=0.001"
 STEPS = (149, 299, 449, 599)

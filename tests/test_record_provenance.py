@@ -180,7 +180,7 @@ def test_a_resumed_run_keeps_the_load_of_its_earlier_stretches(monkeypatch):
 
 
 def test_a_gpu_shared_with_other_runs_is_loaded():
-    """Bug caught: a run that was one of k on its GPU (lra.sweep jobs_per_gpu), or beside another process's
+    """Bug caught: a run that was one of k on its GPU (lra.tools.sweep jobs_per_gpu), or beside another process's
     memory, counted as an idle-machine timing."""
     idle = {"cpu_others": 0.1, "cpus": 16, "gpu_share": 1.0, "gpu_others_gib_start": 0.5, "gpu_others_gib_end": 0.6}
     assert devices.machine_loaded(idle) is False

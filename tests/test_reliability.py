@@ -138,7 +138,7 @@ def test_failed_run_exits_1_with_one_line_and_a_failed_record(tmp_path):
 
 
 def test_collect_into_a_read_only_root_is_one_line(tmp_path, monkeypatch, capsys):
-    from lra import collect
+    from lra.tools import collect
 
     (tmp_path / "runs").mkdir()
     real = os.access
@@ -152,7 +152,7 @@ def test_collect_into_a_read_only_root_is_one_line(tmp_path, monkeypatch, capsys
 
 
 def test_collect_that_cannot_write_midway_is_one_line(tmp_path, monkeypatch, capsys):
-    from lra import collect
+    from lra.tools import collect
 
     (tmp_path / "runs").mkdir()
 

@@ -74,7 +74,7 @@ def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path):
     assert not any(r.get("memory/peak_gib") for r in rows)  # trainer.accelerator=cpu: no allocator to ask
 
     # every evaluation row says how much training time (evaluation excluded) the run had spent by then:
-    # the time axis of the curves (lra/collect/plots.py), from the same clock as the record's train_time_s
+    # the time axis of the curves (lra/tools/collect/plots.py), from the same clock as the record's train_time_s
     evals = [r for r in csv.DictReader(path.open()) if r.get("val/acc")]
     assert [int(r["step"]) for r in evals] == [3, 7, 11]  # eval_every=4: after optimizer steps 4, 8, 12
     times = [float(r["time/train_s"]) for r in evals]

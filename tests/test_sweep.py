@@ -1,4 +1,4 @@
-"""Sweeps (lra/sweep/): grid files, the quick grid as a local multirun, a killed sweep that resumes,
+"""Sweeps (lra/tools/sweep/): grid files, the quick grid as a local multirun, a killed sweep that resumes,
 and the W&B extras. Runs use tiny generated ListOps (a few seconds of training each)."""
 
 import json
@@ -13,8 +13,8 @@ import pytest
 
 from lra import CONF_DIR
 from lra.config import attn_configs
-from lra.sweep import FINISHED, MARKER, apply_cli, load_grid
-from lra.sweep.cli import main
+from lra.tools.sweep import FINISHED, MARKER, apply_cli, load_grid
+from lra.tools.sweep.cli import main
 
 TINY = [
     "protocol.data.n_train=256",
@@ -57,14 +57,16 @@ def sweep_env(tmp_path):
 
 def run_sweep(tmp_path, *args, check=True, timeout=900):
     proc = subprocess.run(
-        [sys.executable, "-m", "lra.sweep", *args],
+        [sys.executable, "-m", "lra.tools.sweep", *args],
         env=sweep_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"lra.sweep failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"lra.tools.sweep failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -167,8 +169,8 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
     assert m["counts"] == {"completed": 6} and m["launcher"] == "local" and m["parallel"] == 2
     assert "6 jobs, 6 to run, 0 skipped" in proc.stdout
     # progress while the launcher blocks: the first line before any job ends, the last one after all
-    assert "[lra.sweep quick] 0 done, " in proc.stdout and "ETA after the first job" in proc.stdout
-    assert "[lra.sweep quick] 6 done, 0 running, 0 failed, 0 pending; mean " in proc.stdout
+    assert "[lra.tools.sweep quick] 0 done, " in proc.stdout and "ETA after the first job" in proc.stdout
+    assert "[lra.tools.sweep quick] 6 done, 0 running, 0 failed, 0 pending; mean " in proc.stdout
     dirs = run_dirs(tmp_path)
     assert len(dirs) == 6
     names = {tuple(Path(j["run_dir"]).parts[:5]) for j in m["jobs"]}
@@ -196,7 +198,7 @@ def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
 def test_killed_sweep_restarts_without_rerunning_finished_jobs(tmp_path):
     args = ["grid=quick", "task=listops", "attn=softmax,skeinformer,performer", "seed=0", "hydra/launcher=basic", *TINY]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lra.sweep", *args],
+        [sys.executable, "-m", "lra.tools.sweep", *args],
         env=sweep_env(tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -18,13 +18,23 @@ from pathlib import Path
 import pytest
 from test_sweep import TINY, sweep_env
 
-import lra.sweep.driver as driver
-import lra.sweep.jobs as jobs
+import lra.tools.sweep.driver as driver
+import lra.tools.sweep.jobs as jobs
 from lra.files import write_json
 from lra.runlock import holder_pid
-from lra.sweep import LEGACY_MANIFEST, MARKER, Composer, Grid, Interrupted, apply_cli, definition, load_grid, sweep_key
-from lra.sweep.cli import main
-from lra.sweep.jobs import stop_jobs
+from lra.tools.sweep import (
+    LEGACY_MANIFEST,
+    MARKER,
+    Composer,
+    Grid,
+    Interrupted,
+    apply_cli,
+    definition,
+    load_grid,
+    sweep_key,
+)
+from lra.tools.sweep.cli import main
+from lra.tools.sweep.jobs import stop_jobs
 
 JOB = ["grid=quick", "task=listops", "attn=softmax", "hydra/launcher=basic", "progress=0"]
 
@@ -54,7 +64,7 @@ def finished(run_dir: Path, status: str = "completed") -> None:
 
 
 def fake_launch(status="completed", then=None):
-    """lra.sweep.driver.launch that 'runs' each job (writes what lra.train would), then calls ``then``."""
+    """lra.tools.sweep.driver.launch that 'runs' each job (writes what lra.train would), then calls ``then``."""
 
     def launch(composer, primary, grid, todo, *args, **kwargs):
         for j in todo:
@@ -170,8 +180,8 @@ def test_interrupted_sweep_prints_one_line_and_leaves_its_manifest_true(runs, mo
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert err[0].startswith(
-        f"lra.sweep quick: interrupted by {signal.Signals(sig).name}: 1 interrupted, 1 pending; "
-        "resume with: python -m lra.sweep grid=quick task=listops attn=softmax"
+        f"lra.tools.sweep quick: interrupted by {signal.Signals(sig).name}: 1 interrupted, 1 pending; "
+        "resume with: python -m lra.tools.sweep grid=quick task=listops attn=softmax"
     )
     assert err[0].endswith("seed=0,1 train.max_steps=12")
     (m,) = manifests(runs).values()
@@ -265,7 +275,7 @@ def test_ctrl_c_on_a_local_launcher_sweep_is_one_line_and_the_manifest_says_inte
         "train.eval_every=10",
     ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lra.sweep", *args],
+        [sys.executable, "-m", "lra.tools.sweep", *args],
         env=sweep_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -285,7 +295,7 @@ def test_ctrl_c_on_a_local_launcher_sweep_is_one_line_and_the_manifest_says_inte
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("lra.sweep")]
+    lines = [line for line in err.splitlines() if line.startswith("lra.tools.sweep")]
     assert len(lines) == 1 and "interrupted by SIGINT: 1 interrupted, 1 pending; resume with: " in lines[0]
     (path,) = (tmp_path / "runs" / "quick" / "sweeps" / "quick").glob("manifest-*.json")
     jobs = json.loads(path.read_text())["jobs"]
@@ -296,8 +306,8 @@ def test_ctrl_c_on_a_local_launcher_sweep_is_one_line_and_the_manifest_says_inte
 # ----------------------------------------------------------------------------- searches: keyed, interrupted
 def test_two_searches_with_one_grid_name_keep_their_own_studies(runs, monkeypatch, capsys):
     pytest.importorskip("optuna")
-    from lra.sweep import Composer
-    from lra.sweep.search import prepare
+    from lra.tools.sweep import Composer
+    from lra.tools.sweep.search import prepare
 
     def search(*args):
         grid = load_grid("search_quick")
@@ -315,7 +325,7 @@ def test_a_study_named_before_keys_is_continued_when_its_fixed_overrides_match(t
     optuna = pytest.importorskip("optuna")
     from test_optuna import make_search
 
-    from lra.sweep.search import open_study
+    from lra.tools.sweep.search import open_study
 
     s = make_search(tmp_path)
     s.legacy_name, s.name = s.name, s.name + "-0123456789"
@@ -333,7 +343,7 @@ def test_interrupted_search_requeues_its_trial_and_prints_one_line(runs, monkeyp
     """SIGTERM while a trial runs: the trial ends (interrupted), the study marks it so and queues it
     again, the manifest is written, one line, exit 143."""
     pytest.importorskip("optuna")
-    import lra.sweep.search as search
+    import lra.tools.sweep.search as search
 
     class Proc:  # a trial that the group's SIGTERM ends: its record says interrupted
         pid = 4242
@@ -363,8 +373,8 @@ def test_interrupted_search_requeues_its_trial_and_prints_one_line(runs, monkeyp
     assert rc == 128 + signal.SIGTERM
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith(
-        "lra.sweep search_quick: interrupted by SIGTERM: 2 trials "
-        "(1 FAIL, 1 WAITING), 3 of 3 to go; resume with: python -m lra.sweep"
+        "lra.tools.sweep search_quick: interrupted by SIGTERM: 2 trials "
+        "(1 FAIL, 1 WAITING), 3 of 3 to go; resume with: python -m lra.tools.sweep"
     )
     (path,) = (runs / "quick" / "sweeps" / "search_quick").glob("manifest-listops-skeinformer-*.json")
     m = json.loads(path.read_text())
@@ -379,7 +389,7 @@ def test_interrupted_search_tells_a_trial_that_finished_anyway_and_requeues_the_
     optuna = pytest.importorskip("optuna")
     from test_optuna import make_search
 
-    from lra.sweep.search import open_study, settle
+    from lra.tools.sweep.search import open_study, settle
 
     s = make_search(tmp_path)
     study = open_study(s)
@@ -396,7 +406,7 @@ def test_interrupted_search_tells_a_trial_that_finished_anyway_and_requeues_the_
 
 
 # ----------------------------------------------------------------------------- case: --help everywhere
-@pytest.mark.parametrize("module", ["lra.sweep", "lra.share_bench"])
+@pytest.mark.parametrize("module", ["lra.tools.sweep", "lra.tools.share_bench"])
 def test_every_sweep_command_answers_help_without_side_effects(module, tmp_path, monkeypatch, capsys):
     """`python -m <module> --help`: usage, options and examples, exit 0, nothing run or written (share_bench
     used to pass --help into four sweeps; lra.search printed nothing); an unknown flag: one line, exit 2."""
@@ -434,9 +444,9 @@ def test_bad_sweep_input_is_one_line_and_exit_code_2(runs, monkeypatch, capsys):
 
     monkeypatch.setattr(driver, "launch", no_run)
     with contextlib.suppress(ImportError):  # without optuna a search is refused in one line anyway
-        import lra.sweep.search
+        import lra.tools.sweep.search
 
-        monkeypatch.setattr(lra.sweep.search, "ProcessRunner", no_run)
+        monkeypatch.setattr(lra.tools.sweep.search, "ProcessRunner", no_run)
     for args in (
         ["grid=not_a_grid"],
         ["grid=quick", "train.lr=(", "dry_run=true"],
@@ -449,7 +459,7 @@ def test_bad_sweep_input_is_one_line_and_exit_code_2(runs, monkeypatch, capsys):
             main(args)
         assert e.value.code == 2, args
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert len(err) == 1 and err[0].startswith("lra.sweep: "), err
+        assert len(err) == 1 and err[0].startswith("lra.tools.sweep: "), err
     assert not runs.exists()
 
 
@@ -487,7 +497,7 @@ class FakeSweep:
 
 @pytest.mark.parametrize("how", ["env", "option"])
 def test_share_bench_honours_LRA_RUNS_and_runs_root(how, tmp_path, monkeypatch, capsys):
-    import lra.share_bench as share_bench
+    import lra.tools.share_bench as share_bench
 
     monkeypatch.setattr(FakeSweep, "calls", [])
     monkeypatch.setattr(share_bench.subprocess, "Popen", FakeSweep)
@@ -506,7 +516,7 @@ def test_share_bench_honours_LRA_RUNS_and_runs_root(how, tmp_path, monkeypatch, 
 
 
 def test_interrupted_share_bench_waits_for_its_sweep_and_stops(tmp_path, monkeypatch, capsys):
-    import lra.share_bench as share_bench
+    import lra.tools.share_bench as share_bench
 
     monkeypatch.setattr(FakeSweep, "calls", [])
     monkeypatch.setattr(FakeSweep, "interrupt_at", 1)

@@ -1,4 +1,4 @@
-"""Which runs each row, cell and comparison of the tables used (lra/collect/rows.py, tables.py, render.py).
+"""Which runs each row, cell and comparison of the tables used (lra/tools/collect/rows.py, tables.py, render.py).
 
 Every test writes its own records (tests/test_collect.py::make_record) and names the realistic bug it catches.
 """
@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from test_collect import make_record
 
-from lra.collect import collect
-from lra.collect.records import load_runs
-from lra.collect.render import to_latex, to_markdown
-from lra.collect.rows import short_tag, short_value
-from lra.collect.stats import CANNOT_SEPARATE, NOT_COMPARABLE, SEPARATED
-from lra.collect.tables import TABLES, build
+from lra.tools.collect import collect
+from lra.tools.collect.records import load_runs
+from lra.tools.collect.render import to_latex, to_markdown
+from lra.tools.collect.rows import short_tag, short_value
+from lra.tools.collect.stats import CANNOT_SEPARATE, NOT_COMPARABLE, SEPARATED
+from lra.tools.collect.tables import TABLES, build
 
 SPEC = {s.key: s for s in TABLES}
 P = "skeinformer_paper"

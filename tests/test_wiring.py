@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
-from lra.collect import collect
-from lra.collect.records import load_runs
-from lra.collect.tables import TABLES, build, paper_results, summary
 from lra.config import load
 from lra.data import listops as lo
 from lra.data.module import SplitDataset
 from lra.model import build_model
+from lra.tools.collect import collect
+from lra.tools.collect.records import load_runs
+from lra.tools.collect.tables import TABLES, build, paper_results, summary
 from tests.test_collect import cell, make_record
 from tests.test_train import TINY
 
@@ -422,7 +422,7 @@ def test_collector_std_over_seeds_is_the_sample_std(tmp_path):
     row = f"| listops | Standard | 0,1,2,3 | 50 | {100 * want_std:.4f} | {half95:.4f} | 4 |"
     assert row in (out / "index.md").read_text()
     # the curves: validation accuracy 0.2 + 0.05 i + 0.01 seed at each step (make_record): band ± std
-    from lra.collect.plots import curves_figure
+    from lra.tools.collect.plots import curves_figure
 
     fig, _ = curves_figure(runs, tmp_path / "runs", "quick", "listops")
     band = next(c for c in fig.axes[0].collections if "PolyCollection" in type(c).__name__)  # fill_between

@@ -109,7 +109,7 @@ def run(folder: Path) -> None:
         [
             sys.executable,
             "-m",
-            "lra.collect",
+            "lra.tools.collect",
             "--runs",
             str(runs),
             "--out",

@@ -1,0 +1,221 @@
+"""``python -m lra.tools.bench`` (``make bench``): which benchmark runs, and its command line.
+
+Two modes. ``--tasks``: the whole training step and the attention layer at each LRA task's real
+shape (:mod:`lra.tools.bench.tasks`), the default on CUDA. ``--layer``: one attention layer at batch 2
+against n (:mod:`lra.tools.bench.layer`), the default on a CPU. Bad input is one line before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+
+from lra.cli import Parser
+from lra.devices import default_threads
+from lra.files import runs_root
+from lra.tools.bench import layer, rows, task_report, tasks
+
+# layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
+LAYER_ONLY = {
+    "lengths": None,
+    "batch": 2,
+    "heads": 2,
+    "head_dim": 32,
+    "time_budget_s": 2.0,
+    "baseline_budget_factor": 4.0,
+    "mem_budget_gib": None,
+    "no_mask": False,
+    "overrides": None,
+}
+TASK_ONLY = {"hardware": "v100_16gb", "max_batch": None, "compile": False, "spec_overrides": None}
+
+
+def whole(minimum: int):
+    """An argparse type: a whole number >= ``minimum`` (``--repeats 0`` used to mean "the default")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is not allowed: a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (NaN passes every comparison, so it is named here)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not allowed: a finite number > 0")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m lra.tools.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python -m lra.tools.bench --quick                      # CPU: one layer vs n, batch 2\n"
+        "  python -m lra.tools.bench --tasks --quick              # the tasks' training step, tiny shapes\n"
+        "  python -m lra.tools.bench --tasks listops text --compile --hardware v100_16gb   # on a GPU\n"
+        "  python -m lra.tools.bench --backends skeinformer nystrom --lengths 1024 4096 "
+        "--set nystrom.options.landmarks=128",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--tasks",
+        nargs="*",
+        metavar="TASK",
+        help=f"task mode (default on CUDA): these tasks, all when none is named ({', '.join(tasks.TASKS)})",
+    )
+    mode.add_argument("--layer", action="store_true", help="layer mode (default on a CPU): one attention layer vs n")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="layer: n in 256, 512, 3 repeats; tasks: the quick preset's shapes at batch <= 4, softmax + "
+        "skeinformer, 2 repeats",
+    )
+    p.add_argument("--out", type=Path, help="output folder (default: bench/ under the runs root, $LRA_RUNS or runs/)")
+    p.add_argument("--backends", nargs="+", help="rows to run (the fused softmax baseline is always added)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    p.add_argument(
+        "--repeats",
+        type=whole(1),
+        help="timed calls (layer: at most, default 10 CPU / 50 CUDA; tasks: 5 CPU / 20 CUDA; quick 3)",
+    )
+    p.add_argument("--warmup", type=whole(0), help="untimed calls before the timed ones (default 1; tasks --quick 0)")
+    p.add_argument(
+        "--threads",
+        type=whole(1),
+        help="torch threads (default: all cores available to the process; --tasks --quick: 1)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    t = p.add_argument_group("task mode")
+    t.add_argument(
+        "--hardware", help="the hardware= profile the micro-batch is fitted to (conf/hardware/; default v100_16gb)"
+    )
+    t.add_argument(
+        "--max-batch",
+        type=whole(1),
+        help="measure min(fitted micro-batch, N) without accumulation (quick: 4; default: the fit's choice)",
+    )
+    t.add_argument("--compile", action="store_true", help="also torch.compile on a CPU (always on CUDA; slow)")
+    t.add_argument(
+        "--override",
+        dest="spec_overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a config override for every run spec, repeatable (e.g. --override preset=quick)",
+    )
+    g = p.add_argument_group("layer mode")
+    g.add_argument(
+        "--lengths", type=whole(1), nargs="+", help=f"sequence lengths (default {list(rows.DEFAULT_LENGTHS)})"
+    )
+    g.add_argument(
+        "--time-budget-s",
+        type=positive,
+        help="per-point budget: a median fwd+bwd above it (default 2) " "ends the backend's sweep",
+    )
+    g.add_argument(
+        "--baseline-budget-factor",
+        type=positive,
+        help="the fused softmax baseline gets this multiple of the time budget (default 4)",
+    )
+    g.add_argument(
+        "--mem-budget-gib",
+        type=positive,
+        help="per-point peak budget (default: CPU min(8, half of available RAM); CUDA 80%% of free)",
+    )
+    g.add_argument("--batch", type=whole(1), help="default 2")
+    g.add_argument("--heads", type=whole(1), help="default 2")
+    g.add_argument("--head-dim", type=whole(1), help="default 32")
+    g.add_argument("--no-mask", action="store_true", help="pass mask=None instead of an all-real bool mask")
+    g.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar=rows.SPELLING,
+        help="a backend's option, repeatable: a run's attn.options.NAME=VALUE with the backend in place "
+        "of attn, VALUE in Hydra's override grammar (e.g. --set linformer.options.k=128)",
+    )
+    return p
+
+
+def _device(args) -> str:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch.cuda.is_available() is False; use --device cpu")
+    return device
+
+
+def task_mode(args, device: str) -> bool:
+    """``--tasks`` or ``--layer`` as asked; otherwise the tasks' shapes on CUDA (batch 2 is launch-bound
+    there) and the layer micro-benchmark on a CPU."""
+    return args.tasks is not None or (not args.layer and device == "cuda")
+
+
+def task_config(args, device: str) -> tasks.TaskConfig:
+    given = [k for k, default in LAYER_ONLY.items() if getattr(args, k) not in (None, False)]
+    if given:
+        raise ValueError(
+            f"--{given[0].replace('_', '-')} belongs to the layer micro-benchmark; add --layer "
+            f"(task mode takes its shapes from the task configs and lra.fit.plan)"
+        )
+    names = args.backends or (tasks.QUICK_BACKENDS if args.quick else tasks.DEFAULT_BACKENDS)
+    backends = tuple(dict.fromkeys([rows.BASELINE, *names]))  # ratios need the fused baseline, first
+    cuda = device == "cuda"
+    cfg = tasks.TaskConfig(
+        tasks=tuple(dict.fromkeys(args.tasks)) if args.tasks else tasks.TASKS,
+        backends=backends,
+        hardware=args.hardware or TASK_ONLY["hardware"],
+        device=device,
+        compile=args.compile or cuda,
+        quick=args.quick,
+        max_batch=args.max_batch if args.max_batch is not None else (4 if args.quick else None),
+        repeats=args.repeats or (2 if args.quick else (20 if cuda else 5)),
+        warmup=max(0, args.warmup if args.warmup is not None else (0 if args.quick else 1)),
+        # quick: one thread, as a smoke run on a shared machine should (2 threads on a busy 2-core machine
+        # measured 2.2x the wall time of 1: docs/bench.md)
+        threads=int(args.threads or (1 if args.quick else default_threads())),
+        seed=args.seed,
+        overrides=tuple(args.spec_overrides or ()),
+    )
+    tasks.validate(cfg)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        device = _device(args)
+        tasks_run = task_mode(args, device)
+        if tasks_run:
+            cfg = task_config(args, device)
+        else:
+            given = [k for k in TASK_ONLY if getattr(args, k) not in (None, False)]
+            if given:
+                flag = "override" if given[0] == "spec_overrides" else given[0].replace("_", "-")
+                raise ValueError(
+                    f"--{flag} belongs to the task mode; "
+                    f"add --tasks (the layer micro-benchmark has no model, plan or hardware profile)"
+                )
+            for k, default in LAYER_ONLY.items():
+                if getattr(args, k) is None:
+                    setattr(args, k, default)
+            lcfg, layer_rows = layer.check_layer_args(args, device)
+    except ValueError as err:
+        p.error(str(err))
+    out = args.out or runs_root() / "bench"  # LRA_RUNS moves it, as it moves the runs
+    if tasks_run:
+        return task_report.main_tasks(cfg, out)
+    return layer.run_layer(lcfg, layer_rows, out)

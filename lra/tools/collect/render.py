@@ -1,0 +1,540 @@
+"""Tables to CSV, Markdown and LaTeX (booktabs), and atomic file writes.
+
+Two styles (``Built.style``, lra/tools/collect/tables.py STYLES):
+
+* ``paper`` (the default of a paper's own preset): the cell as the paper prints it, the mean, with the best
+  of each column in bold; the legend says over how many seeds, and that the page and the CSV hold the rest.
+* ``full``: ``mean ± std (n) [low, high]`` and marks: mean and sample std over seeds, n the seeds with a
+  value, the 95% t-interval of the mean with MIN_SEEDS seeds or more (cut to what the quantity allows).
+  One seed prints ``mean (1)``, two ``mean ± std (2)``: the legend says once why there is no interval.
+
+Settings (batch, accumulation) print their value, ``a/b`` when seeds disagree; ``--`` marks a missing
+cell. The best value of each column among our rows (highest accuracy or batch; lowest steps, time,
+memory, accumulation), compared as printed, is bold. With a comparison, each column gains the paper's
+value and our delta (ours minus paper). Marks (:func:`marks`, :func:`legend`): ``≈`` after a delta, the
+seeds cannot separate ours from the paper; ``†`` after ours, they cannot separate the row from its
+baseline (Standard under the same settings); ``?``, not testable against it; ``‡``, a timing with a run
+on a shared or busy machine. A row whose label shortened its overrides carries a footnote with the full
+text. The results page and the CSV always carry the full statistics. Nothing time-dependent is printed,
+so the same runs give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import pandas as pd
+
+from lra.tools.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_TESTABLE
+from lra.tools.collect.tables import BASELINE, METRICS, PAPERS, Built, Cell
+
+MISSING = "--"
+PAPER_MARK = "≈"  # after a delta: the seeds cannot separate ours from the paper's value
+BASELINE_MARK = "†"  # after ours: the seeds cannot separate this row from its baseline (Welch, 95%)
+UNTESTED_MARK = "?"  # after ours: not testable against the baseline (too few seeds there)
+LOADED_MARK = "‡"  # after a timing: a run of it was timed on a shared or busy machine
+
+
+def safe_name(name: str) -> str:
+    """A preset or task name as one folder/file-name component (no separators, no leading dot)."""
+    return re.sub(r"[^A-Za-z0-9_.=+,-]", "_", str(name)).lstrip(".") or "_"
+
+
+def num(x, decimals: int = 6) -> str:
+    """A number for CSV: empty when missing, else rounded (so float noise never changes a file)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return ""
+    if isinstance(x, (int,)) and not isinstance(x, bool):
+        return str(x)
+    r = round(float(x), decimals)
+    return str(int(r)) if r == int(r) and abs(r) < 1e15 else repr(r)
+
+
+def frame_csv(df: pd.DataFrame) -> str:
+    out = df.copy()
+    for c in out.columns:
+        if pd.api.types.is_float_dtype(out[c]):
+            out[c] = [num(v) for v in out[c]]
+    return out.to_csv(index=False, lineterminator="\n")
+
+
+# ----------------------------------------------------------------------------- cells
+def _fmt(x: float, decimals: int) -> str:
+    return f"{x:.{decimals}f}"
+
+
+def ours_text(cell: Cell, metric: str, pm: str = "±", style: str = "full") -> str:
+    m = METRICS[metric]
+    if cell.empty:
+        return MISSING
+    if cell.average or style == "paper" and not m.setting:
+        return _fmt(cell.mean, m.decimals)
+    if m.setting:
+        return "/".join(_fmt(v, m.decimals) for v in cell.values) if cell.values else _fmt(cell.mean, m.decimals)
+    if cell.n > 1 and math.isfinite(cell.std):
+        return f"{_fmt(cell.mean, m.decimals)} {pm} {_fmt(cell.std, m.decimals)} ({cell.n})"
+    return f"{_fmt(cell.mean, m.decimals)} ({cell.n})"
+
+
+def paper_text(cell: Cell) -> str:
+    return cell.paper_text if cell.paper_text else MISSING
+
+
+def _signed(x: float, decimals: int, minus: str = "-") -> str:
+    return ("+" if x >= 0 else minus) + _fmt(abs(x), decimals)
+
+
+def delta_text(cell: Cell, metric: str, minus: str = "-") -> str:
+    d = cell.delta
+    if not math.isfinite(d):
+        return MISSING
+    return _signed(d, METRICS[metric].decimals, minus)
+
+
+def interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
+    """``[low, high]``: the 95% t-interval of our mean over seeds; "" without one (too few seeds, seeds that
+    differ by task, seeds that agree exactly, a setting, an empty cell: the legend says so once)."""
+    m = METRICS[metric]
+    if cell.empty or m.setting or cell.std == 0 or not cell.has_ci:
+        return ""
+    lo, hi = (_fmt(x, m.decimals) for x in (cell.ci_low, cell.ci_high))
+    return f"[{lo.replace('-', minus)}, {hi.replace('-', minus)}]"
+
+
+def delta_interval_text(cell: Cell, metric: str, minus: str = "-") -> str:
+    """``[low, high]`` of the delta (ours - paper): our interval shifted by the paper's value, which is one
+    published number without spread; "" where there is no delta, no interval, or the metric is a setting."""
+    m = METRICS[metric]
+    if not math.isfinite(cell.delta) or m.setting or cell.std == 0 or not cell.has_ci:
+        return ""
+    return f"[{_signed(cell.delta_low, m.decimals, minus)}, {_signed(cell.delta_high, m.decimals, minus)}]"
+
+
+def marks(
+    cell: Cell, baseline: str = "Standard", *, paper: bool = True, standard: bool = True
+) -> list[tuple[str, str]]:
+    """The marks of a cell as (symbol, meaning), the paper's first. ``baseline``: the printed name of the
+    row's baseline. Markdown and LaTeX print the paper's mark after the delta (``standard=False``) and the
+    other marks after our value (``paper=False``). A cell without an interval of its own gets no test mark."""
+    out = []
+    if paper and cell.paper_test == CANNOT_SEPARATE:
+        out.append(
+            (
+                PAPER_MARK,
+                ("the seeds cannot separate ours from the paper: the paper's value lies in " "our 95% interval"),
+            )
+        )
+    if standard and cell.base_test == CANNOT_SEPARATE and cell.base_low < cell.base_high:  # no spread: no question
+        out.append(
+            (
+                BASELINE_MARK,
+                (
+                    f"the seeds cannot separate this row from {baseline}: Welch's 95% "
+                    f"interval of the difference of means contains 0"
+                ),
+            )
+        )
+    elif standard and cell.base_test == NOT_TESTABLE and cell.has_ci:
+        out.append((UNTESTED_MARK, f"not testable against {baseline}: it has fewer than {MIN_SEEDS} seeds here"))
+    if standard and cell.loaded:
+        out.append(
+            (
+                LOADED_MARK,
+                "timed with a run on a shared or busy machine (the record's machine field): " "compare with care",
+            )
+        )
+    return out
+
+
+def baseline_name(built: Built, row=None) -> str:
+    """The printed name of ``row``'s baseline (Standard under the same settings), or of the table's plain
+    Standard row."""
+    if row is not None and row.base_name:
+        return row.base_name
+    return next((n for a, n in built.spec.rows if a == BASELINE), "Standard")
+
+
+def legend(built: Built) -> list[str]:
+    """The lines printed under a table that explain its cells and marks (none for settings-only tables)."""
+    if all(METRICS[c.metric].setting for c in built.columns):
+        return []
+    base = baseline_name(built)
+    if built.style == "paper":
+        return [
+            _seeds_line(built) + " The results page (index.html) and the CSV carry the std, the number of "
+            "seeds, the 95% intervals and the comparisons."
+        ]
+    lines = [
+        (
+            f"Cells: mean ± std over seeds (seeds with a value) [95% t-interval of the mean, mean ± t(0.975, "
+            f"n-1) * std / sqrt(n), cut to what the quantity allows]. Intervals and tests need {MIN_SEEDS} seeds "
+            f"or more: cells with fewer print mean ± std (n) or mean (1), and no mark. Seeds that agree exactly "
+            f"(a std of zero) need none."
+        )
+    ]
+    if built.spec.average:
+        lines.append(
+            f"{built.spec.average}: an interval only when every task has the same seeds (the t-interval "
+            f"of the per-seed averages)."
+        )
+    if built.compare:
+        lines.append(
+            f"Δ [low, high]: ours - paper, with our interval shifted by the paper's value (the paper "
+            f"prints one value without its spread). {PAPER_MARK} after Δ: the seeds cannot separate ours "
+            f"from the paper (its value lies in our interval)."
+        )
+    lines.append(
+        f"{BASELINE_MARK} after our value: the seeds cannot separate this row from its baseline, {base} "
+        f"run under the same settings and data (Welch's 95% interval of the difference of means contains "
+        f"0); times only against a baseline timed on the same device. {UNTESTED_MARK}: not testable "
+        f"against it (fewer than {MIN_SEEDS} seeds there). A difference with an interval and no mark is "
+        f"separated at 95%; a mark means the seeds cannot tell the values apart, not that they are equal."
+    )
+    if any(c.loaded for r in built.rows for c in r.cells):
+        lines.append(f"{LOADED_MARK} after a time or memory: a run of it was timed on a shared or busy machine.")
+    return lines
+
+
+def _seeds_line(built: Built) -> str:
+    ns = sorted({c.n for r in built.rows for c in r.cells if not c.empty and not c.average})
+    few = [r.name for r in built.rows if any(0 < c.n < max(ns) for c in r.cells if not c.average)] if ns else []
+    s = f"Mean over {max(ns) if ns else 0} seed{'s' if ns and max(ns) > 1 else ''} per cell"
+    return s + (f" ({', '.join(few)}: fewer)." if few else ".")
+
+
+def best_rows(built: Built) -> list[set]:
+    """For each column, the indices of our rows holding the best printed value."""
+    best = []
+    for j, col in enumerate(built.columns):
+        m = METRICS[col.metric]
+        vals = {}
+        for i, row in enumerate(built.rows):
+            c = row.cells[j]
+            if not c.empty:
+                vals[i] = round(c.mean, m.decimals)
+        if not vals:
+            best.append(set())
+            continue
+        target = max(vals.values()) if m.higher_better else min(vals.values())
+        best.append({i for i, v in vals.items() if v == target})
+    return best
+
+
+def leaves(built: Built) -> list[tuple]:
+    """Header path of every printed column (compare adds ours/paper/Δ under each column)."""
+    out = []
+    for col in built.columns:
+        if built.compare:
+            out += [col.path + (p,) for p in ("ours", "paper", "Δ")]
+        else:
+            out.append(col.path)
+    return out
+
+
+@dataclass(frozen=True)
+class CellText:
+    """One cell's printed pieces, as Markdown, LaTeX and the results page all print them: ours (value, bold
+    if best, interval, marks) and, with a comparison, the paper's value and Δ (interval, paper mark).
+    Marks are (symbol, meaning) pairs (:func:`marks`)."""
+
+    value: str
+    best: bool
+    ci: str
+    marks: tuple = ()
+    paper: str = ""
+    delta: str = ""
+    delta_ci: str = ""
+    paper_marks: tuple = ()
+
+
+def cell_texts(built: Built, minus: str = "-", style: str = "full") -> list[list[CellText]]:
+    """The :class:`CellText` of every cell, row by row; ``style="paper"`` keeps the mean and bold only."""
+    best = best_rows(built)
+    full = style != "paper"
+    rows = []
+    for i, row in enumerate(built.rows):
+        base = baseline_name(built, row)
+        texts = []
+        for j, (col, cell) in enumerate(zip(built.columns, row.cells)):
+            value = ours_text(cell, col.metric, style=style)
+            t = CellText(
+                value,
+                i in best[j] and value != MISSING,
+                interval_text(cell, col.metric, minus) if full else "",
+                tuple(marks(cell, base, paper=False)) if full else (),
+            )
+            if built.compare:
+                t = replace(
+                    t,
+                    paper=paper_text(cell),
+                    delta=delta_text(cell, col.metric, minus),
+                    delta_ci=delta_interval_text(cell, col.metric, minus) if full else "",
+                    paper_marks=tuple(marks(cell, base, standard=False)) if full else (),
+                )
+            texts.append(t)
+        rows.append(texts)
+    return rows
+
+
+def join(*parts: str) -> str:
+    """Pieces of a cell, one space apart, empty ones left out."""
+    return " ".join(p for p in parts if p)
+
+
+def _row_texts(
+    built: Built, esc: Callable[[str], str], bold: Callable[[str], str], minus: str = "-"
+) -> list[list[str]]:
+    """Every printed cell in the table's style, already in the output format: ``esc`` escapes a piece of
+    text, ``bold`` wraps an escaped one."""
+
+    def symbols(ms) -> str:
+        return esc("".join(m for m, _ in ms))
+
+    out = []
+    for row in cell_texts(built, minus, built.style):
+        cells = []
+        for t in row:
+            value = bold(esc(t.value)) if t.best else esc(t.value)
+            cells.append(join(value, esc(t.ci), symbols(t.marks)))
+            if built.compare:
+                cells += [esc(t.paper), join(esc(t.delta), esc(t.delta_ci), symbols(t.paper_marks))]
+        out.append(cells)
+    return out
+
+
+def title(built: Built) -> str:
+    """The paper's title and caption in the paper's own preset; elsewhere a caption that says what it is."""
+    if built.own:
+        return f"{built.spec.title}: {built.spec.caption}"
+    return f"{built.spec.caption}, preset {built.preset} (laid out as {built.spec.title}; not its protocol)"
+
+
+def footnotes(built: Built) -> dict:
+    """{row key: (number, full override text)} of every row whose label shortened its overrides."""
+    return {r.key: (i, r.settings) for i, r in enumerate((r for r in built.rows if r.settings), 1)}
+
+
+def notes(built: Built) -> list[str]:
+    """The lines under a table: what its cells are (protocol, task settings, data), what was not compared and
+    why, the rows without a baseline, and the footnotes' full override texts."""
+    lines = list(built.about)
+    lines.append(
+        f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. "
+        "Settings (batch, accumulation) as their value, a/b when seeds differ; -- no run."
+    )
+    if built.compare:
+        s = (
+            f"Paper: {PAPERS[built.spec.paper]}, {built.spec.title}, beside the rows that ran its configuration; "
+            f"Δ = ours - paper. Compare time and memory only on the paper's hardware."
+        )
+        if "+" in built.preset:
+            s += (
+                " These runs do not have the paper code's semantics (the preset's quirks=, docs/fidelity.md): a Δ "
+                "mixes the protocol's differences with the harness's corrections."
+            )
+        lines.append(s)
+    if built.refused:
+        lines.append(built.refused)
+    alone = [r.name for r in built.rows if r.base is None and r.info is not None and r.info.attn != BASELINE]
+    if alone:
+        lines.append(
+            f"No Standard run under the same settings and data, so no comparison with Standard: " f"{', '.join(alone)}."
+        )
+    if any(not r.in_paper for r in built.rows):
+        lines.append("Rows after the paper's: backends, overrides, names or data the paper did not run.")
+    names = {r.key: r.name for r in built.rows}
+    lines += [f"[{i}] {names[k]}: {text}" for k, (i, text) in footnotes(built).items()]
+    return lines
+
+
+def note(built: Built) -> str:
+    return " ".join(notes(built))
+
+
+def row_name(built: Built, row, esc: Callable[[str], str], sup: Callable[[str], str]) -> str:
+    """The row's printed name, with its footnote's number where its label shortened the overrides."""
+    n = footnotes(built).get(row.key)
+    return esc(row.name) + (sup(str(n[0])) if n else "")
+
+
+# ----------------------------------------------------------------------------- formats
+def to_csv(built: Built) -> str:
+    """Every cell's full statistics, whatever the style: mean, std, n, interval, the comparison with the
+    row's baseline (named in ``baseline``) and with the paper."""
+    recs = []
+    for row in built.rows:
+        info = row.info
+        r = {
+            "row": row.name,
+            "attn": info.attn if info else row.key,
+            "in_paper": int(row.in_paper),
+            "seeds": row.seeds,
+            "overrides": info.tag if info else "",
+            "name": info.name if info else "",
+            "data": info.data if info else "",
+            "baseline": row.base or "",
+        }
+        for col, cell in zip(built.columns, row.cells):
+            cid = f"{col.task}:{col.metric}"
+            r[cid] = num(cell.mean)
+            if not cell.average:
+                r[f"{cid}:std"] = num(cell.std)
+            r[f"{cid}:n"] = cell.n
+            measured = not METRICS[col.metric].setting
+            if measured:
+                r[f"{cid}:ci95_low"], r[f"{cid}:ci95_high"] = num(cell.ci_low), num(cell.ci_high)
+                r[f"{cid}:vs_baseline"] = cell.base_test
+                r[f"{cid}:vs_baseline_diff"] = num(cell.base_diff)
+                r[f"{cid}:vs_baseline_ci95_low"] = num(cell.base_low)
+                r[f"{cid}:vs_baseline_ci95_high"] = num(cell.base_high)
+                if METRICS[col.metric].timing:
+                    r[f"{cid}:loaded"] = int(cell.loaded)
+            if built.compare:
+                r[f"{cid}:paper"] = num(cell.paper)
+                r[f"{cid}:delta"] = num(cell.delta)
+                if measured:
+                    r[f"{cid}:delta_ci95_low"], r[f"{cid}:delta_ci95_high"] = num(cell.delta_low), num(cell.delta_high)
+                    r[f"{cid}:vs_paper"] = cell.paper_test
+        recs.append(r)
+    return pd.DataFrame(recs).to_csv(index=False, lineterminator="\n")
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def to_markdown(built: Built, heading: str = "###") -> str:
+    heads = leaves(built)
+    header = ["Model"] + [" ".join(p for p in path if p) for path in heads]
+    lines = [
+        f"{heading} {title(built)}",
+        "",
+        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "|:---|" + "---:|" * len(heads),
+    ]
+    for row, cells in zip(built.rows, _row_texts(built, _md_escape, lambda t: f"**{t}**")):
+        name = row_name(built, row, _md_escape, lambda n: f"<sup>{n}</sup>")
+        lines.append("| " + " | ".join([name] + cells) + " |")
+    lines += [""] + [f"- {_md_escape(x)}" for x in notes(built) + legend(built)] + [""]
+    return "\n".join(lines)
+
+
+_TEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def tex_escape(s: str) -> str:
+    return "".join(_TEX.get(ch, ch) for ch in s)
+
+
+_TEX_SYMBOLS = {
+    "±": r"$\pm$",
+    PAPER_MARK: r"$\approx$",
+    BASELINE_MARK: r"\textdagger{}",
+    LOADED_MARK: r"\ddag{}",
+    "Δ": r"$\Delta$",
+    "—": "---",
+    "×": r"$\times$",
+    "≥": r"$\geq$",
+    "`": "",
+}
+
+
+def _tex_cell(t: str) -> str:
+    t = tex_escape(t)
+    for k, v in _TEX_SYMBOLS.items():
+        t = t.replace(k, v)
+    return t
+
+
+def _tex_header(heads: list[tuple]) -> list[str]:
+    """Header rows with \\multicolumn spans and \\cmidrule under every span wider than one column."""
+    depth = max(len(p) for p in heads)
+    lines = []
+    for level in range(depth):
+        spans, j = [], 0
+        while j < len(heads):
+            key = heads[j][: level + 1]
+            k = j
+            while k + 1 < len(heads) and heads[k + 1][: level + 1] == key:
+                k += 1
+            spans.append((j, k, heads[j][level] if level < len(heads[j]) else ""))
+            j = k + 1
+        last = level == depth - 1
+        cells = ["Model" if last else ""]
+        rules = []
+        for a, b, text in spans:
+            t = text.replace("Δ", r"$\Delta$") if text == "Δ" else tex_escape(text)
+            cells.append(t if a == b else f"\\multicolumn{{{b - a + 1}}}{{c}}{{{t}}}")
+            if not last and b > a and text:
+                rules.append(f"\\cmidrule(lr){{{a + 2}-{b + 2}}}")
+        lines.append(" & ".join(cells) + r" \\")
+        if rules:
+            lines.append(" ".join(rules))
+    return lines
+
+
+def to_latex(built: Built) -> str:
+    """A booktabs table. In the paper style of the paper's own preset the caption is the paper's, so the
+    tabular can go under it; the notes and legend follow in small type."""
+    heads = leaves(built)
+    spec = built.spec
+    caption = _tex_cell(spec.caption if built.own else title(built))
+    lines = [
+        f"% {title(built)}",
+        f"% generated by lra.tools.collect from the run records (preset {built.preset}, "
+        f"{built.style} style); do not edit by hand",
+        r"\begin{table}[ht]",
+        r"\centering",
+        r"\small",
+        f"\\caption{{{caption}}}",
+        f"\\label{{tab:{built.preset}:{spec.key}}}",
+        f"\\begin{{tabular}}{{l{'r' * len(heads)}}}",
+        r"\toprule",
+    ]
+    lines += _tex_header(heads)
+    lines.append(r"\midrule")
+    texts = _row_texts(built, _tex_cell, lambda t: f"\\textbf{{{t}}}")
+    first_extra = True
+    for row, cells in zip(built.rows, texts):
+        if not row.in_paper and first_extra:
+            lines.append(r"\midrule")
+            first_extra = False
+        name = row_name(built, row, _tex_cell, lambda n: f"\\textsuperscript{{{n}}}")
+        lines.append(" & ".join([name] + cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    below = notes(built) + legend(built)
+    if below:
+        lines += [r"\par\smallskip\footnotesize\raggedright"] + [_tex_cell(x) + r"\par" for x in below]
+    lines += [r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def frame_markdown(df: pd.DataFrame, heading: str | None = None, empty: str = "(none)") -> str:
+    """A small DataFrame as a Markdown table (values printed as strings)."""
+    lines = [heading, ""] if heading else []
+    if df.empty:
+        return "\n".join(lines + [empty, ""])
+    cols = list(df.columns)
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df.itertuples(index=False):
+        vals = []
+        for v in r:
+            if isinstance(v, float):
+                v = num(v, 4)
+            vals.append(_md_escape(str("" if v is None else v)).replace("\n", " "))
+        lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines + [""])

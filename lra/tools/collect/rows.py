@@ -1,0 +1,228 @@
+"""Which table row a run belongs to, how the row is printed, and which Standard row it is compared with.
+
+A row is one configuration: the attention, the run's overrides (its tag: every resolved value that differs
+from the preset's, ``lra.naming.run_tag``), its display name (``name=``) and the data it read. Runs of one
+row and task are the seeds a cell averages; nothing else is ever averaged into it.
+
+* **Label.** The name the run was given, else the paper's row name (or the attention key) followed by the
+  changed keys only, numbers at 3 significant digits: ``Performer [lr=0.00162, max_steps=40]``. The full
+  override text goes into a footnote when the label shortened it.
+* **Data.** Per task, the data most of the table set's runs read is the task's data (the table says what
+  it was); runs on other data get their own row, ``[data <id>]``.
+* **Baseline.** A row is compared with the Standard (``softmax``) row run under the same settings:
+  the same overrides once the attention's own (``attn.*``) are set aside, and the same data. Where no such
+  row exists the row has no baseline, and its cells print no comparison.
+* **Search trials** (records with a ``search`` field) are left out of the tables unless asked for
+  (``lra.tools.collect --trials``); :func:`searches` summarises each study instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import pandas as pd
+
+from lra.display import paper_names
+
+BASELINE = "softmax"  # the attention every other row is compared with (Standard / Self-Attention / softmax)
+_ITEM = re.compile(r",(?=[+~]?[A-Za-z_][\w.@/-]*=)")  # a comma that starts the next key=value of a tag
+# overrides that belong to the attention (its options and variants): set aside when finding the baseline
+ATTN_KEYS = ("attn", "attn_options", "attn_checkpointing")
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    key: str  # unique within a table set: attn, tag, name, data, trial
+    attn: str
+    tag: str = ""  # the full override text ("" for the preset's own configuration)
+    name: str = ""  # the display name the runs carry (name=...)
+    data: str = ""  # "" for the task's data, else the data id of these runs
+    trial: str = ""  # "<study> #<n>" for a search trial shown with --trials
+    setting: str = ""  # the tag without the attention's own keys, plus the data: what the baseline must share
+
+    @property
+    def plain(self) -> bool:
+        """The preset's own configuration on the task's data: the only row a paper's number describes."""
+        return not (self.tag or self.data or self.trial)
+
+
+def parse_tag(tag: str) -> list[tuple[str, str]]:
+    """``"train.lr=0.002,attn.options.k=[1,2]"`` -> ``[("train.lr", "0.002"), ("attn.options.k", "[1,2]")]``."""
+    if not tag:
+        return []
+    out = []
+    for item in _ITEM.split(tag):
+        k, _, v = item.partition("=")
+        out.append((k, v))
+    return out
+
+
+def _attn_key(key: str) -> bool:
+    head = key.lstrip("+~").split(".", 1)[0]
+    return head in ATTN_KEYS
+
+
+def short_value(v: str) -> str:
+    """A number at 3 significant digits (``0.0016181912728325774`` -> ``0.00162``); integers and text as they are."""
+    if re.fullmatch(r"[-+]?\d+", v):
+        return v
+    try:
+        x = float(v)
+    except ValueError:
+        return v if len(v) <= 24 else v[:21] + "..."
+    return f"{x:.3g}" if math.isfinite(x) else v
+
+
+def short_tag(tag: str) -> str:
+    """The changed keys by their last component (two when the last is ambiguous), values shortened."""
+    items = parse_tag(tag)
+    last = Counter(k.split(".")[-1] for k, _ in items)
+    parts = []
+    for k, v in items:
+        bits = k.lstrip("+~").split(".")
+        name = bits[-1] if last[bits[-1]] == 1 else ".".join(bits[-2:])
+        parts.append(f"{name}={short_value(v)}")
+    return ", ".join(parts)
+
+
+def setting_of(tag: str, data: str) -> str:
+    """What a row shares with its baseline: the overrides that are not the attention's own, and the data."""
+    kept = ",".join(f"{k}={v}" for k, v in parse_tag(tag) if not _attn_key(k))
+    return f"{kept}|{data}"
+
+
+def main_data(runs: pd.DataFrame) -> dict:
+    """{task: the data id most runs of the task read} (ties: the smallest id, so the choice is stable)."""
+    out = {}
+    for task, g in runs.groupby("task", sort=True):
+        counts = Counter(g["data_id"].fillna(""))
+        out[task] = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+    return out
+
+
+def assign(runs: pd.DataFrame, trials: bool = False) -> tuple[pd.DataFrame, dict]:
+    """(the usable, kept runs of one table set with a ``row`` column, {row key: RowInfo}).
+
+    Search trials are dropped unless ``trials``. ``runs`` must be one table set's runs (one preset)."""
+    ok = runs[runs["usable"] & runs["kept"]].copy()
+    if not trials:
+        ok = ok[ok["study"].fillna("") == ""]
+    if ok.empty:
+        return ok.assign(row=pd.Series(dtype=object)), {}
+    main = main_data(ok)
+    infos, keys = {}, []
+    for r in ok.itertuples():
+        data = "" if (r.data_id or "") == main.get(r.task, "") else (r.data_id or "not recorded")
+        trial = f"{r.study} #{int(r.trial)}" if trials and r.study and not _nan(r.trial) else ""
+        name, tag = r.name or "", r.tag or ""
+        # the plain row's key is the attention itself (the paper's rows look it up so): softmax,
+        # softmax [train.lr=0.002], softmax "my name", softmax <data ab12>, linformer [..] #study #3
+        parts = (
+            f"[{tag}]" if tag else "",
+            f'"{name}"' if name else "",
+            f"<data {data}>" if data else "",
+            f"#{trial}" if trial else "",
+        )
+        key = " ".join([r.attn, *(p for p in parts if p)])
+        infos.setdefault(key, RowInfo(key, r.attn, tag, name, data, trial, setting_of(tag, data)))
+        keys.append(key)
+    ok["row"] = keys
+    return ok, infos
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def baselines(infos: dict) -> dict:
+    """{row key: the key of the Standard row with the same setting, or None}. Among several (names differ),
+    the one without a name, then the first by key. A trial is never a baseline."""
+    cands: dict = {}
+    for info in sorted(infos.values(), key=lambda i: (bool(i.name), i.key)):
+        if info.attn == BASELINE and not info.trial:
+            cands.setdefault(info.setting, info.key)
+    out = {}
+    for key, info in infos.items():
+        base = cands.get(info.setting)
+        out[key] = None if base == key else base
+    return out
+
+
+def labels(infos: dict, row_names: dict | None = None) -> tuple[dict, dict]:
+    """({row key: printed label}, {row key: full override text where the label shortened it}).
+
+    ``row_names``: the table's own names of attentions (the paper's row names); else the papers' names."""
+    names = {**paper_names(), **(row_names or {})}
+    out, notes = {}, {}
+    for key, info in infos.items():
+        base = info.name or names.get(info.attn, info.attn)
+        extra = [] if info.name or not info.tag else [short_tag(info.tag)]
+        if info.data:
+            extra.append("data not recorded" if info.data == "not recorded" else f"data {info.data[:8]}")
+        if info.trial:
+            extra.append(f"trial {info.trial}")
+        out[key] = f"{base} [{'; '.join(extra)}]" if extra else base
+        if info.tag and (info.name or short_tag(info.tag) != info.tag.replace(",", ", ")):
+            notes[key] = info.tag
+    counts = Counter(out.values())
+    return {k: (f"{v} ({k})" if counts[v] > 1 else v) for k, v in out.items()}, notes
+
+
+def searches(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per search (table set, study): its finished trials, the best one by the search's own
+    objective (``best_val_acc`` unless the records name another), that trial's test accuracy and settings."""
+    ok = runs[runs["usable"] & runs["kept"] & (runs["study"].fillna("") != "")]
+    cols = [
+        "preset",
+        "study",
+        "grid",
+        "task",
+        "attn",
+        "trials",
+        "pruned",
+        "objective",
+        "best_trial",
+        "best_value",
+        "best_test_acc",
+        "best_settings",
+        "best_params",
+        "best_path",
+    ]
+    rows = []
+    for (preset, study), g in ok.groupby(["preset", "study"], sort=True):
+        objective = next((o for o in g["objective"].dropna() if o), "best_val_acc")
+        col = objective if objective in g.columns else "best_val_acc"
+        vals = pd.to_numeric(g[col], errors="coerce")
+        best = g.loc[vals.idxmax()] if vals.notna().any() else None
+        rows.append(
+            {
+                "preset": preset,
+                "study": study,
+                "grid": ",".join(sorted(set(g["grid"].dropna()) - {""})),
+                "task": ",".join(sorted(set(g["task"]))),
+                "attn": ",".join(sorted(set(g["attn"]))),
+                "trials": len(g),
+                "pruned": int((g["reason"].fillna("").str.contains("prun")).sum()),
+                "objective": objective,
+                "best_trial": None if best is None else int(best["trial"]),
+                "best_value": math.nan if best is None else float(best[col]),
+                "best_test_acc": math.nan if best is None else float(best["test_acc"]),
+                "best_settings": "" if best is None else short_tag(_params(best["search_params"], ",")),
+                "best_params": "" if best is None else _params(best["search_params"]),
+                "best_path": "" if best is None else best["path"],
+            }
+        )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _params(text, sep: str = ", ") -> str:
+    """A trial's sampled values (JSON in the record) as ``key=value`` text, keys sorted."""
+    try:
+        d = json.loads(text) if text else {}
+    except (TypeError, ValueError):
+        return str(text)
+    return sep.join(f"{k.lstrip('+~')}={v}" for k, v in sorted(d.items())) if isinstance(d, dict) else str(d)

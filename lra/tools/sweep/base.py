@@ -1,0 +1,63 @@
+"""What every part of a sweep shares: its constants, its one-line refusal, and the driver's signal handling."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+
+from lra import CONF_DIR
+from lra.interrupts import Interrupted, signal_of  # noqa: F401 - the sweep's names for them
+
+log = logging.getLogger("lra.tools.sweep")
+
+
+GRID_DIR = CONF_DIR / "sweep"
+FINISHED = ("completed", "stopped_early", "stuck")  # = lra.train.FINISHED: lra.train returns at once
+MARKER = ".sweep_job.json"  # written by run_job in the run folder: who runs it, attempts
+SWEEP_OPTIONS = (
+    "grid",
+    "parallel",
+    "jobs_per_gpu",
+    "dry_run",
+    "n_trials",
+    "progress",
+)  # consumed here, never passed to a run
+MANIFEST_VERSION = 2  # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
+LEGACY_MANIFEST = "manifest.json"  # a version-1 manifest: read as it is, never rewritten or deleted
+STOP_GRACE_S = 10.0  # an interrupted sweep's jobs get this long to end on their own signal
+
+
+class Refusal(SystemExit):
+    """A one-line refusal of the command (exit 2: bad input; 75: the sweep is in use); its text is the line."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the driver, once: a second signal while the sweep
+    winds down is ignored, so the jobs are stopped and the manifest is written (without this a SIGTERM
+    ends the driver at once, silently, its manifest left saying ``pending``)."""
+    if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
+        yield
+        return
+    got: list[int] = []
+
+    def handler(signum, frame):
+        if not got:
+            got.append(signum)
+            raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

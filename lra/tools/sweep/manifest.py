@@ -1,0 +1,128 @@
+"""The sweep's manifest: its jobs, their statuses and run folders, written atomically; and the lock that keeps one
+driver per sweep."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lra.files import write_json
+from lra.runlock import RunLocked, hold
+from lra.tools.sweep.base import LEGACY_MANIFEST, MANIFEST_VERSION, MARKER, Refusal
+from lra.tools.sweep.jobs import now_iso, read_json, run_status
+
+log = logging.getLogger("lra.tools.sweep")
+
+
+# ----------------------------------------------------------------------------- manifest
+@dataclass
+class Job:
+    overrides: list[str]
+    run_dir: Path | None = None
+    task: str | None = None
+    attn: str | None = None
+    seed: int | None = None
+    preset: str | None = None
+    error: str | None = None
+    status: str = "pending"
+    record: dict = field(default_factory=dict)
+    data: tuple | None = None  # (task config, data root): what lra.data prepares for it
+    hw: dict | None = None  # its hardware profile and trainer.devices (jobs_per_gpu shares)
+
+    def refresh(self) -> None:
+        if self.run_dir is not None:
+            self.status, self.record = run_status(self.run_dir)
+
+    def row(self, root: Path) -> dict:
+        r = self.record
+        marker = read_json(self.run_dir / MARKER) if self.run_dir else None
+        return {
+            "run_dir": rel_path(self.run_dir, root) if self.run_dir else None,
+            "overrides": self.overrides,
+            "task": self.task,
+            "attn": self.attn,
+            "seed": self.seed,
+            "status": self.status,
+            "error": self.error,
+            "reason": r.get("reason"),
+            "test_acc": r.get("test_acc"),
+            "best_val_acc": r.get("best_val_acc"),
+            "steps": r.get("steps"),
+            "train_time_s": r.get("train_time_s"),
+            "attempts": (marker or {}).get("attempts", 0),
+        }
+
+
+def rel_path(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def counts(jobs: list[Job]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j in jobs:
+        key = "invalid" if j.error else j.status
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _job_ids(rows: list[dict]) -> list[str]:
+    """The jobs of a manifest, by run folder (or, for an invalid job, its overrides)."""
+    return sorted(r.get("run_dir") or " ".join(r.get("overrides") or []) for r in rows)
+
+
+def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path) -> tuple[Path, dict]:
+    """(the sweep's manifest, what an earlier invocation left in it). ``manifest-<key>.json`` when there;
+    else a version-1 ``manifest.json`` (one per grid) listing exactly these jobs is taken over: its
+    creation time and invocations carry into the new file, and the old file stays as it is."""
+    path = folder / f"manifest-{key}.json"
+    if path.exists():
+        return path, read_json(path) or {}
+    legacy = read_json(folder / LEGACY_MANIFEST) or {}
+    ours = _job_ids(
+        [{"run_dir": rel_path(j.run_dir, root) if j.run_dir else None, "overrides": j.overrides} for j in jobs]
+    )
+    if legacy.get("kind", "grid") == "grid" and legacy.get("jobs") and _job_ids(legacy["jobs"]) == ours:
+        return path, {
+            "created": legacy.get("created"),
+            "invocations": legacy.get("invocations", []),
+            "migrated_from": LEGACY_MANIFEST,
+        }
+    return path, {}
+
+
+def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path, previous: dict | None = None) -> None:
+    """Every job's row as its folder says now; ``previous``: what to carry over when ``path`` is new."""
+    old = read_json(path) or previous or {}
+    body = {
+        "schema_version": MANIFEST_VERSION,
+        "created": old.get("created") or now_iso(),
+        "updated": now_iso(),
+        "runs_root": str(root),
+        **head,
+        "invocations": old.get("invocations", []),
+        **({"migrated_from": old["migrated_from"]} if old.get("migrated_from") else {}),
+        "counts": counts(jobs),
+        "jobs": [j.row(root) for j in jobs],
+    }
+    if head.get("invocation"):
+        body["invocations"] = body["invocations"] + [head["invocation"]]
+        del body["invocation"]
+    write_json(path, body)
+
+
+@contextlib.contextmanager
+def sweep_lock(folder: Path):
+    """One driver per sweep: the run folders' own lock (:func:`lra.runlock.hold`, a kernel ``flock`` that is
+    released however its holder ends) on the sweep's folder. A second driver of the same sweep stops at
+    once with one line (exit 75) instead of waiting."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(hold(folder))
+        except RunLocked as e:
+            raise Refusal(f"lra.tools.sweep: this sweep is already being driven: {e}", code=75) from None
+        yield
