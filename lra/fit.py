@@ -1,45 +1,12 @@
-"""Where the gradient accumulation is decided: the largest micro-batch that fits the GPU's memory.
+"""Where the gradient accumulation is decided: the largest micro-batch whose estimated peak training memory
+fits the hardware profile.
 
-``plan(spec)`` (a :class:`lra.config.RunSpec`) returns ``Plan(micro_batch, accum_steps, effective_batch, ...)`` with
-``effective_batch = micro_batch x accum_steps x devices`` equal to the preset's ``train.batch_size``
-for any number of devices. How the micro-batch is chosen:
-
-1. ``hardware.micro_batch`` set: that value (must divide the per-device batch).
-   Otherwise ``train.chunks`` (under a ``quirks=<code>`` the public code's accumulation chunks,
-   conf/quirks/) caps the micro-batch at ``batch_size / chunks``, the chunk their code ran, whatever
-   would fit; "the whole per-device batch" below then means the largest divisor up to that chunk.
-2. A profile without a memory budget (``hardware=cpu``, or ``auto`` on a machine without CUDA): the
-   whole per-device batch is one micro-batch.
-3. Otherwise the peak training memory of one micro-batch is ESTIMATED ON THE CPU, without a GPU and
-   without allocating: the real model with the real attention backend, its parameters turned into
-   fake tensors (``FakeTensorMode``), runs one AdamW step on zero gradients (so the optimizer states
-   exist, as from the second iteration on) and then a full training iteration (forward, backward,
-   AdamW step) inside torch's ``MemTracker`` (a private API: lra/compat.py), which rounds every
-   tensor to the CUDA caching allocator's 512-byte blocks. The peak it reports is what
-   ``torch.cuda.max_memory_allocated`` measures for the same iteration (docs/facts.md §7). A micro-batch
-   fits when ``peak x (1 + allocator_margin) + cuda_context <= total`` (see ``budget_bytes``).
-   Candidates are the divisors of the per-device batch; the search tries the whole batch first,
-   then micro-batch 1, then interpolates (peak memory is affine in the batch) and verifies the
-   largest divisor on the line below the budget, so a decision costs 1-4 estimates. Decisions are cached
-   as JSON under ``fit.cache_dir``, keyed by everything that changes the memory (model, attention options,
-   sequence length, precision, per-device batch, budget, torch version, estimator version).
-
-What the CPU estimate models of a CUDA run (docs/protocol.md has the numbers):
-* Fused softmax (``attn.options.impl=fused``): on CUDA, ``scaled_dot_product_attention`` with a
-  padding mask and dropout runs the memory-efficient kernel, which keeps O(n) per head (output and
-  log-sum-exp) instead of the n x n matrix. The CPU kernel differs (with dropout it falls back to
-  the materialising math path), so during the estimate SDPA is routed to
-  ``aten._scaled_dot_product_efficient_attention``, whose fake-tensor implementation allocates
-  exactly the CUDA kernel's outputs (the boolean mask becomes an additive bias of the mask's shape,
-  as on CUDA). Its small backward scratch (one float per query row) is not counted.
-* Mixed precision (``16-mixed``, the default on a GPU, as in the papers): the estimate runs under
-  CPU autocast in bfloat16, which has the size of float16; the attention kernel itself is fp32.
-* ``attn_checkpointing``: the papers' softmax baseline recomputes attention in backward
-  (``torch.utils.checkpoint``); :func:`checkpoint_attention` wraps the backend the same way for the
-  estimate and for training.
-* Not modelled (covered by the margins): the CUDA context and library handles (outside the
-  caching allocator, ``cuda_context_gib``), fragmentation of the caching allocator and cuBLAS /
-  cuDNN workspaces (``allocator_margin``), evaluation (no gradients; lower than training).
+``plan(spec)`` (a :class:`lra.config.RunSpec`) returns ``Plan(micro_batch, accum_steps, effective_batch, ...)``
+with ``effective_batch = micro_batch x accum_steps x devices`` equal to the preset's ``train.batch_size``.
+``hardware.micro_batch`` forces the micro-batch, ``train.chunks`` caps it (the public code's chunks under its
+quirks), a profile without a memory budget takes the whole batch; otherwise the peak of one training iteration
+is estimated on the CPU with fake tensors inside torch's MemTracker, and the search tries 1-4 divisors. What
+the estimate models of a CUDA run, the search and the cache: docs/protocol.md, "Memory-fitted accumulation".
 
 ``python -m lra.fit task=<t> attn=<a> hardware=<h> [overrides]`` (``make fit``) prints a decision;
 ``python -m lra.fit --table [hardware=...] [preset=...]`` prints the decisions for every task x

@@ -1,5 +1,6 @@
 """Shared test setup: one CPU thread (machines are shared and noisy), repo root on sys.path."""
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -21,3 +22,20 @@ torch.set_num_threads(1)
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def run_env(tmp_path):
+    """``run_env(runs="runs", **extra)``: the environment of a harness command under this test's tmp_path."""
+    from tests.helpers import run_env
+
+    return functools.partial(run_env, tmp_path)
+
+
+@pytest.fixture
+def quick_run(tmp_path):
+    """``quick_run(*overrides, runs="runs", check=True)``: lra.train of the tiny quick run (tests/helpers.py TINY)
+    plus ``overrides``, under this test's tmp_path."""
+    from tests.helpers import TINY, run_train
+
+    return lambda *overrides, **kw: run_train(tmp_path, *TINY, *overrides, **kw)

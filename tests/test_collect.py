@@ -4,7 +4,6 @@ import csv
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -609,9 +608,9 @@ def test_paper_results_match_docs_facts():
 
 def test_paper_results_are_package_data():
     root = Path(__file__).resolve().parents[1]
-    assert PAPER_CSV == root / "lra" / "paper_results.csv" and PAPER_CSV.is_file()
+    assert PAPER_CSV == root / "lra" / "tools" / "collect" / "paper_results.csv" and PAPER_CSV.is_file()
     text = (root / "pyproject.toml").read_text()
-    assert re.search(r'\[tool\.setuptools\.package-data\]\s*lra = \[[^\]]*"\*\.csv"', text)
+    assert '\n"lra.tools.collect" = ["*.csv"]\n' in text.split("[tool.setuptools.package-data]")[1]
 
 
 # ----------------------------------------------------------------------------- bad input on the command line

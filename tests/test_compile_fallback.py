@@ -20,8 +20,8 @@ import lra.module
 from lra import train as lra_train
 from lra.config import load
 from lra.module import LitLRA
+from tests.helpers import TINY
 from tests.test_cli_commands import _logging_state, _restore_logging
-from tests.test_train import TINY
 
 torch.set_num_threads(1)
 

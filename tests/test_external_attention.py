@@ -15,7 +15,7 @@ import torch
 
 import attention
 from attention import registry, testing
-from tests.test_train import TINY
+from tests.helpers import TINY, run_env
 
 BACKEND = '''
 """Softmax attention with a temperature: the README's ten-line example of a backend in your package."""
@@ -80,14 +80,7 @@ def user_package(tmp_path, monkeypatch):
 
 
 def _env(tmp_path, site):
-    return {
-        **os.environ,
-        "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "LRA_DATA": str(tmp_path / "data"),
-        "LRA_RUNS": str(tmp_path / "runs"),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-    }
+    return run_env(tmp_path, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 
 def test_public_contract_checks_pass_a_good_backend_and_catch_a_bad_one(user_package):

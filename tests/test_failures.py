@@ -15,26 +15,15 @@ import pytest
 import torch
 
 from lra.config import load
+from tests.helpers import TINY, run_env
 from tests.test_resume import CLOSE, RESUME, SAME
-from tests.test_train import TINY
-
-
-def _env(tmp_path, runs):
-    return {
-        **os.environ,
-        "LRA_DATA": str(tmp_path / f"data-{runs}"),
-        "LRA_RUNS": str(tmp_path / runs),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 def _popen(tmp_path, runs, *extra):
     # a session of its own: the signal goes to the whole process group, as timeout/SLURM/Kubernetes send it
     return subprocess.Popen(
         [sys.executable, "-m", "lra.train", *RESUME, *extra],
-        env=_env(tmp_path, runs),
+        env=run_env(tmp_path, runs),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -97,7 +86,7 @@ def test_worker_count_does_not_change_the_run(tmp_path):
         rc, out = _finish(
             subprocess.Popen(
                 [sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", f"trainer.num_workers={w}"],
-                env=_env(tmp_path, f"w{w}"),
+                env=run_env(tmp_path, f"w{w}"),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -124,7 +113,7 @@ def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
     log = open(tmp_path / "first.log", "w")  # not a pipe: nobody reads it while the second command runs
     first = subprocess.Popen(
         [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-        env=_env(tmp_path, "runs"),
+        env=run_env(tmp_path, "runs"),
         stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
@@ -134,7 +123,7 @@ def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
         time.sleep(0.05)
     second = subprocess.run(
         [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-        env=_env(tmp_path, "runs"),
+        env=run_env(tmp_path, "runs"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -149,7 +138,7 @@ def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
     # the lock does not outlive its holder: the same command now reports the finished run
     again = subprocess.run(
         [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-        env=_env(tmp_path, "runs"),
+        env=run_env(tmp_path, "runs"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -201,7 +190,7 @@ def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tm
 def _cli(tmp_path, *extra):
     return subprocess.run(
         [sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", *extra],
-        env=_env(tmp_path, "runs"),
+        env=run_env(tmp_path, "runs"),
         capture_output=True,
         text=True,
         timeout=300,

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_train import TINY, run_train
 
 import attention
 from lra.config import ConfigError, compose, load
@@ -257,11 +256,11 @@ def test_paper_classifier_is_the_public_model(preset):
     assert (ours - ref)[1:].abs().max() > 1e-3 and (ours - ref)[0].abs().max() < 1e-6  # padded rows differ
 
 
-def test_paper_run_records_semantics_and_its_folder(tmp_path):
+def test_paper_run_records_semantics_and_its_folder(quick_run, tmp_path):
     """A real (tiny) run with the public code's semantics: alnum ListOps, padded-mean pooling, the run
     folder and the record keep it apart from the clean run of the same command."""
-    run_train(tmp_path, *TINY, "quirks=skeinformer", "attn=skeinformer")
-    run_train(tmp_path, *TINY)
+    quick_run("quirks=skeinformer", "attn=skeinformer")
+    quick_run()
     runs = tmp_path / "runs" / "quick"
     (paper,) = [
         json.loads(p.read_text()) for p in (runs / "paper" / "listops" / "skeinformer" / "seed0").rglob("result.json")

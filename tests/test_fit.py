@@ -192,7 +192,7 @@ def test_micro_batch_one_not_fitting_is_an_error_with_the_estimate(tmp_path):
 
 def test_train_refuses_before_training_when_nothing_fits(tmp_path):
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
-    from tests.test_train import TINY
+    from tests.helpers import TINY
 
     proc = subprocess.run(
         [sys.executable, "-m", "lra.train", *TINY, "hardware=v100_16gb", "hardware.total_gib=0.75"],

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from lra.config import ConfigError, load
+from tests.helpers import TINY, run_env
 from tests.test_resume import RESUME, _start_and_kill
-from tests.test_train import TINY
 
 wandb = pytest.importorskip("wandb")
 TESTS = Path(__file__).resolve().parent
@@ -31,14 +31,7 @@ EVAL_LINE = re.compile(
 
 
 def _env(tmp_path, runs="runs"):
-    return {
-        **os.environ,
-        "LRA_DATA": str(tmp_path / f"data-{runs}"),
-        "LRA_RUNS": str(tmp_path / runs),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "offline",
-        "PYTHONUNBUFFERED": "1",
-    }
+    return run_env(tmp_path, runs, WANDB_MODE="offline")  # W&B writes offline files the tests read
 
 
 def _train(tmp_path, *overrides, runs="runs", check=True):
@@ -124,7 +117,7 @@ def test_killed_run_resumes_into_the_same_wandb_run(tmp_path, monkeypatch):
     holds the evaluations from before the kill, TensorBoard and metrics.csv hold each evaluation once (~40 s)."""
     pytest.importorskip("tensorboard")
     monkeypatch.setattr("tests.test_resume.RESUME", [*RESUME, SIDE_BY_SIDE])
-    monkeypatch.setattr("tests.test_resume._env", lambda tmp, runs: _env(tmp, runs))
+    monkeypatch.setattr("tests.test_resume.run_env", lambda tmp, runs: _env(tmp, runs))
     step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=9)
     assert rc == -signal.SIGKILL, out[-2000:]
     run_dir = _run_dir(tmp_path)

@@ -150,11 +150,9 @@ def test_approx_notebook_without_output_or_with_a_foreign_csv(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_results_notebook_on_real_quick_runs(tmp_path, monkeypatch):
-    from test_train import TINY, run_train
-
+def test_results_notebook_on_real_quick_runs(quick_run, tmp_path, monkeypatch):
     # one process, four runs (Hydra multirun): quick preset, softmax and none, seeds 0 and 1
-    run_train(tmp_path, *TINY, "attn=softmax,none", "seed=0,1", "--multirun")
+    quick_run("attn=softmax,none", "seed=0,1", "--multirun")
     res = collect(tmp_path / "runs", tmp_path / "tables", compare=("skeinformer", "yoso"))
     ok = res.runs[res.runs["usable"] & res.runs["kept"]]
     assert sorted(zip(ok["attn"], ok["seed"])) == [("none", 0), ("none", 1), ("softmax", 0), ("softmax", 1)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lra.config import AttnSpec, ConfigError, ModelSpec, TrainSpec, compose, load
-from tests.test_train import TINY
+from tests.helpers import TINY
 
 # docs/facts.md §4, §9.3, §9.4, §9.5: (batch, lr, warmup, steps, eval every)
 PAPER = {

@@ -11,7 +11,7 @@ from lra.config import ConfigError, load
 from lra.hydra_glue import Composer
 from lra.naming import run_tag
 from lra.record import new_record
-from tests.test_train import TINY, run_train
+from tests.helpers import TINY
 
 
 def test_name_changes_neither_the_run_folder_nor_the_resume_key():
@@ -37,25 +37,25 @@ def test_a_bad_name_is_refused_naming_the_key_and_what_is_allowed(bad):
         load([*TINY, f"name={bad}"])
 
 
-def test_a_bad_name_is_one_line_exit_2_and_no_folder(tmp_path):
+def test_a_bad_name_is_one_line_exit_2_and_no_folder(quick_run, tmp_path):
     """Bug caught: a bad name found only after Hydra made the run folder, or as a traceback."""
-    proc = run_train(tmp_path, *TINY, "name=a/b", check=False)
+    proc = quick_run("name=a/b", check=False)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("error: name='a/b' is not allowed: 1-40 letters")
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_finished_run_keeps_its_name_and_says_so(tmp_path):
+def test_a_finished_run_keeps_its_name_and_says_so(quick_run, tmp_path):
     """Bug caught: the same run under another name retrained (the name in its folder), or silently kept the
     old name with nothing telling the user why the table shows it."""
-    run_train(tmp_path, *TINY, "trainer.progress=false", "name=first")
+    quick_run("trainer.progress=false", "name=first")
     (path,) = (tmp_path / "runs").rglob("result.json")
     rec = json.loads(path.read_text())
     assert path.parent.relative_to(tmp_path / "runs").parts[:5] == ("quick", "clean", "listops", "softmax", "seed0")
     assert path.parent.name == run_tag(TINY) and "first" not in str(path)
     assert rec["status"] == "completed" and rec["name"] == "first" and rec["search"] is None
-    again = run_train(tmp_path, *TINY, "trainer.progress=false", "name=second")
+    again = quick_run("trainer.progress=false", "name=second")
     out = again.stdout + again.stderr
     assert "already holds a finished run" in out
     assert "it keeps name='first' (name='second' is not applied)" in out

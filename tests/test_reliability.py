@@ -12,7 +12,7 @@ import pytest
 from lra.config import ConfigError, load
 from lra.data import DataError
 from lra.naming import run_folder, run_tag
-from tests.test_train import TINY
+from tests.helpers import TINY
 
 T = [*TINY, "trainer.progress=false"]
 

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 
 from lra.config import load
-from tests.test_train import TINY
+from tests.helpers import TINY, run_env
 
 # Long enough to be killed mid-training; micro-batch 16 x accumulation 2 exercises accumulation
 # boundaries; patience exercises the early-stopping state; a checkpoint every 3 optimizer steps
@@ -44,17 +44,6 @@ SAME = (
 CLOSE = ("test_acc", "test_loss", "best_val_acc")
 
 
-def _env(tmp_path, runs):  # one data folder per runs folder: runs started together never share a generation
-    return {
-        **os.environ,
-        "LRA_DATA": str(tmp_path / f"data-{runs}"),
-        "LRA_RUNS": str(tmp_path / runs),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
 def _cmd():
     return [sys.executable, "-m", "lra.train", *RESUME]
 
@@ -70,7 +59,7 @@ def _val_history(tmp_path, runs):
 
 
 def _run(tmp_path, runs):
-    proc = subprocess.run(_cmd(), env=_env(tmp_path, runs), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(_cmd(), env=run_env(tmp_path, runs), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -78,7 +67,7 @@ def _run(tmp_path, runs):
 def _start_reference(tmp_path):
     """The uninterrupted run, in the background while the test kills the other one."""
     return subprocess.Popen(
-        _cmd(), env=_env(tmp_path, "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        _cmd(), env=run_env(tmp_path, "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -96,7 +85,7 @@ def _start_and_kill(tmp_path, runs, sig, min_step):
     import torch
 
     proc = subprocess.Popen(
-        _cmd(), env=_env(tmp_path, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        _cmd(), env=run_env(tmp_path, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     deadline = time.time() + 300
     step = None

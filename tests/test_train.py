@@ -1,9 +1,6 @@
 """End to end: ``python -m lra.train`` on tiny generated ListOps writes a valid run record."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,36 +8,11 @@ import torch
 from lra.config import compose, load
 from lra.files import write_json
 from lra.record import REQUIRED
-
-TINY = [
-    "preset=quick",
-    "protocol.data.n_train=256",
-    "protocol.data.n_val=64",
-    "protocol.data.n_test=64",
-    "train.max_steps=12",
-    "train.eval_every=5",
-    "num_threads=1",
-]
+from tests.helpers import TINY, run_train
 
 
-def run_train(tmp_path, *overrides, check=True):
-    env = {
-        **os.environ,
-        "LRA_DATA": str(tmp_path / "data"),
-        "LRA_RUNS": str(tmp_path / "runs"),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "lra.train", *overrides], env=env, capture_output=True, text=True, timeout=600
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"lra.train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def test_end_to_end_writes_valid_record(tmp_path):
-    run_train(tmp_path, *TINY)
+def test_end_to_end_writes_valid_record(quick_run, tmp_path):
+    quick_run()
     rec_path = next((tmp_path / "runs").rglob("result.json"))
     rec = json.loads(rec_path.read_text())
     assert rec_path.parent.relative_to(tmp_path / "runs").parts[:5] == ("quick", "clean", "listops", "softmax", "seed0")
@@ -57,13 +29,13 @@ def test_end_to_end_writes_valid_record(tmp_path):
     assert not list(rec_path.parent.glob(".*.tmp"))
 
     # the same command again finds the completed run and does not retrain
-    again = run_train(tmp_path, *TINY)
+    again = quick_run()
     assert "already holds a finished run" in again.stdout + again.stderr
     assert json.loads(rec_path.read_text()) == rec
 
 
-def test_unknown_attention_lists_available(tmp_path):
-    proc = run_train(tmp_path, *TINY, "attn=not_a_backend", check=False)
+def test_unknown_attention_lists_available(quick_run, tmp_path):
+    proc = quick_run("attn=not_a_backend", check=False)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "not_a_backend" in out and "softmax" in out and "none" in out
@@ -74,11 +46,11 @@ def test_unknown_task_lists_available(tmp_path):
     assert proc.returncode != 0 and "listops" in proc.stdout + proc.stderr
 
 
-def test_missing_data_without_generation_fails_with_instructions(tmp_path):
-    proc = run_train(tmp_path, *TINY, "task.generate=false", check=False)
+def test_missing_data_without_generation_fails_with_instructions(quick_run, tmp_path):
+    proc = quick_run("task.generate=false", check=False)
     assert proc.returncode == 2
     out = proc.stdout + proc.stderr
-    assert "make data task=listops" in out and str(tmp_path / "data") in out
+    assert "make data task=listops" in out and str(tmp_path / "data-runs") in out
     assert not list((tmp_path / "runs").rglob("seed0"))  # found before Hydra makes the run folder
 
 

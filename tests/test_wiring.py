@@ -22,8 +22,8 @@ from lra.model import build_model
 from lra.tools.collect import collect
 from lra.tools.collect.records import load_runs
 from lra.tools.collect.tables import TABLES, build, paper_results, summary
+from tests.helpers import TINY
 from tests.test_collect import cell, make_record
-from tests.test_train import TINY
 
 SPEC = {s.key: s for s in TABLES}
 
