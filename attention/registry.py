@@ -28,6 +28,7 @@ import pkgutil
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -162,9 +163,9 @@ ENTRY_POINTS = "lra_harness.attention"  # entry-point group of backends that liv
 
 def _load_all() -> None:
     """Import this package's modules, then the backends other packages announce: the entry points of
-    group ``lra_harness.attention`` (a module or an AttentionBackend class each) and the modules named
-    in ``$LRA_ATTENTION_MODULES`` (comma-separated). Registered that way, a backend is one like ours:
-    ``attn=<name>``, typed options, the fit, the contract checks, the tables."""
+    group ``lra_harness.attention`` (a module whose import registers its backends, or an AttentionBackend
+    class each). Registered that way, a backend is one like ours: ``attn=<name>``, typed options, the fit,
+    the contract checks, the tables. The other way in is ``attn.target`` (:func:`load_external`)."""
     global _LOADED
     if _LOADED:
         return
@@ -176,8 +177,12 @@ def _load_all() -> None:
             importlib.import_module(f"attention.{mod.name}")
     for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
         _adopt(ep.load(), ep.name)
-    for mod in filter(None, (m.strip() for m in os.environ.get("LRA_ATTENTION_MODULES", "").split(","))):
-        importlib.import_module(mod)
+    if os.environ.get("LRA_ATTENTION_MODULES"):  # a third way in that was dropped: say what replaced it
+        warnings.warn(
+            "LRA_ATTENTION_MODULES is no longer read: announce the module as an entry point of group "
+            f"{ENTRY_POINTS} (e.g. `mine = my_pkg.attn`) or run with attn.target=<module>:<Class>",
+            stacklevel=2,
+        )
 
 
 def _adopt(obj, name: str) -> str:
@@ -201,7 +206,7 @@ def snake_case(class_name: str) -> str:
 def load_external(target: str) -> str:
     """Import ``package.module:ClassName`` and return its registry name, the same whatever route loads the
     class (it is the run record's ``attn``): the name it is registered under already (an entry point of
-    group ``lra_harness.attention``, ``@attention.register``, ``$LRA_ATTENTION_MODULES``), else its class
+    group ``lra_harness.attention``, ``@attention.register`` in a module it names), else its class
     name in snake_case (``TempSoftmax`` -> ``temp_softmax``), registered now; else, where another backend
     has that name, the class name itself. Errors say what to fix in one line."""
     module, _, attr = target.partition(":")

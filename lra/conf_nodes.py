@@ -104,7 +104,7 @@ class ExternalAttention:
     """``attn=external attn.target=package.module:ClassName``: a backend from the user's own package,
     imported when the config is resolved; its options (``+attn.options.k=64``: the ``+`` because the
     node cannot know them before the import) are checked against its Options dataclass there. Registered
-    through an entry point or $LRA_ATTENTION_MODULES instead, a backend gets its own typed node: ``attn=<name>``."""
+    through an entry point instead, a backend gets its own typed node: ``attn=<name>``."""
 
     name: str = "external"
     target: str = MISSING

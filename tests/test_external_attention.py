@@ -297,7 +297,7 @@ print(json.dumps(out))
 """
 
 
-def _labels(tmp_path, site, routes, entry_point=None, modules=None):
+def _labels(tmp_path, site, routes, entry_point=None, env_extra=None):
     """The record's (attn, attn_backend) of each route, in a fresh process as a run has it."""
     env = _env(tmp_path, site)
     env.pop("LRA_ATTENTION_MODULES", None)
@@ -310,11 +310,19 @@ def _labels(tmp_path, site, routes, entry_point=None, modules=None):
         dist.mkdir()
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg\nVersion: 0.1\n")
         (dist / "entry_points.txt").write_text(f"[lra_harness.attention]\n{entry_point}\n")
-    if modules:
-        env["LRA_ATTENTION_MODULES"] = modules
+    env.update(env_extra or {})
     proc = subprocess.run([sys.executable, "-c", LABELS, *routes], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    _labels.stderr = proc.stderr
     return {k: tuple(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
+def test_the_dropped_modules_variable_is_named_not_silently_ignored(tmp_path, user_package):
+    """Two ways in (attn.target, an entry point): a user who still sets LRA_ATTENTION_MODULES is told what
+    replaced it, and attn.target still works."""
+    got = _labels(tmp_path, user_package, [TARGET], env_extra={"LRA_ATTENTION_MODULES": "my_pkg.attn"})
+    assert got == {TARGET: ("temp_softmax", "temp_softmax")}
+    assert "LRA_ATTENTION_MODULES is no longer read" in _labels.stderr and "entry point" in _labels.stderr
 
 
 TARGET = "attn=external attn.target=my_pkg.attn:TempSoftmax"
@@ -332,7 +340,7 @@ def test_one_external_class_is_one_record_attn_whatever_route_loads_it(tmp_path,
     assert _labels(
         tmp_path, user_package, [TARGET, "attn=temp_softmax"], entry_point="temp_softmax = my_pkg.attn:TempSoftmax"
     ) == {TARGET: one, "attn=temp_softmax": one}
-    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"], modules="my_pkg.reg") == {
+    assert _labels(tmp_path, user_package, [TARGET, "attn=temp_softmax"], entry_point="reg = my_pkg.reg") == {
         TARGET: one,
         "attn=temp_softmax": one,
     }
