@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from lra.config import RunSpec
 
 SCHEMA_VERSION = 1  # additions that keep every earlier field are not a new version
-REQUIRED = (
+# what every finished record has had since schema 1 (the collector needs these of any record it reads)
+CORE = (
     "task",
     "attn",
     "seed",
@@ -36,6 +37,9 @@ REQUIRED = (
     "hardware",
     "config",
     "git_commit",
+)
+REQUIRED = (
+    *CORE,
     # the papers' protocol (docs/protocol.md): why it stopped, selection, estimated memory, throughput
     "reason",
     "steps_at_stop",

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lra.record import SCHEMA_VERSION, Record  # the newest run-record schema this reader knows
+from lra.record import CORE, SCHEMA_VERSION, Record  # the newest run-record schema this reader knows
 
 # Finished runs (= lra.train.FINISHED). "stuck" (training ran, but stayed at chance level) is a real
 # outcome the papers count too (YOSO Table 3: Performer 18.80 on ListOps): it enters the means and is
@@ -274,25 +274,7 @@ def normalise(record: Record, rel: str) -> tuple[dict, list[Issue]]:
             if value is not None:
                 rec[key] = value
                 filled.append(key)
-    required = (
-        "task",
-        "attn",
-        "seed",
-        "status",
-        "test_acc",
-        "best_val_acc",
-        "steps",
-        "train_time_s",
-        "time_per_1k_steps_s",
-        "peak_mem_bytes",
-        "micro_batch",
-        "accum_steps",
-        "effective_batch",
-        "hardware",
-        "config",
-        "git_commit",
-        "preset",
-    )
+    required = (*CORE, "preset")
     missing = [k for k in required if k not in rec]
     if "status" not in rec:
         acc, _ = _number(rec.get("test_acc"))
