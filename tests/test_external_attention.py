@@ -297,8 +297,9 @@ print(json.dumps(out))
 """
 
 
-def _labels(tmp_path, site, routes, entry_point=None, env_extra=None):
-    """The record's (attn, attn_backend) of each route, in a fresh process as a run has it."""
+def _labels_and_stderr(tmp_path, site, routes, entry_point=None, env_extra=None):
+    """The record's (attn, attn_backend) of each route, in a fresh process as a run has it, and what that
+    process wrote to stderr."""
     env = _env(tmp_path, site)
     env.pop("LRA_ATTENTION_MODULES", None)
     for d in site.glob("*.dist-info"):
@@ -313,16 +314,19 @@ def _labels(tmp_path, site, routes, entry_point=None, env_extra=None):
     env.update(env_extra or {})
     proc = subprocess.run([sys.executable, "-c", LABELS, *routes], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _labels.stderr = proc.stderr
-    return {k: tuple(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    return {k: tuple(v) for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}, proc.stderr
+
+
+def _labels(tmp_path, site, routes, entry_point=None):
+    return _labels_and_stderr(tmp_path, site, routes, entry_point)[0]
 
 
 def test_the_dropped_modules_variable_is_named_not_silently_ignored(tmp_path, user_package):
     """Two ways in (attn.target, an entry point): a user who still sets LRA_ATTENTION_MODULES is told what
     replaced it, and attn.target still works."""
-    got = _labels(tmp_path, user_package, [TARGET], env_extra={"LRA_ATTENTION_MODULES": "my_pkg.attn"})
+    got, err = _labels_and_stderr(tmp_path, user_package, [TARGET], env_extra={"LRA_ATTENTION_MODULES": "my_pkg.attn"})
     assert got == {TARGET: ("temp_softmax", "temp_softmax")}
-    assert "LRA_ATTENTION_MODULES is no longer read" in _labels.stderr and "entry point" in _labels.stderr
+    assert "LRA_ATTENTION_MODULES is no longer read" in err and "entry point" in err
 
 
 TARGET = "attn=external attn.target=my_pkg.attn:TempSoftmax"
