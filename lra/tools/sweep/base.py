@@ -23,6 +23,9 @@ SWEEP_OPTIONS = (
     "dry_run",
     "n_trials",
     "progress",
+    "budget",
+    "carry",
+    "probe",
 )  # consumed here, never passed to a run
 MANIFEST_VERSION = 2  # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
 LEGACY_MANIFEST = "manifest.json"  # a version-1 manifest: read as it is, never rewritten or deleted
@@ -38,6 +41,33 @@ class Refusal(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class BudgetReached(Interrupted):
+    """The sweep's time budget ran out: its runs are stopped with SIGTERM (interrupted, resumable)."""
+
+    def __init__(self):
+        super().__init__(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None):
+    """Raise :class:`BudgetReached` in the main thread after ``seconds`` (None: never): wherever the driver
+    waits (the launcher's poll, a job's wait), as a signal would."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise BudgetReached()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @contextlib.contextmanager

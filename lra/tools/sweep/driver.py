@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import logging
 import os
@@ -16,7 +17,16 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lra.hydra_glue import Composer
-from lra.tools.sweep.base import FINISHED, LEGACY_MANIFEST, Interrupted, interruptible, signal_of
+from lra.tools.sweep import budget as clock
+from lra.tools.sweep.base import (
+    FINISHED,
+    LEGACY_MANIFEST,
+    BudgetReached,
+    Interrupted,
+    deadline,
+    interruptible,
+    signal_of,
+)
 from lra.tools.sweep.grid import Grid, definition, quote, sweep_key, with_run_tag
 from lra.tools.sweep.jobs import ctrl_c_to_the_driver, read_json, run_job, stop_jobs
 from lra.tools.sweep.manifest import Job, counts, find_manifest, rel_path, sweep_lock, write_manifest
@@ -52,6 +62,8 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
             job.task, job.attn, job.seed, job.preset = cfg.task.name, cfg.attn.label, int(cfg.seed), cfg.preset
             job.data = (OmegaConf.to_container(cfg.task, resolve=True), str(cfg.data_root))
             job.hw = hw_of(cfg)
+            job.train = {k: cfg.train.get(k) for k in ("max_steps", "eval_every", "patience")}
+            job.cfg = cfg
         except Exception as e:  # noqa: BLE001 - an unknown task/attn: reported, the rest still runs
             job.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         jobs.append(job)
@@ -96,6 +108,7 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
         folder = sweep_folder(root, grid, jobs)
         for j in jobs:
             j.refresh()
+            j.rel = rel_path(j.run_dir, root) if j.run_dir else " ".join(j.overrides)
         force = any(o in ("force=true", "force=True") for o in jobs[0].overrides) if jobs else False
         todo = [j for j in jobs if not j.error and j.status != "running" and (force or j.status not in FINISHED)]
         kind = launcher_kind(primary)
@@ -111,8 +124,18 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                     f"lra.tools.sweep: jobs_per_gpu={k} with hardware=auto: a GPU of {','.join(gpus)} did not "
                     "report its memory to torch.cuda; check the GPUs or name a profile (hardware=h100_80gb)"
                 )
+        batch = len(todo) if kind == "slurm" else (parallel if kind == "local" else 1)  # = launch()'s batches
+        if opts["budget"] is not None and kind == "slurm":
+            raise SystemExit(
+                "lra.tools.sweep: budget= plans the jobs of this machine, and the slurm launcher's queue decides "
+                "when they start; give the jobs a time limit there (hydra.launcher.timeout_min) or drop budget"
+            )
         if opts["dry_run"]:
-            _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares)
+            est, by_job = clock.estimates(todo, root, gpus, parallel, k, bool(opts["probe"]), jobs)
+            _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares, est)
+            print(clock.totals(todo, by_job, batch, est.device))
+            if opts["budget"] is not None:
+                print(clock.plan(todo, by_job, batch, opts["budget"] - (time.time() - t0), opts["carry"])[2])
             path, previous = find_manifest(folder, key, jobs, root)
             state = "exists" if path.exists() else f"new, taking over {LEGACY_MANIFEST}" if previous else "new"
             print(f"manifest: {path} ({state})")
@@ -139,53 +162,72 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                 + f"; manifest {manifest}",
                 flush=True,
             )
-            stopped = None
+            stopped, reached, started, budget_inv = None, False, [], {}
+            go = functools.partial(
+                launch,
+                composer,
+                primary,
+                grid,
+                kind=kind,
+                parallel=parallel,
+                folder=folder,
+                hydra_ovs=hydra_ovs,
+                manifest=manifest,
+                head=head,
+                jobs=jobs,
+                root=root,
+                every_s=opts["progress"] if opts["progress"] is not None else 30.0,
+                jobs_per_gpu=k,
+                gpus=gpus,
+            )
             try:
-                if todo and (kind == "slurm" or (kind == "local" and parallel > 1)):
+                if todo and (kind == "slurm" or (kind == "local" and parallel > 1) or opts["budget"] is not None):
                     prepare_data(todo)
-                if todo:
-                    launch(
-                        composer,
-                        primary,
-                        grid,
-                        todo,
-                        kind,
-                        parallel,
-                        folder,
-                        hydra_ovs,
-                        manifest,
-                        head,
-                        jobs,
-                        root,
-                        every_s=opts["progress"] if opts["progress"] is not None else 30.0,
-                        jobs_per_gpu=k,
-                        gpus=gpus,
-                    )
+                if opts["budget"] is None:
+                    started = todo
+                    if todo:
+                        go(todo)
+                else:  # the probes and the plan count against the budget
+                    est, by_job = clock.estimates(todo, root, gpus, parallel, k, opts["probe"] is not False, jobs)
+                    print(clock.totals(todo, by_job, batch, est.device), flush=True)
+                    budget_inv = {"budget_s": opts["budget"], "device": est.device, "estimates_s": {}}
+                    end = t0 + opts["budget"]
+                    with deadline(end - time.time()):
+                        clock.run_on_budget(todo, jobs, est, batch, end, opts["carry"], go, started, budget_inv)
+            except BudgetReached:  # only the runs were told: no grace for them to end by themselves
+                reached = True
+                stop_jobs([j.run_dir for j in started], signal.SIGTERM, grace_s=0.0)
             except (KeyboardInterrupt, Interrupted) as e:
                 # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
                 stopped = signal_of(e)
-                stop_jobs([j.run_dir for j in todo], stopped)
+                stop_jobs([j.run_dir for j in started], stopped)
+            left = [j for j in todo if j not in started]
             for j in jobs:  # each job's status as its folder says now, whatever the launcher reported
                 j.refresh()
             wall = time.time() - t0
             inv = {
                 "started": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
                 "wall_s": round(wall, 1),
-                "launched": len(todo),
+                "launched": len(started),
                 "skipped": skipped,
                 "command": grid.command,
                 **({"interrupted": signal.Signals(stopped).name} if stopped else {}),
+                **({**budget_inv, "budget_reached": reached} if budget_inv else {}),
             }
             write_manifest(manifest, {**head, "invocation": inv}, jobs, root)
     if stopped:
         print(interrupted_line(grid.name, stopped, counts(jobs), grid.command), file=sys.stderr, flush=True)
         return 128 + stopped
-    _print_summary(grid, jobs, todo, root, manifest, wall)
+    _print_summary(grid, jobs, started, root, manifest, wall)
+    if opts["budget"] is not None:
+        print("\n".join(clock.report(jobs, started, left, reached, grid.command, root)))
     if any(o.startswith("logger=") and "wandb" in o for o in (jobs[0].overrides if jobs else [])):
         from lra.wandb_extras import log_sweep_table
 
         with contextlib.suppress(Exception):
             log_sweep_table(read_json(manifest), folder)
+    if opts["budget"] is not None:  # a window that ends with runs to carry did its job; a failed run did not
+        return 1 if any(j.status == "failed" for j in started) else 0
     return 0 if all(j.status in FINISHED for j in jobs) else 1
 
 
@@ -220,6 +262,7 @@ def launch(
     primary: DictConfig,
     grid: Grid,
     todo: list[Job],
+    *,
     kind: str,
     parallel: int,
     folder: Path,
@@ -310,7 +353,9 @@ def fmt_counts(c: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in c.items())
 
 
-def _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, jobs_per_gpu=None, gpus=(), shares=None) -> None:
+def _print_plan(
+    grid, jobs, todo, root, kind, parallel, hydra_ovs, jobs_per_gpu=None, gpus=(), shares=None, est=None
+) -> None:
     print(
         f"grid {grid.name}: {len(jobs)} jobs ({fmt_counts(counts(jobs))}); would run {len(todo)} with "
         f"launcher {kind}, {parallel} at a time"
@@ -328,6 +373,7 @@ def _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, jobs_per_gpu=
         print(
             f"  {'run ' if j in todo else 'skip'} {j.status if not j.error else 'invalid':12s} {where}"
             + (_fmt_share(*placed[id(j)]) if id(j) in placed else "")
+            + (clock.describe(est, j) if est is not None and j in todo else "")
         )
     print(
         "plain Hydra equivalent (no manifest, finished runs return at once):\n  " + plain_hydra_command(grid, hydra_ovs)

@@ -30,10 +30,16 @@ class Grid:
     search: dict | None = None  # {sweeper, n_trials, params: {key: "interval(..)"}}
     doc: str = ""
     command: str = ""  # the lra.tools.sweep command line that runs it (apply_cli): the resume line
+    order: list[str] | None = None  # the axes from slowest to fastest (None: as the grid lists them)
 
     def jobs(self) -> list[list[str]]:
+        """Every point of the grid, in the order the jobs start: the product of the axes taken in ``order``
+        (the first varies slowest), each axis's values as listed. ``order: [seed, task, attn]`` with
+        ``task: [listops, text, ...]`` runs seed 0 of every ListOps row before Text, and seed 1 last."""
         fixed = [v for k, v in self.overrides.items() if k not in self.axes]
-        return [fixed + list(point) for point in itertools.product(*self.axes.values())]
+        keys = [k for k in (self.order or []) if k in self.axes]
+        keys += [k for k in self.axes if k not in keys]
+        return [fixed + list(point) for point in itertools.product(*(self.axes[k] for k in keys))]
 
 
 def available_grids() -> list[str]:
@@ -53,7 +59,7 @@ def load_grid(name: str) -> Grid:
             f"lra.tools.sweep: no grid {name!r} (conf/sweep/{name}.yaml); available: " f"{', '.join(available_grids())}"
         )
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
-    unknown = set(raw) - {"overrides", "grid", "launcher", "parallel", "jobs_per_gpu", "search"}
+    unknown = set(raw) - {"overrides", "grid", "launcher", "parallel", "jobs_per_gpu", "search", "order"}
     if unknown:
         raise SystemExit(f"lra.tools.sweep: {path} has unknown keys {sorted(unknown)}")
     fixed: dict[str, str] = {}
@@ -72,10 +78,23 @@ def load_grid(name: str) -> Grid:
         parallel=int(raw.get("parallel") or 1),
         search=raw.get("search"),
         doc=doc,
+        order=_order(path, raw.get("order"), axes),
         jobs_per_gpu=_positive_int("jobs_per_gpu", raw["jobs_per_gpu"])
         if raw.get("jobs_per_gpu") is not None
         else None,
     )
+
+
+def _order(path, order, axes: dict) -> list[str] | None:
+    """The grid file's ``order``: a list of its axes (slowest first); others follow in the file's order."""
+    if order is None:
+        return None
+    if not isinstance(order, list) or any(str(k) not in axes for k in order):
+        raise SystemExit(
+            f"lra.tools.sweep: {path}: order must list axes of its grid ({', '.join(axes)}), slowest first; "
+            f"got {order!r}"
+        )
+    return [str(k) for k in order]
 
 
 def override_parser():
@@ -144,7 +163,16 @@ def sweep_key(defn: dict) -> str:
 
 def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
     """Fold command-line overrides into the grid. Returns (sweep options, hydra overrides)."""
-    opts = {"parallel": None, "jobs_per_gpu": None, "dry_run": False, "n_trials": None, "progress": None}
+    opts = {
+        "parallel": None,
+        "jobs_per_gpu": None,
+        "dry_run": False,
+        "n_trials": None,
+        "progress": None,
+        "budget": None,
+        "carry": False,
+        "probe": None,  # None: a budget probes what is not measured, a dry run does not (it runs nothing)
+    }
     hydra_ovs: list[str] = []
     parser = override_parser()
     grid.command = shlex.join(["python", "-m", "lra.tools.sweep", *args])
@@ -154,8 +182,12 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
             value = arg.split("=", 1)[1] if "=" in arg else ""
             if key in ("parallel", "jobs_per_gpu", "n_trials"):
                 opts[key] = _positive_int(key, value)
-            elif key == "dry_run":
-                opts["dry_run"] = switch(f"lra.tools.sweep: {key}", value)
+            elif key in ("dry_run", "carry", "probe"):
+                opts[key] = switch(f"lra.tools.sweep: {key}", value)
+            elif key == "budget":
+                from lra.tools.sweep.cost import parse_budget  # noqa: PLC0415 - cost imports this module
+
+                opts[key] = parse_budget(value)
             elif key == "progress":
                 opts[key] = _seconds(key, value)
             continue

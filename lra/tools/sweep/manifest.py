@@ -30,6 +30,9 @@ class Job:
     record: dict = field(default_factory=dict)
     data: tuple | None = None  # (task config, data root): what lra.data prepares for it
     hw: dict | None = None  # its hardware profile and trainer.devices (jobs_per_gpu shares)
+    train: dict | None = None  # max_steps, eval_every, patience: the work it has (lra.tools.sweep.cost)
+    rel: str = ""  # its run folder under the runs root, for messages
+    cfg: object = None  # its composed configuration (a probe places itself as the job would)
 
     def refresh(self) -> None:
         if self.run_dir is not None:

@@ -1,0 +1,135 @@
+"""A sweep against the clock: each job's estimate on this device (``dry_run=true`` prints them with the grid's
+total), and with ``budget=<time>`` the jobs expected to finish inside it, started in the grid's order and
+stopped with SIGTERM when it runs out (interrupted, resumable: :mod:`lra.tools.carry` takes them to the next
+machine). The estimates: :mod:`lra.tools.sweep.cost`."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from lra.tools.sweep.base import FINISHED
+from lra.tools.sweep.cost import PROBE_STEPS, Estimator, device_name, fmt_h, plan_budget
+from lra.tools.sweep.jobs import assign_gpus
+
+
+def estimates(todo: list, root: Path, gpus: list[str], parallel: int, jobs_per_gpu: int | None, probe: bool, jobs=()):
+    """(the estimator, {id(job): seconds or None}) for the jobs to run, probing each kind not measured yet
+    unless ``probe`` is false. ``jobs``: the whole grid (its finished runs measure their kinds)."""
+    est = Estimator(root, device_name(gpus), parallel)
+    est.learn_from(list(jobs) or todo)
+    missing = est.unmeasured(todo) if probe else []
+    if missing:
+        print(
+            f"measuring {len(missing)} kind(s) of job on {est.device}: a probe of {PROBE_STEPS} steps and one "
+            f"validation each, {min(parallel, len(missing)) if parallel else 1} at a time "
+            f"(kept in {est.folder})",
+            flush=True,
+        )
+
+        def env_of(slot: int, job):
+            env = dict(os.environ)
+            if not jobs_per_gpu:
+                return env, []
+            env.update(
+                LRA_SWEEP_PARALLEL=str(parallel),
+                LRA_SWEEP_JOBS_PER_GPU=str(jobs_per_gpu),
+                LRA_SWEEP_GPUS=",".join(gpus),
+            )
+            return env, assign_gpus(env, slot, job.cfg)
+
+        spent = est.probe(missing, env_of)
+        print(f"probes took {fmt_h(spent)}", flush=True)
+    return est, {id(j): est.estimate(j)[0] for j in todo}
+
+
+def describe(est: Estimator, job) -> str:
+    """``~ 1.2 min (probe; 600 steps, 4 validations left, early stop: at most)``."""
+    secs, rate, work = est.estimate(job)
+    if work is None:
+        return ""
+    if work.steps_left == 0:
+        return "  ~ 0 s (finished)"
+    if secs is None:
+        return "  ~ ? (not measured here yet; probe=true measures it)"
+    bound = ", at most: early stopping may end it sooner" if work.early_stop else ""
+    done = f" of {work.max_steps}, from step {work.done}" if work.done else ""
+    return (
+        f"  ~ {fmt_h(secs)} ({rate.source}; {work.steps_left} steps{done}, {work.evals_left} validations left{bound})"
+    )
+
+
+def totals(todo: list, est_by_job: dict, batch: int, device: str) -> str:
+    """The grid's total: job time, the wall time at ``batch`` at a time, and what is not measured."""
+    known = [est_by_job[id(j)] for j in todo if est_by_job.get(id(j)) is not None]
+    unknown = len(todo) - len(known)
+    wall = 0.0
+    for start in range(0, len(todo), max(batch, 1)):  # the launcher's batches: each as long as its longest job
+        wall += max((est_by_job.get(id(j)) or 0.0 for j in todo[start : start + batch]), default=0.0)
+    if not known:
+        return (
+            f"{len(todo)} jobs to run: no estimate on {device} yet ({unknown} not measured; probe=true measures them)"
+        )
+    return (
+        f"{len(todo)} jobs to run: about {fmt_h(sum(known))} of job time on {device}; {batch} at a time, "
+        f"about {fmt_h(wall)} of wall time ({wall / 3600:.2f} h of this machine)"
+        + (f"; {unknown} not measured (not counted)" if unknown else "")
+    )
+
+
+def plan(todo: list, est_by_job: dict, batch: int, left_s: float, carry: bool) -> tuple[list, list, str]:
+    """(the jobs to start, the jobs left, the line that says so) for ``left_s`` seconds of budget."""
+    slots, left = plan_budget(todo, est_by_job, batch, left_s, carry)
+    finish = [s for s in slots if s.finishes]
+    carried = [s for s in slots if not s.finishes]
+    line = (
+        f"budget: {fmt_h(max(left_s, 0))} left: starting {len(slots)} of {len(todo)} jobs, {len(finish)} expected "
+        f"to finish"
+        + (f", {len(carried)} to stop at the budget and carry" if carried else "")
+        + f"; {len(left)} left for a later window"
+        + ("" if carry or not left else " (carry=true also starts jobs that cannot finish, to carry them)")
+    )
+    return [s.job for s in slots], left, line
+
+
+def run_on_budget(todo, jobs, est, batch, end, carry, run_batch, started: list, inv: dict, now=time.time) -> None:
+    """Start ``todo`` a batch at a time while the budget (which ends at ``end``) lasts: before each batch the plan
+    is made again with what the jobs finished so far measured (a kind probed badly, or not at all, is
+    known after its first run). ``started`` receives each batch before it runs (the caller stops them
+    when the budget runs out); ``inv`` the first plan's line and each started job's estimate."""
+    remaining = list(todo)
+    while remaining:
+        est.learn_from(jobs)
+        by_job = {id(j): est.estimate(j)[0] for j in remaining}
+        chosen, _, line = plan(remaining, by_job, batch, end - now(), carry)
+        if "plan" not in inv:
+            inv["plan"] = line
+            print(line, flush=True)
+        nxt = chosen[:batch]
+        if not nxt:
+            return
+        inv["estimates_s"].update({j.rel: by_job.get(id(j)) for j in nxt})
+        started += nxt
+        remaining = [j for j in remaining if j not in nxt]
+        run_batch(nxt)
+        for j in nxt:
+            j.refresh()
+
+
+def report(jobs: list, started: list, left: list, reached: bool, command: str, root: Path) -> list[str]:
+    """What a budgeted sweep did: finished, carried (stopped, resumable), left; and how to go on."""
+    done = [j for j in started if j.status in FINISHED]
+    carried = [j for j in jobs if not j.error and j.status not in FINISHED and j.status != "pending"]
+    not_started = [j for j in jobs if not j.error and j.status == "pending"]
+    lines = [
+        ("budget reached: the runs still training were stopped with SIGTERM" if reached else "budget not reached")
+        + f"; {len(done)} finished this time, {len(carried)} to carry (resume from last.ckpt), "
+        f"{len(not_started)} not started"
+    ]
+    lines += [f"  finished {j.rel}" for j in done]
+    lines += [f"  carry    {j.rel} ({j.status}, step {j.record.get('steps') or 0})" for j in carried]
+    if carried or not_started:
+        lines.append(f"next window: python -m lra.tools.carry pack {root} --out <folder> (the unfinished runs), then")
+        lines.append(f"  there: python -m lra.tools.carry unpack <folder> --runs <runs root>; {command}")
+    return lines

@@ -1,0 +1,356 @@
+"""What a sweep's jobs will cost on this device before they run, and which of them a time budget can finish.
+
+A job's time is ``fixed + steps left x step + evaluations left x evaluation``: ``fixed`` is everything that
+is not a training step or a validation (start-up, data, the memory fit, compilation, the test, the
+record), and early stopping makes the whole an upper bound (the protocol's ``max_steps`` is what the run
+may take). The three rates of a kind of job (the job's overrides less its seed: seeds cost alike) come
+from, best first:
+
+1. the job's own folder, when an earlier window trained part of it (its record's steps and times);
+2. a finished run of the same kind on this device, launched by a sweep (its ``.sweep_job.json`` has the
+   wall time from start to end);
+3. a probe: the job itself for :data:`PROBE_STEPS` optimizer steps and one validation, in a scratch
+   runs root, ``parallel`` probes at a time as the jobs will run (so contention is in the figure).
+
+Measured rates are kept in ``<runs root>/.cost/<device>/<kind>.json``: a dry run followed by the sweep
+probes once, and the carry pack (lra.tools.carry) takes them to the next machine of the same device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lra import REPO_ROOT
+from lra.files import write_json
+from lra.tools.sweep.base import FINISHED, MARKER
+from lra.tools.sweep.grid import quote
+from lra.tools.sweep.jobs import read_json
+
+log = logging.getLogger("lra.tools.sweep")
+
+PROBE_STEPS = 30  # optimizer steps a probe trains: past the first steps' warm-up, seconds on a CPU
+PROBE_LOG_EVERY = 10  # its throughput rows: the pace after the first ten steps (theirs is one-off, in fixed)
+COST_DIR = ".cost"
+NOT_A_KIND = ("seed", "run_tag", "force", "name")  # overrides that do not change what a job costs
+
+
+@dataclass
+class Rate:
+    """What one kind of job costs here: seconds outside training and validation, per optimizer step,
+    per validation; and where the figures come from."""
+
+    fixed_s: float
+    step_s: float
+    eval_s: float
+    source: str  # "probe" | "run <folder>" | "own record"
+    device: str = ""
+    parallel: int = 1
+
+
+def kind_of(overrides: list[str]) -> str:
+    """The kind of a job (12 hex digits): its overrides less those that do not change its cost."""
+    keep = sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in NOT_A_KIND)
+    return hashlib.sha256(json.dumps(keep).encode()).hexdigest()[:12]
+
+
+def device_name(gpus: list[str]) -> str:
+    """This machine's device as the runs' records name it: the first visible GPU's name (nvidia-smi, so the
+    driver holds no CUDA context on a card the runs share), else ``cpu``."""
+    if gpus:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            env = dict(os.environ)
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # nvidia-smi -i takes the id or UUID itself
+            out = subprocess.run(
+                ["nvidia-smi", "-i", gpus[0], "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                env=env,
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0]
+        return "cuda"
+    return "cpu"
+
+
+def slug(device: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
+
+
+# ----------------------------------------------------------------------------- the work a job has left
+@dataclass
+class Work:
+    max_steps: int
+    eval_every: int
+    early_stop: bool  # patience set: the run may end sooner, the estimate is an upper bound
+    done: int = 0  # steps an earlier window trained (resumed from last.ckpt)
+
+    @property
+    def steps_left(self) -> int:
+        return max(self.max_steps - self.done, 0)
+
+    @property
+    def evals_left(self) -> int:
+        every = max(self.eval_every, 1)
+        return max(self.max_steps // every - self.done // every, 0)
+
+
+def work_of(job) -> Work | None:
+    """The steps and validations ``job`` has left (None: an invalid job). A finished job has none; a job an
+    earlier window stopped resumes from its ``checkpoints/last.ckpt``, at the step its record says."""
+    if job.train is None:
+        return None
+    w = Work(int(job.train["max_steps"]), int(job.train["eval_every"]), bool(job.train.get("patience")))
+    if job.status in FINISHED:
+        w.done = w.max_steps
+    elif job.run_dir is not None and (Path(job.run_dir) / "checkpoints" / "last.ckpt").exists():
+        w.done = min(int(job.record.get("steps") or 0), w.max_steps)
+    return w
+
+
+def seconds(work: Work, rate: Rate) -> float:
+    if work.steps_left == 0:
+        return 0.0
+    return rate.fixed_s + work.steps_left * rate.step_s + work.evals_left * rate.eval_s
+
+
+# ----------------------------------------------------------------------------- rates
+def rate_of_record(rec: dict, eval_every: int, wall_s: float | None, source: str, parallel: int) -> Rate | None:
+    """The rates a run's record shows: per step from its training time, per validation from its
+    validation time, and (given its wall time from start to end) the rest as ``fixed``."""
+    steps, train_s, eval_s = rec.get("steps"), rec.get("train_time_s"), rec.get("eval_time_s")
+    if not steps or not train_s or eval_s is None:
+        return None
+    n_evals = max(int(steps) // max(int(eval_every), 1), 1)
+    fixed = None if wall_s is None else max(float(wall_s) - float(train_s) - float(eval_s), 0.0)
+    return Rate(
+        fixed_s=fixed if fixed is not None else float("nan"),
+        step_s=float(train_s) / int(steps),
+        eval_s=float(eval_s) / n_evals,
+        source=source,
+        device=str(rec.get("device") or ""),
+        parallel=parallel,
+    )
+
+
+def steady_step_s(metrics: Path, effective_batch) -> float | None:
+    """Seconds per optimizer step after the first logged interval, from a probe's throughput rows."""
+    if not effective_batch:
+        return None
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        with open(metrics) as f:
+            rows = [r for r in csv.DictReader(f) if r.get("throughput/samples_per_s")]
+        rates = [float(r["throughput/samples_per_s"]) for r in rows[1:]]
+        if rates:
+            return float(effective_batch) / (sum(rates) / len(rates))
+    return None
+
+
+class Estimator:
+    """The rates of a sweep's kinds of jobs on this device (``root/.cost/<device>/``), from finished runs,
+    the jobs' own records, and probes; and each job's estimate."""
+
+    def __init__(self, root: Path, device: str, parallel: int):
+        self.root, self.device, self.parallel = Path(root), device, max(int(parallel), 1)
+        self.folder = self.root / COST_DIR / slug(device)
+        self.rates: dict[str, Rate] = {}
+        for f in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            data = read_json(f) or {}
+            with contextlib.suppress(TypeError, ValueError):
+                r = Rate(**{k: data[k] for k in Rate.__dataclass_fields__ if k in data})
+                if r.device == device and r.parallel == self.parallel:
+                    self.rates[f.stem] = r
+
+    def learn_from(self, jobs: list) -> None:
+        """A finished job that a sweep ran from scratch on this device gives its kind's rates (better than
+        a probe: the whole run, evaluations and all)."""
+        for j in jobs:
+            if j.status not in FINISHED or j.train is None or j.record.get("resumed_from_step") is not None:
+                continue
+            if str(j.record.get("device") or "") != self.device:
+                continue
+            marker = read_json(Path(j.run_dir) / MARKER) or {}
+            if marker.get("t_start") is None or marker.get("t_end") is None:
+                continue
+            wall = float(marker["t_end"]) - float(marker["t_start"])
+            r = rate_of_record(j.record, j.train["eval_every"], wall, f"run {j.rel}", self.parallel)
+            if r is not None:
+                self.save(kind_of(j.overrides), r)
+
+    def save(self, kind: str, rate: Rate) -> None:
+        self.rates[kind] = rate
+        with contextlib.suppress(OSError):
+            write_json(self.folder / f"{kind}.json", asdict(rate))
+
+    def rate(self, job) -> Rate | None:
+        """``job``'s rates: its kind's, with steps and validations from its own record where an earlier
+        window trained it (its share of the device then is in the figure)."""
+        base = self.rates.get(kind_of(job.overrides))
+        own = None
+        if job.status not in FINISHED and job.train is not None and job.record.get("steps"):
+            marker = read_json(Path(job.run_dir) / MARKER) or {} if job.run_dir else {}
+            first = job.record.get("resumed_from_step") is None and marker.get("t_end") and marker.get("t_start")
+            wall = float(marker["t_end"]) - float(marker["t_start"]) if first else None
+            own = rate_of_record(job.record, job.train["eval_every"], wall, "own record", self.parallel)
+            if own is not None and own.device not in ("", self.device):
+                own = None
+        if own is None:
+            return base
+        fixed = base.fixed_s if base is not None else own.fixed_s
+        if math.isnan(fixed):
+            fixed = self.typical_fixed()
+        if fixed is None:
+            return None
+        return Rate(fixed, own.step_s, own.eval_s, "own record", self.device, self.parallel)
+
+    def typical_fixed(self) -> float | None:
+        fixed = [r.fixed_s for r in self.rates.values() if not math.isnan(r.fixed_s)]
+        return max(fixed) if fixed else None
+
+    def estimate(self, job) -> tuple[float | None, Rate | None, Work | None]:
+        work = work_of(job)
+        if work is None:
+            return None, None, None
+        if work.steps_left == 0:
+            return 0.0, None, work
+        rate = self.rate(job)
+        return (seconds(work, rate) if rate is not None else None), rate, work
+
+    def unmeasured(self, jobs: list) -> list:
+        """One job of each kind that has no rates yet (the ones a probe measures)."""
+        out: dict[str, object] = {}
+        for j in jobs:
+            if j.train is None or j.error:
+                continue
+            k = kind_of(j.overrides)
+            if k not in out and self.estimate(j)[0] is None:
+                out[k] = j
+        return list(out.values())
+
+    def probe(self, jobs: list, env_of=None, steps: int = PROBE_STEPS) -> float:
+        """Run a probe of each of ``jobs`` (one per kind), ``parallel`` at a time; returns the seconds spent.
+        A probe that fails leaves its kind without an estimate (its job still runs, reported as usual)."""
+        t0 = time.time()
+        scratch = Path(tempfile.mkdtemp(prefix="lra-probe-"))
+        procs: list = []
+        try:
+            for start in range(0, len(jobs), self.parallel):
+                batch = jobs[start : start + self.parallel]
+                # fill idle slots with repeats so each probe shares the machine as the jobs will
+                slots = [batch[i % len(batch)] for i in range(self.parallel)] if len(batch) < self.parallel else batch
+                procs = []
+                for i, j in enumerate(slots):
+                    run_dir = scratch / f"{start + i}"
+                    env, extra = env_of(i, j) if env_of else (dict(os.environ), [])
+                    env["LRA_RUNS"] = str(scratch / "runs")
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "lra.train",
+                        *[o for o in j.overrides if not o.startswith("run_tag=")],
+                        *extra,
+                        f"train.max_steps={steps}",
+                        f"train.eval_every={steps}",
+                        "train.warmup=0",
+                        "trainer.progress=false",
+                        f"trainer.log_every_n_steps={PROBE_LOG_EVERY}",
+                        "logger=csv",
+                        f"fit.cache_dir={quote(self.root / '.fit-cache')}",
+                        f"hydra.run.dir={quote(run_dir)}",
+                    ]
+                    log_file = open(scratch / f"{start + i}.log", "w")  # noqa: SIM115 - closed below
+                    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+                    procs.append((j, run_dir, time.time(), proc, log_file))
+                for j, run_dir, t, p, log_file in procs:
+                    p.wait()
+                    log_file.close()
+                    wall = time.time() - t
+                    rec = read_json(run_dir / "result.json") or {}
+                    r = rate_of_record(rec, steps, wall, "probe", self.parallel) if p.returncode == 0 else None
+                    steady = steady_step_s(run_dir / "metrics.csv", rec.get("effective_batch"))
+                    if r is not None and steady is not None:  # the first steps' extra time is paid once: fixed
+                        r.fixed_s += (r.step_s - steady) * int(rec["steps"])
+                        r.step_s = steady
+                    if r is None:
+                        log.warning("probe of %s failed (exit %s): no estimate for its kind", j.rel, p.returncode)
+                    elif kind_of(j.overrides) not in self.rates or self.rates[kind_of(j.overrides)].source == "probe":
+                        if r.device and r.device != self.device:
+                            log.warning("probe of %s ran on %s, not %s", j.rel, r.device, self.device)
+                        r.device = self.device
+                        self.save(kind_of(j.overrides), r)
+        finally:  # interrupted: no probe outlives the sweep
+            for *_, p, log_file in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                log_file.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+        return time.time() - t0
+
+
+# ----------------------------------------------------------------------------- a time budget
+def parse_budget(value: str) -> float:
+    """``budget=90s|10m|1.5h`` (a bare number: seconds) -> seconds, or a one-line refusal."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h)?\s*", str(value))
+    x = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)] if m else 0.0
+    if not (x > 0 and math.isfinite(x)):
+        raise SystemExit(f"lra.tools.sweep: budget={value}: give a time such as 600, 90s, 10m or 1.5h")
+    return x
+
+
+@dataclass
+class Slot:
+    job: object
+    estimate_s: float | None
+    start_s: float  # from now, in the plan
+    finishes: bool  # expected to finish inside the budget
+
+
+def plan_budget(todo: list, estimates: dict, batch: int, budget_s: float, carry: bool) -> tuple[list[Slot], list]:
+    """Which jobs of ``todo`` (in order) to start within ``budget_s``: the launcher runs them in batches of
+    ``batch`` and starts a batch when the one before has ended, so a batch lasts as long as its longest job.
+    A job joins the current batch when it is expected to finish inside the budget; with ``carry``, the slots
+    left in the last batch that can start take jobs that will not finish (stopped at the budget, carried).
+    Returns (the jobs to start, as planned, in launch order; the jobs left for a later window)."""
+    chosen: list[Slot] = []
+    left = []
+    t, current = 0.0, []
+    for j in todo:
+        est = estimates.get(id(j))
+        if est is not None and t + est <= budget_s:
+            current.append(Slot(j, est, t, True))
+            if len(current) == batch:
+                chosen += current
+                t += max(s.estimate_s for s in current)
+                current = []
+        else:
+            left.append(j)
+    start = t  # when the last, unfilled batch starts
+    chosen += current
+    if current:
+        t += max(s.estimate_s for s in current)
+    if carry and left:  # the slots that can still start, filled in order with jobs to carry
+        open_slots = batch - len(current) if current else (batch if t < budget_s else 0)
+        chosen += [Slot(j, estimates.get(id(j)), start, False) for j in left[:open_slots]]
+        left = left[open_slots:]
+    return chosen, left
+
+
+def fmt_h(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x:.0f} s" if x < 120 else f"{x / 60:.1f} min" if x < 7200 else f"{x / 3600:.1f} h"

@@ -1,0 +1,125 @@
+"""A sweep against the clock (lra/tools/sweep/cost.py, budget.py): the grid's order, what a job has left, its
+estimate from the runs and probes of this device, which jobs a budget starts, and a budget that stops a run
+which the next window finishes to the record an uninterrupted run writes."""
+
+import json
+
+import pytest
+
+from lra.tools.sweep import load_grid
+from lra.tools.sweep.cost import Estimator, Rate, Work, kind_of, parse_budget, plan_budget, seconds, work_of
+from lra.tools.sweep.manifest import Job
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+
+# ----------------------------------------------------------------------------- the order of the jobs
+def test_the_grid_file_orders_the_jobs_seed_then_task_then_row():
+    """skeinformer_table1 runs seed 0 of every ListOps row first (the headline rows first), then Text, ...,
+    and seed 1 only after seed 0 of every task: a window that ends early has filled whole cells."""
+    grid = load_grid("skeinformer_table1")
+    jobs = [dict(o.split("=", 1) for o in j if o.split("=", 1)[0] in ("seed", "task", "attn")) for j in grid.jobs()]
+    assert len(jobs) == 16 * 5 * 3
+    assert [j["seed"] for j in jobs[:80]] == ["0"] * 80 and jobs[80]["seed"] == "1"
+    assert [j["task"] for j in jobs[:16]] == ["listops"] * 16 and jobs[16]["task"] != "listops"
+    assert jobs[0]["attn"] == "softmax" and jobs[1]["attn"] == grid.axes["attn"][1].split("=", 1)[1]
+
+
+def test_an_order_naming_no_axis_is_refused(tmp_path, monkeypatch):
+    from lra.tools.sweep import grid as grid_mod
+
+    (tmp_path / "g.yaml").write_text("overrides: [preset=quick]\ngrid:\n  seed: [0, 1]\norder: [sed]\n")
+    monkeypatch.setattr(grid_mod, "GRID_DIR", tmp_path)
+    with pytest.raises(SystemExit, match="order must list axes of its grid"):
+        load_grid("g")
+
+
+# ----------------------------------------------------------------------------- what a job has left
+def _job(tmp_path, status="pending", steps=None, seed=0, max_steps=600, eval_every=150, patience=None, ckpt=False):
+    d = tmp_path / f"run-{seed}-{status}"
+    (d / "checkpoints").mkdir(parents=True, exist_ok=True)
+    if ckpt:
+        (d / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    j = Job(overrides=["preset=quick", "task=listops", "attn=softmax", f"seed={seed}"], run_dir=d, status=status)
+    j.train = {"max_steps": max_steps, "eval_every": eval_every, "patience": patience}
+    j.record = {"steps": steps} if steps is not None else {}
+    j.rel = d.name
+    return j
+
+
+def test_a_stopped_job_has_the_steps_after_its_checkpoint_left(tmp_path):
+    fresh = work_of(_job(tmp_path))
+    assert (fresh.steps_left, fresh.evals_left) == (600, 4)
+    resumed = work_of(_job(tmp_path, "interrupted", steps=300, seed=1, ckpt=True))
+    assert (resumed.steps_left, resumed.evals_left) == (300, 2)
+    # steps in the record but no checkpoint: it starts over
+    assert work_of(_job(tmp_path, "interrupted", steps=300, seed=2)).steps_left == 600
+    assert work_of(_job(tmp_path, "completed", steps=600, seed=3)).steps_left == 0
+    rate = Rate(fixed_s=10.0, step_s=0.1, eval_s=2.0, source="probe")
+    assert seconds(resumed, rate) == pytest.approx(10 + 300 * 0.1 + 2 * 2.0)
+    assert seconds(Work(600, 150, False, done=600), rate) == 0.0
+
+
+def test_seeds_are_one_kind_of_job_and_other_overrides_are_not():
+    a = ["preset=quick", "task=listops", "attn=softmax", "seed=0", "run_tag=''"]
+    assert kind_of(a) == kind_of(["seed=3", "attn=softmax", "preset=quick", "task=listops"])
+    assert kind_of(a) != kind_of([*a, "train.lr=0.002"])
+
+
+def test_a_finished_sweep_run_measures_its_kind_and_a_stopped_job_its_own_pace(tmp_path):
+    done = _job(tmp_path, "completed", steps=600)
+    done.record = {"steps": 600, "train_time_s": 60.0, "eval_time_s": 8.0, "device": "cpu"}
+    (done.run_dir / ".sweep_job.json").write_text(json.dumps({"t_start": 1000.0, "t_end": 1080.0}))
+    est = Estimator(tmp_path / "runs", "cpu", parallel=2)
+    est.learn_from([done])
+    pending = _job(tmp_path, seed=1)
+    secs, rate, _ = est.estimate(pending)
+    assert rate.source.startswith("run ") and rate.fixed_s == pytest.approx(12.0)
+    assert secs == pytest.approx(12 + 600 * 0.1 + 4 * 2.0)
+    # kept for the next invocation on this device, not for another device or another parallel
+    assert Estimator(tmp_path / "runs", "cpu", parallel=2).estimate(pending)[0] == pytest.approx(secs)
+    assert Estimator(tmp_path / "runs", "NVIDIA H100 80GB HBM3", parallel=2).estimate(pending)[0] is None
+    assert Estimator(tmp_path / "runs", "cpu", parallel=1).estimate(pending)[0] is None
+    # a job an earlier window stopped runs at its own measured pace from its checkpoint
+    stopped = _job(tmp_path, "interrupted", steps=300, seed=2, ckpt=True)
+    stopped.record = {"steps": 300, "train_time_s": 90.0, "eval_time_s": 6.0, "device": "cpu"}
+    secs, rate, _ = est.estimate(stopped)
+    assert rate.source == "own record" and secs == pytest.approx(12 + 300 * 0.3 + 2 * 3.0)
+
+
+# ----------------------------------------------------------------------------- which jobs a budget starts
+def _plan(estimates, batch, budget, carry=False):
+    jobs = [f"j{i}" for i in range(len(estimates))]
+    by_id = {id(j): e for j, e in zip(jobs, estimates)}
+    slots, left = plan_budget(jobs, by_id, batch, budget, carry)
+    return [(s.job, s.start_s, s.finishes) for s in slots], left
+
+
+def test_a_budget_starts_only_the_jobs_expected_to_finish_in_it():
+    # batches of two, each as long as its longest job: j0, j1 end at 50; j2 (200 s) cannot finish, j3 can
+    started, left = _plan([50, 50, 200, 30, 60], batch=2, budget=100)
+    assert started == [("j0", 0.0, True), ("j1", 0.0, True), ("j3", 50.0, True)]
+    assert left == ["j2", "j4"]  # j4 would share j3's batch but end at 110
+    # one at a time: the order decides
+    started, left = _plan([40, 40, 40], batch=1, budget=100)
+    assert [s[0] for s in started] == ["j0", "j1"] and left == ["j2"]
+    # a job with no estimate is not expected to finish
+    started, left = _plan([None, 10], batch=1, budget=100)
+    assert [s[0] for s in started] == ["j1"] and left == ["j0"]
+
+
+def test_carry_fills_the_slots_that_can_still_start_with_jobs_to_carry():
+    started, left = _plan([50, 50, 200, 30, 60], batch=2, budget=100, carry=True)
+    assert started[-1] == ("j2", 50.0, False) and left == ["j4"]
+    # nothing can finish: the first batch starts anyway, to be carried to the next window
+    started, left = _plan([900, 900, 900], batch=2, budget=100, carry=True)
+    assert started == [("j0", 0.0, False), ("j1", 0.0, False)] and left == ["j2"]
+
+
+def test_a_budget_is_a_time():
+    assert parse_budget("10m") == 600 and parse_budget("90s") == 90 and parse_budget("1.5h") == 5400
+    assert parse_budget("45") == 45
+    for bad in ("ten", "0", "-5m", "5d", ""):
+        with pytest.raises(SystemExit, match="give a time such as 600, 90s, 10m or 1.5h"):
+            parse_budget(bad)
