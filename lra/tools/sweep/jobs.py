@@ -26,7 +26,15 @@ from lra.record import Record, read_record
 from lra.runlock import holder_pid
 from lra.tools.sweep.base import FINISHED, MARKER, STOP_GRACE_S
 from lra.tools.sweep.grid import quote
-from lra.tools.sweep.share import ShareError, device_total_gib, gpu_of_slot, hw_of, job_share, visible_gpus
+from lra.tools.sweep.share import (
+    describe,
+    device_total_gib,
+    gpu_of_slot,
+    hw_of,
+    job_share,
+    not_reported,
+    visible_gpus,
+)
 
 log = logging.getLogger("lra.tools.sweep")
 
@@ -129,26 +137,28 @@ def ctrl_c_to_the_driver(on: bool):
 
 def assign_gpus(env: dict, job_num: int, cfg: DictConfig) -> list[str]:
     """Parallel local jobs on a multi-GPU box: job k of a batch gets its own slice of the visible GPUs;
-    with jobs_per_gpu=k (LRA_SWEEP_JOBS_PER_GPU) slot s gets GPU s // k and 1/k of its memory (the
-    returned overrides for lra.train, and the allocator limit in LRA_MEMORY_LIMIT_GIB)."""
+    with jobs_per_gpu=k (LRA_SWEEP_JOBS_PER_GPU) slot s gets GPU s // k and its share of the memory: the
+    profile's fit kept where the profile is smaller than the card, else 1/k of it (lra/tools/sweep/share.py;
+    the returned overrides for lra.train, and the allocator limit in LRA_MEMORY_LIMIT_GIB)."""
     parallel = int(env.get("LRA_SWEEP_PARALLEL") or 1)
     if env.get("LRA_SWEEP_JOBS_PER_GPU"):
         k = int(env["LRA_SWEEP_JOBS_PER_GPU"])
         # the driver's list: submitit_local would hand every job GPUs 0..n-1 whatever the driver's mask
         gpus = [d for d in env.get("LRA_SWEEP_GPUS", "").split(",") if d.strip()] or visible_gpus(env)
         gpu = gpu_of_slot(job_num % parallel, k, gpus)
-        share = job_share(hw_of(cfg), k, gpu, total_of=lambda g: device_total_gib(g, env))
+        hw = hw_of(cfg)
+        share = job_share(hw, k, gpu, total_of=lambda g: device_total_gib(g, env))
         if share is None:
-            raise ShareError(
-                f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
-                "(e.g. hardware=h100_80gb)"
-            )
+            raise not_reported(gpu, hw, k)
         env["CUDA_VISIBLE_DEVICES"] = gpu
         env[MEMORY_LIMIT_ENV] = f"{share['limit_gib']:.6f}"
         log.info(
-            "GPU %s shared by up to %d runs: hardware.total_gib=%s (fit budget %.2f GiB), allocator limit " "%.2f GiB",
+            "GPU %s shared by up to %d runs, %s mode (%s): hardware.total_gib=%s (fit budget %.2f GiB), "
+            "allocator limit %.2f GiB",
             gpu,
             k,
+            share["mode"],
+            describe(share, k),
             share["total_gib"],
             share["budget_gib"],
             share["limit_gib"],

@@ -1,15 +1,28 @@
 """Where each job runs: the visible GPUs, k runs per GPU, and each run's share of a GPU's memory.
 
 The model is tiny (86k parameters): one LRA run uses a fraction of a modern GPU, so a sweep may run
-k of them on each GPU. Each of the k processes holds its own CUDA context ``c`` (``cuda_context_gib``)
-outside PyTorch's caching allocator, so on a card of ``T`` GiB the k allocators together may hold
-``T - k c``, and each run gets ``(T - k c) / k``. lra.fit fits a micro-batch when
-``peak x (1 + m) + c <= total`` (:attr:`lra.config.HardwareSpec.budget_bytes`, ``m`` =
-``allocator_margin``). Giving the run ``total = T / k`` (and the same ``c`` and ``m``) turns that into
-``peak x (1 + m) <= T/k - c = (T - k c) / k``: exactly its share. So the sweep only passes
-``hardware.total_gib=T/k`` to the run (lra.fit is unchanged), and the run caps its caching allocator at
-the same ``T/k - c`` (:func:`lra.devices.limit_gpu_memory`, told by ``LRA_MEMORY_LIMIT_GIB``), so a run that
-outgrows its estimate fails alone with an out-of-memory error instead of taking memory the other k - 1 were promised.
+k of them on each GPU. lra.fit fits a micro-batch when ``peak x (1 + m) + c <= total``
+(:attr:`lra.config.HardwareSpec.budget_bytes`; ``c`` = ``cuda_context_gib``, the CUDA context each process
+holds outside PyTorch's caching allocator, ``m`` = ``allocator_margin``). The sweep asks the physical card
+its memory ``P`` (:func:`device_total_gib`) and compares it with the profile's ``T`` (``hardware.total_gib``):
+
+* **profile** (``T`` smaller than the card, e.g. the default ``hardware=v100_16gb`` on an 80 GB H100): the
+  profile is a *memory profile*, the papers' protocol: every run fits its micro-batch to that GPU whatever
+  card it runs on. Each of the k runs keeps ``total = T`` (the fit, micro-batch and accumulation are exactly
+  the V100's) and caps its caching allocator at ``T - c`` (15.77 - 0.75 = 15.02 GiB for a V100: what
+  tools/gpu_window.sh sets by hand), so it cannot use more than that GPU would give it. The k runs must fit
+  the card: ``k x T <= P`` (each run's own context is inside its ``T``), else a one-line :class:`ShareError`
+  says how many fit.
+* **divided** (the profile is the card: ``T >= P`` or within :data:`SAME_CARD` below it; ``hardware=auto``:
+  ``T = P``): the k processes share ``T``: the k allocators together may hold ``T - k c``, each ``(T - k c) / k``.
+  Giving the run ``total = T / k`` (same ``c`` and ``m``) turns lra.fit's rule into
+  ``peak x (1 + m) <= T/k - c = (T - k c) / k``: exactly its share; its allocator is capped at ``T/k - c``.
+
+Either way the sweep only passes ``hardware.total_gib`` to the run (lra.fit is unchanged) and the allocator
+limit in ``LRA_MEMORY_LIMIT_GIB`` (:func:`lra.devices.limit_gpu_memory`), so a run that outgrows its estimate
+fails alone with an out-of-memory error instead of taking memory the other k - 1 were promised. A card that
+does not report its memory gives ``None`` (cannot tell): a dry run says so, a real run refuses
+(:func:`not_reported`).
 """
 
 from __future__ import annotations
@@ -78,9 +91,26 @@ def check_sharing(jobs_per_gpu: int, parallel: int, gpus: list[str], kind: str) 
         )
 
 
+GPU_TOTAL_ENV = "LRA_SWEEP_GPU_TOTAL_GIB"  # the GPUs' total memory in GiB, instead of asking torch.cuda
+
+# A profile within this fraction below the card's memory is that card (boards of one model report slightly
+# different totals: the A100 40GB's PCIe and SXM4 39.39 and 39.59 GiB), so its k runs divide it.
+SAME_CARD = 0.03
+
+
 def device_total_gib(gpu: str, env=None) -> float | None:
-    """torch's total_memory of one GPU (for hardware=auto), asked in a short child process so that this
-    process holds no CUDA context on a card the runs share. None: no such CUDA device here."""
+    """torch's total_memory of one GPU, asked in a short child process so that this process holds no CUDA
+    context on a card the runs share; ``$LRA_SWEEP_GPU_TOTAL_GIB`` instead where set (a card torch cannot
+    see from here, a test with a fake device list). None: no such CUDA device here."""
+    env = os.environ if env is None else env
+    if env.get(GPU_TOTAL_ENV):
+        try:
+            given = float(env[GPU_TOTAL_ENV])
+        except ValueError:
+            given = float("nan")
+        if not given > 0:
+            raise ShareError(f"{GPU_TOTAL_ENV}={env[GPU_TOTAL_ENV]!r}: give the GPUs' memory in GiB, a number > 0")
+        return given
     code = "import torch; print(torch.cuda.get_device_properties(0).total_memory)"
     try:
         out = subprocess.run(
@@ -88,55 +118,94 @@ def device_total_gib(gpu: str, env=None) -> float | None:
             capture_output=True,
             text=True,
             timeout=120,
-            env={**(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": gpu},
+            env={**env, "CUDA_VISIBLE_DEVICES": gpu},
         )
         return int(out.stdout.strip().splitlines()[-1]) / 2**30 if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
 
 
-def job_share(hw: dict, jobs_per_gpu: int, gpu: str, total_of=device_total_gib) -> dict | None:
-    """One of k runs on ``gpu``: ``hardware.total_gib`` = T/k for it (lra.fit's budget becomes
-    (T - k c) / (k (1 + m))) and its allocator limit T/k - c (lra/gpu_share.py derives both).
-    ``hw``: the job's composed hardware profile. None: hardware=auto and the GPU is not here to ask."""
+def not_reported(gpu: str, hw: dict, jobs_per_gpu: int) -> ShareError:
+    """The one-line refusal when :func:`job_share` could not tell (the GPU did not report its memory)."""
+    name = hw.get("name")
+    why = "to divide it" if name == "auto" else f"to tell whether the runs keep the {name} fit or divide the card"
+    return ShareError(
+        f"jobs_per_gpu={jobs_per_gpu} with hardware={name}: GPU {gpu} did not report its memory to torch.cuda "
+        f"(needed {why}); check that torch.cuda sees it, or set {GPU_TOTAL_ENV}=<its total GiB>"
+    )
+
+
+def job_share(hw: dict, jobs_per_gpu: int, gpu: str, total_of=None) -> dict | None:
+    """One of k runs on ``gpu`` (the module docstring has both modes): ``total_gib`` (its
+    ``hardware.total_gib``), ``limit_gib`` (its allocator limit), ``budget_gib`` (what lra.fit will let a
+    micro-batch reach), ``mode`` (``"profile"``: the profile kept, ``"divided"``: T/k), ``card_gib`` (the
+    card's memory) and ``profile_total_gib``. ``hw``: the job's composed hardware profile; ``total_of(gpu)``:
+    the card's memory in GiB (default :func:`device_total_gib`). None: the GPU did not report its memory
+    (cannot tell; :func:`not_reported` says so)."""
     k, name = jobs_per_gpu, hw.get("name")
     if str(hw.get("devices", 1)) != "1":
         raise ShareError(
             f"jobs_per_gpu={k} places single-GPU runs; this grid has trainer.devices={hw['devices']}: "
             "drop one of the two"
         )
-    total = hw.get("total_gib")
-    if total is None:
-        if name != "auto":
-            raise ShareError(
-                f"jobs_per_gpu={k} with hardware={name}: the profile has no GPU memory to share; use "
-                "hardware=auto or a GPU profile (conf/hardware/, e.g. hardware=h100_80gb)"
-            )
-        total = total_of(gpu)
-        if total is None:
-            return None
+    profile = hw.get("total_gib")
+    if profile is None and name != "auto":
+        raise ShareError(
+            f"jobs_per_gpu={k} with hardware={name}: the profile has no GPU memory to share; use "
+            "hardware=auto or a GPU profile (conf/hardware/, e.g. hardware=h100_80gb)"
+        )
+    card = (device_total_gib if total_of is None else total_of)(gpu)
+    if card is None:
+        return None
+    card = float(card)
     context, margin = float(hw.get("cuda_context_gib") or 0.0), float(hw.get("allocator_margin") or 0.0)
-    limit = limit_gib(total, context, k)
+    if profile is not None and float(profile) < card * (1 - SAME_CARD):
+        T = float(profile)
+        most = math.floor(card / T + 1e-9)
+        if k > most:
+            raise ShareError(
+                f"jobs_per_gpu={k} runs of the {name} fit need {k} x {T:g} = {k * T:.2f} GiB; GPU {gpu} has "
+                f"{card:.2f} GiB: at most {most} fit; lower jobs_per_gpu"
+            )
+        mode, total, limit = "profile", T, T - context
+    else:
+        T = card if profile is None else float(profile)
+        mode, total, limit = "divided", share_gib(T, k), limit_gib(T, context, k)
     if limit <= 0:
         raise ShareError(
-            f"jobs_per_gpu={k} on hardware={name} ({float(total):.2f} GiB, a {context} GiB CUDA context "
+            f"jobs_per_gpu={k} on hardware={name} ({T:.2f} GiB, a {context} GiB CUDA context "
             f"per run) leaves {limit:.2f} GiB per run; lower jobs_per_gpu"
         )
     return {
         "gpu": gpu,
-        "total_gib": share_gib(total, k),
+        "hardware": name,
+        "mode": mode,
+        "total_gib": total,
         "limit_gib": round(limit, 6),
-        "budget_gib": budget_gib(total, context, margin, k),
-        "profile_total_gib": float(total),
+        "budget_gib": limit / (1.0 + margin),
+        "card_gib": card,
+        "profile_total_gib": T,
     }
 
 
-def share_plan(todo: list, jobs_per_gpu: int, parallel: int, gpus: list[str], total_of=device_total_gib) -> list:
+def describe(share: dict, jobs_per_gpu: int) -> str:
+    """The share's mode in words, for the log and a dry run."""
+    if share["mode"] == "profile":
+        return (
+            f"each run keeps the {share['hardware']} fit: {share['total_gib']:g} of the card's "
+            f"{share['card_gib']:.2f} GiB"
+        )
+    return f"the {share['profile_total_gib']:g} GiB of hardware={share['hardware']} divided by {jobs_per_gpu}"
+
+
+def share_plan(todo: list, jobs_per_gpu: int, parallel: int, gpus: list[str], total_of=None) -> list:
     """(GPU, share) of each job to run, as :func:`launch` places them: batches of ``parallel``, the
-    i-th job in slot i % parallel."""
+    i-th job in slot i % parallel. A share is None where its GPU did not report its memory (cannot tell:
+    a dry run shows it, a real run refuses). ``total_of``: as :func:`job_share`'s."""
+    total_of = device_total_gib if total_of is None else total_of
     totals: dict[str, float | None] = {}
 
-    def cached(gpu):  # hardware=auto: ask each GPU once
+    def cached(gpu):  # ask each GPU once
         if gpu not in totals:
             totals[gpu] = total_of(gpu)
         return totals[gpu]
