@@ -102,8 +102,30 @@ class BestCheckpoint(ModelCheckpoint):
         return {**super().state_dict(), "best_step": self.best_step}
 
     def load_state_dict(self, state):
+        old = state.get("dirpath")
+        if old is not None and self.dirpath is not None and str(old) != str(self.dirpath):
+            state = moved(state, str(old), str(self.dirpath))
         super().load_state_dict(state)
         self.best_step = state.get("best_step")
+
+
+def moved(state: dict, old: str, new: str) -> dict:
+    """A checkpoint callback's state whose folder has moved (a runs root copied, carried to another machine):
+    the same files in the new folder. Lightning keeps the best score only when the folder is unchanged; without
+    it the next evaluation would become "best" and overwrite best.ckpt, and the run end with another record."""
+
+    def at(path):
+        if not path or not str(path).startswith(old.rstrip(os.sep) + os.sep):
+            return path
+        return os.path.join(new, os.path.relpath(str(path), old))
+
+    out = {**state, "dirpath": new}
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in out:
+            out[key] = at(out[key])
+    if isinstance(out.get("best_k_models"), dict):
+        out["best_k_models"] = {at(k): v for k, v in out["best_k_models"].items()}
+    return out
 
 
 class ResumeCheckpoint(Checkpoint):

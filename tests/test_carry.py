@@ -191,13 +191,9 @@ def test_an_interrupted_run_carried_to_a_fresh_machine_finishes_as_the_uninterru
     _same_record(_resume_from_pack(folder, "window1", capsys), reference)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lra.protocol.BestCheckpoint: Lightning's ModelCheckpoint restores best_model_score and best_k_models "
-    "only when its dirpath is unchanged, so a run resumed in another runs root forgets its best evaluation and "
-    "the next evaluation replaces best.ckpt even when it is worse (steps_to_best 12, not 9)",
-)
 def test_an_interrupted_run_carried_to_another_runs_root_finishes_as_the_uninterrupted_run(carried, capsys):
+    """Stopped after its best evaluation (step 9) and before a worse one (step 12): resumed under a runs root at
+    another path, it must still remember step 9 as its best (Lightning forgets a moved folder's best score)."""
     reference, folder = carried
     _same_record(_resume_from_pack(folder, "elsewhere/runs", capsys), reference)
 

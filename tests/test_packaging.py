@@ -32,6 +32,7 @@ SCRIPTS = {
     "lra-fidelity",
     "lra-doctor",
     "lra-share-bench",
+    "lra-carry",
 }
 # top-level names of the extras' distributions (and their own heavy dependencies), and this project's
 # editable install, which would otherwise shadow the wheel

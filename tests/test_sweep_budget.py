@@ -7,7 +7,8 @@ import json
 import pytest
 
 from lra.tools.sweep import load_grid
-from lra.tools.sweep.cost import Estimator, Rate, Work, kind_of, parse_budget, plan_budget, seconds, work_of
+from lra.tools.sweep.cost import Estimator, Rate, Work, kind_of, plan_budget, seconds, work_of
+from lra.tools.sweep.grid import parse_budget
 from lra.tools.sweep.manifest import Job
 
 torch = pytest.importorskip("torch")

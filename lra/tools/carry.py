@@ -31,6 +31,7 @@ from lra.files import git_commit, write_atomic, write_json, write_text
 from lra.record import read_record
 from lra.runlock import holder_pid
 from lra.tools.sweep.base import FINISHED
+from lra.tools.sweep.cost import COST_DIR, device_slug
 
 PROG = "python -m lra.tools.carry"
 TARBALL, CHECKSUM, INFO = "runs.tar.gz", "runs.sha256", "pack.json"
@@ -55,8 +56,9 @@ class Refusal(Exception):
 # ----------------------------------------------------------------------------- the runs root
 class Tree:
     """What a runs root holds: run folders with their own files (not those of a run nested in them), the files
-    under ``<preset>/sweeps/`` (no ``.submitit``), and the other files. Hidden folders other than ``.hydra``
-    (``.fit-cache``, ``.submitit``, a carry's temporary folder) and ``.lock`` files are never read."""
+    under ``<preset>/sweeps/`` (no ``.submitit``) and the sweeps' measured rates (``.cost/``, read by the next
+    window's estimates) in ``sweeps``, and the other files. Hidden folders other than ``.hydra`` and the root's
+    ``.cost`` (``.fit-cache``, ``.submitit``, a carry's temporary folder) and ``.lock`` files are never read."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -67,7 +69,8 @@ class Tree:
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath)
             rel = here.relative_to(root).as_posix()
-            dirnames[:] = sorted(d for d in dirnames if d == ".hydra" or not d.startswith("."))
+            keep = (".hydra", COST_DIR) if rel == "." else (".hydra",)  # the sweep's rates travel with its runs
+            dirnames[:] = sorted(d for d in dirnames if d in keep or not d.startswith("."))
             if any((here / m).exists() for m in MARKERS) and not _in_sweeps(rel):
                 self.runs[rel] = []
             files += [f"{rel}/{f}".removeprefix("./") for f in sorted(filenames) if f != ".lock"]
@@ -75,7 +78,7 @@ class Tree:
             owner = max((r for r in self.runs if r == "." or f.startswith(r + "/")), key=len, default=None)
             if os.path.islink(root / f):
                 self.other.append(f)
-            elif _in_sweeps(f):
+            elif _in_sweeps(f) or f.startswith(COST_DIR + "/"):
                 self.sweeps.append(f)
             elif owner is not None:
                 self.runs[owner].append(f)
@@ -300,11 +303,6 @@ def _resume_command(runs_root: Path, run: str) -> str:
 
 
 # ----------------------------------------------------------------------------- export
-def device_slug(device) -> str:
-    """A record's ``device`` as a folder name: ``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``."""
-    return re.sub(r"[^a-z0-9]+", "-", str(device or "").lower()).strip("-") or "unknown-device"
-
-
 def export(root: Path, to: Path) -> int:
     _folder(root, "the runs root whose finished runs to export")
     if to.exists() and not to.is_dir():

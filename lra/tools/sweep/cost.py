@@ -87,8 +87,10 @@ def device_name(gpus: list[str]) -> str:
     return "cpu"
 
 
-def slug(device: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
+def device_slug(device) -> str:
+    """A device as a folder name (results/<device>/, the rates' folder): ``NVIDIA H100 80GB HBM3`` ->
+    ``nvidia-h100-80gb-hbm3``."""
+    return re.sub(r"[^a-z0-9]+", "-", str(device or "").lower()).strip("-") or "unknown-device"
 
 
 # ----------------------------------------------------------------------------- the work a job has left
@@ -166,7 +168,7 @@ class Estimator:
 
     def __init__(self, root: Path, device: str, parallel: int):
         self.root, self.device, self.parallel = Path(root), device, max(int(parallel), 1)
-        self.folder = self.root / COST_DIR / slug(device)
+        self.folder = self.root / COST_DIR / device_slug(device)
         self.rates: dict[str, Rate] = {}
         for f in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
             data = read_json(f) or {}
@@ -303,15 +305,6 @@ class Estimator:
 
 
 # ----------------------------------------------------------------------------- a time budget
-def parse_budget(value: str) -> float:
-    """``budget=90s|10m|1.5h`` (a bare number: seconds) -> seconds, or a one-line refusal."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h)?\s*", str(value))
-    x = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)] if m else 0.0
-    if not (x > 0 and math.isfinite(x)):
-        raise SystemExit(f"lra.tools.sweep: budget={value}: give a time such as 600, 90s, 10m or 1.5h")
-    return x
-
-
 @dataclass
 class Slot:
     job: object

@@ -6,6 +6,8 @@ import hashlib
 import itertools
 import json
 import logging
+import math
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -185,8 +187,6 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
             elif key in ("dry_run", "carry", "probe"):
                 opts[key] = switch(f"lra.tools.sweep: {key}", value)
             elif key == "budget":
-                from lra.tools.sweep.cost import parse_budget  # noqa: PLC0415 - cost imports this module
-
                 opts[key] = parse_budget(value)
             elif key == "progress":
                 opts[key] = _seconds(key, value)
@@ -248,6 +248,15 @@ def _seconds(key: str, value: str) -> float:
         x = float("nan")
     if not (x >= 0 and x != float("inf")):  # NaN fails every comparison: refused with the rest
         raise SystemExit(f"lra.tools.sweep: {key}={value}: give a number of seconds >= 0 (0: a line on changes only)")
+    return x
+
+
+def parse_budget(value: str) -> float:
+    """``budget=90s|10m|1.5h`` (a bare number: seconds) -> seconds, or a one-line refusal."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h)?\s*", str(value))
+    x = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)] if m else 0.0
+    if not (x > 0 and math.isfinite(x)):
+        raise SystemExit(f"lra.tools.sweep: budget={value}: give a time such as 600, 90s, 10m or 1.5h")
     return x
 
 
