@@ -372,7 +372,9 @@ def test_share_bench_dry_run_and_its_sweeps_place_k_runs_on_one_gpu(tmp_path, ca
     monkeypatch.setenv("LRA_RUNS", env["LRA_RUNS"])
     assert main(cmd[3:] + ["dry_run=true"]) == 0
     runs = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  run ")]
-    assert len(runs) == 8 and all("[GPU 0; hardware.total_gib=9.88875:" in ln for ln in runs)
+    assert len(runs) == 8 and all(
+        "[GPU 0; the 79.11 GiB of hardware=h100_80gb divided by 8: hardware.total_gib=9.88875," in ln for ln in runs
+    )
 
 
 def test_share_bench_summary_sums_the_rates_of_runs_side_by_side(tmp_path):
@@ -403,11 +405,6 @@ def test_search_dry_run_shows_the_trials_share(tmp_path, capsys, monkeypatch):
         main(["grid=search_quick", "jobs_per_gpu=2", "parallel=3", "hardware=h100_80gb", "dry_run=true"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lra/tools/sweep/search.py's dry run (_fmt_trial_share) does not ask the card (total_of=lambda g: None): "
-    "a GPU profile's share now depends on it, so it prints the hardware=auto line",
-)
 def test_search_dry_run_shows_a_gpu_profiles_budget(tmp_path, capsys, monkeypatch):
     pytest.importorskip("optuna")
     monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
@@ -417,8 +414,8 @@ def test_search_dry_run_shows_a_gpu_profiles_budget(tmp_path, capsys, monkeypatc
     p = profile("h100_80gb")
     budget = (p["total_gib"] - 2 * p["cuda_context_gib"]) / (2 * (1 + p["allocator_margin"]))
     assert (
-        f"2 at a time, 2 per GPU on GPUs 0 (hardware.total_gib=39.555: fit budget {budget:.2f} GiB each)"
-        in capsys.readouterr().out
+        f"2 at a time, 2 per GPU on GPUs 0 (the 79.11 GiB of hardware=h100_80gb divided by 2: "
+        f"hardware.total_gib=39.555, fit budget {budget:.2f} GiB each)" in capsys.readouterr().out
     )
 
 

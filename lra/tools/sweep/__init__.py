@@ -4,8 +4,9 @@ A sweep is a file ``conf/sweep/<name>.yaml``: fixed ``overrides``, a ``grid`` of
 product) and the ``launcher`` and ``parallel`` to use; or, with a ``search`` block, an Optuna search
 (:mod:`lra.tools.sweep.search`). Command-line overrides join every job; one with several values (``seed=0,1,2``)
 replaces that axis or adds one (in a search: adds or replaces a search parameter). ``parallel=N``,
-``jobs_per_gpu=k`` (k runs share each GPU, each with 1/k of its memory: :func:`share_plan`),
-``dry_run=true``, ``progress=S``, ``n_trials=N`` (searches) and ``hydra/launcher=...``,
+``jobs_per_gpu=k`` (k runs share each GPU: each keeps a smaller profile's fit, or gets 1/k of the card:
+:func:`share_plan`), ``dry_run=true`` (the jobs and their estimates), ``budget=<time>`` with ``carry=`` and
+``probe=`` (:mod:`lra.tools.sweep.budget`), ``progress=S``, ``n_trials=N`` (searches) and ``hydra/launcher=...``,
 ``hydra.launcher.*`` steer the sweep itself. docs/sweeps.md has the commands for a laptop, a GPU box
 and a SLURM cluster.
 
@@ -23,6 +24,8 @@ imports it, and a run knows nothing of the sweep that launched it):
 - :mod:`~lra.tools.sweep.jobs`: one job (the Hydra task function) and the liveness of a run folder;
 - :mod:`~lra.tools.sweep.manifest`: the manifest and the one-driver-per-sweep lock (:mod:`lra.runlock`'s flock);
 - :mod:`~lra.tools.sweep.progress`: the progress line and its watcher thread;
+- :mod:`~lra.tools.sweep.cost` and :mod:`~lra.tools.sweep.budget`: each job's estimate on this device, and a
+  sweep against a time budget;
 - :mod:`~lra.tools.sweep.driver`: a grid sweep from plan to summary;
 - :mod:`~lra.tools.sweep.search` and :mod:`~lra.tools.sweep.pruning`: Optuna searches (the ``sweep`` extra) and the
   callback that prunes a trial from inside its run;

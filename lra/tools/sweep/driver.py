@@ -31,7 +31,16 @@ from lra.tools.sweep.grid import Grid, definition, quote, sweep_key, with_run_ta
 from lra.tools.sweep.jobs import ctrl_c_to_the_driver, read_json, run_job, stop_jobs
 from lra.tools.sweep.manifest import Job, counts, find_manifest, rel_path, sweep_lock, write_manifest
 from lra.tools.sweep.progress import GridWatch, Progress
-from lra.tools.sweep.share import ShareError, check_sharing, gpu_count, hw_of, share_plan, visible_gpus
+from lra.tools.sweep.share import (
+    ShareError,
+    check_sharing,
+    describe,
+    gpu_count,
+    hw_of,
+    not_reported,
+    share_plan,
+    visible_gpus,
+)
 
 log = logging.getLogger("lra.tools.sweep")
 
@@ -119,11 +128,9 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                 shares = share_plan(todo, k, parallel, gpus)
             except ShareError as e:
                 raise SystemExit(f"lra.tools.sweep: {e}") from None
-            if not opts["dry_run"] and any(s is None for _, s in shares):
-                raise SystemExit(
-                    f"lra.tools.sweep: jobs_per_gpu={k} with hardware=auto: a GPU of {','.join(gpus)} did not "
-                    "report its memory to torch.cuda; check the GPUs or name a profile (hardware=h100_80gb)"
-                )
+            unknown = [(gpu, j) for j, (gpu, s) in zip(todo, shares) if s is None]
+            if not opts["dry_run"] and unknown:
+                raise SystemExit(f"lra.tools.sweep: {not_reported(unknown[0][0], unknown[0][1].hw or {}, k)}")
         batch = len(todo) if kind == "slurm" else (parallel if kind == "local" else 1)  # = launch()'s batches
         if opts["budget"] is not None and kind == "slurm":
             raise SystemExit(
@@ -360,14 +367,14 @@ def _print_plan(
         f"grid {grid.name}: {len(jobs)} jobs ({fmt_counts(counts(jobs))}); would run {len(todo)} with "
         f"launcher {kind}, {parallel} at a time"
         + (
-            f", {jobs_per_gpu} per GPU on GPUs {','.join(gpus)} (slot s on GPU s // {jobs_per_gpu}; each run "
-            f"hardware.total_gib = total / {jobs_per_gpu}, fit budget (total - {jobs_per_gpu} x context) / "
-            f"({jobs_per_gpu} x (1 + margin)))"
+            f", {jobs_per_gpu} per GPU on GPUs {','.join(gpus)} (slot s on GPU s // {jobs_per_gpu}; a profile "
+            f"smaller than the card keeps its own fit, else each run gets total / {jobs_per_gpu}: "
+            "lra.tools.sweep.share)"
             if jobs_per_gpu
             else ""
         )
     )
-    placed = dict(zip(map(id, todo), shares or []))
+    placed = {id(j): (*gs, jobs_per_gpu) for j, gs in zip(todo, shares or [])}
     for j in jobs:
         where = rel_path(j.run_dir, root) if j.run_dir else f"{' '.join(j.overrides)}: {j.error}"
         print(
@@ -380,12 +387,12 @@ def _print_plan(
     )
 
 
-def _fmt_share(gpu: str, share: dict | None) -> str:
+def _fmt_share(gpu: str, share: dict | None, k: int) -> str:
     if share is None:
-        return f"  [GPU {gpu}; hardware=auto: budget from the GPU's memory at run time]"
+        return f"  [GPU {gpu}: it did not report its memory here; the run reads it at run time]"
     return (
-        f"  [GPU {gpu}; hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB, "
-        f"allocator limit {share['limit_gib']:.2f} GiB]"
+        f"  [GPU {gpu}; {describe(share, k)}: hardware.total_gib={share['total_gib']:g}, fit budget "
+        f"{share['budget_gib']:.2f} GiB, allocator limit {share['limit_gib']:.2f} GiB]"
     )
 
 

@@ -62,10 +62,12 @@ from lra.tools.sweep.pruning import OBJECTIVE, OptunaPruning, make_pruner, prune
 from lra.tools.sweep.share import (
     ShareError,
     check_sharing,
+    describe,
     device_total_gib,
     gpu_of_slot,
     hw_of,
     job_share,
+    not_reported,
     visible_gpus,
 )
 
@@ -455,10 +457,7 @@ def trial_placement(s: Search, slot: int) -> tuple[dict, list[str]]:
     gpu = gpu_of_slot(slot, s.jobs_per_gpu, s.gpus)
     share = job_share(s.hw, s.jobs_per_gpu, gpu, total_of=device_total_gib)
     if share is None:
-        raise ShareError(
-            f"hardware=auto: GPU {gpu} did not report its memory to torch.cuda; name a GPU profile "
-            "(e.g. hardware=h100_80gb)"
-        )
+        raise not_reported(gpu, s.hw, s.jobs_per_gpu)
     return (
         {"CUDA_VISIBLE_DEVICES": gpu, MEMORY_LIMIT_ENV: f"{share['limit_gib']:.6f}"},
         [f"hardware.total_gib={share['total_gib']}"],
@@ -578,7 +577,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     if k:  # what a grid checks; the same one line before any trial
         try:
             check_sharing(k, parallel, gpus, "local")
-            job_share(hw, k, gpus[0], total_of=lambda g: None)
+            job_share(hw, k, gpus[0])
         except ShareError as e:
             raise SystemExit(f"lra.tools.sweep: {e}") from None
     sampler = dict(spec.get("sampler") or {"name": "tpe", "seed": 0})
@@ -627,11 +626,12 @@ def search_definition(
 
 
 def _fmt_trial_share(s: Search) -> str:
-    share = job_share(s.hw, s.jobs_per_gpu, s.gpus[0], total_of=lambda g: None)
+    share = job_share(s.hw, s.jobs_per_gpu, s.gpus[0])
     return (
-        f" (hardware.total_gib={share['total_gib']:g}: fit budget {share['budget_gib']:.2f} GiB each)"
+        f" ({describe(share, s.jobs_per_gpu)}: hardware.total_gib={share['total_gib']:g}, fit budget "
+        f"{share['budget_gib']:.2f} GiB each)"
         if share
-        else " (hardware=auto: 1/k of the GPU's memory, read at run time)"
+        else f" (GPU {s.gpus[0]} did not report its memory here; each trial reads it at run time)"
     )
 
 
