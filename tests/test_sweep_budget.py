@@ -3,6 +3,9 @@ estimate from the runs and probes of this device, which jobs a budget starts, an
 which the next window finishes to the record an uninterrupted run writes."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,7 @@ from lra.tools.sweep import load_grid
 from lra.tools.sweep.cost import Estimator, Rate, Work, kind_of, plan_budget, seconds, work_of
 from lra.tools.sweep.grid import parse_budget
 from lra.tools.sweep.manifest import Job
+from tests.helpers import run_env
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -124,3 +128,76 @@ def test_a_budget_is_a_time():
     for bad in ("ten", "0", "-5m", "5d", ""):
         with pytest.raises(SystemExit, match="give a time such as 600, 90s, 10m or 1.5h"):
             parse_budget(bad)
+
+
+# ----------------------------------------------------------------------------- two windows, end to end
+# One ListOps job long enough that a 10 s budget stops it mid-way; a resume checkpoint every 10 steps.
+WINDOW_JOB = [
+    "grid=quick",
+    "task=listops",
+    "attn=softmax",
+    "seed=0",
+    "hydra/launcher=basic",
+    "protocol.data.n_train=256",
+    "protocol.data.n_val=64",
+    "protocol.data.n_test=64",
+    "train.max_steps=150",
+    "train.eval_every=50",
+    "train.ckpt_every_steps=10",
+    "trainer.progress=false",
+]
+
+
+def _command(tmp_path, root, *args):
+    env = run_env(tmp_path, runs=root)
+    env["LRA_DATA"] = str(tmp_path / "data")  # one generation for the three runs roots
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _record(root: Path) -> dict:
+    (path,) = root.rglob("result.json")
+    return json.loads(path.read_text())
+
+
+def test_the_budget_stops_the_runs_still_training_and_the_manifest_says_so(tmp_path):
+    """budget=6s carry=true: the job starts though it cannot finish, gets SIGTERM at the budget, writes an
+    interrupted record (resumable) and the sweep ends with exit 0, saying what to carry."""
+    out = _command(tmp_path, "w1", "-m", "lra.tools.sweep", *WINDOW_JOB, "budget=6s", "carry=true", "probe=false")
+    assert "1 to stop at the budget and carry" in out and "budget reached" in out
+    assert "carry    quick/clean/listops/softmax/seed0" in out and "python -m lra.tools.carry pack" in out
+    assert _record(tmp_path / "w1")["status"] == "interrupted"
+    (manifest,) = (tmp_path / "w1" / "quick" / "sweeps" / "quick").glob("manifest-*.json")
+    inv = json.loads(manifest.read_text())["invocations"][-1]
+    assert inv["budget_reached"] is True and inv["budget_s"] == 6 and inv["launched"] == 1
+    assert inv["wall_s"] < 6 + 60  # the run was stopped, not waited for
+
+
+@pytest.mark.slow  # a minute: two windows and an uninterrupted reference (test_carry resumes from a pack in-process)
+def test_a_run_the_budget_stops_is_carried_to_another_machine_and_ends_as_if_never_stopped(tmp_path):
+    """Window 1 (budget 10 s, carry=true): the job cannot finish, starts anyway and gets SIGTERM at the budget;
+    its runs root is packed. Window 2, another runs root (another machine): the pack unpacked, the same sweep
+    command with a budget it fits in resumes it from last.ckpt. Its record equals an uninterrupted run's."""
+    out = _command(tmp_path, "w1", "-m", "lra.tools.sweep", *WINDOW_JOB, "budget=10s", "carry=true", "probe=false")
+    assert "1 to stop at the budget and carry" in out and "budget reached" in out
+    stopped = _record(tmp_path / "w1")
+    assert stopped["status"] == "interrupted" and stopped["steps"] < 150
+    _command(tmp_path, "w1", "-m", "lra.tools.carry", "pack", str(tmp_path / "w1"), "--out", str(tmp_path / "pack"))
+    assert not list((tmp_path / "pack").glob("*.ckpt"))  # the parts, not loose checkpoints
+    _command(tmp_path, "w2", "-m", "lra.tools.carry", "unpack", str(tmp_path / "pack"), "--runs", str(tmp_path / "w2"))
+
+    out = _command(tmp_path, "w2", "-m", "lra.tools.sweep", *WINDOW_JOB, "budget=10m")
+    assert "1 expected to finish" in out and "measuring" not in out  # its own record's pace: no probe
+    assert "budget not reached; 1 finished this time" in out
+    resumed = _record(tmp_path / "w2")
+    reference_args = [o for o in WINDOW_JOB if not o.startswith(("grid=", "hydra/launcher="))]
+    _command(tmp_path, "ref", "-m", "lra.train", "preset=quick", "num_threads=1", *reference_args)
+    reference = _record(tmp_path / "ref")
+    assert resumed["status"] == reference["status"] == "completed"
+    if (stopped.get("steps") or 0) >= 10:  # a checkpoint existed: the second window resumed, not restarted
+        assert resumed["resumed_from_step"] is not None
+    for k in ("steps", "steps_to_best", "steps_at_stop"):
+        assert resumed[k] == reference[k], k
+    for k in ("test_acc", "best_val_acc", "test_loss"):
+        assert resumed[k] == pytest.approx(reference[k], abs=1e-6), k

@@ -18,7 +18,10 @@ from lra.tools.sweep.base import Interrupted, Refusal, signal_of
 from lra.tools.sweep.driver import run_grid
 from lra.tools.sweep.grid import apply_cli, available_grids, load_grid
 
-USAGE = "python -m lra.tools.sweep grid=<name> [overrides ...] [parallel=N] [dry_run=true] [n_trials=N] [progress=S]"
+USAGE = (
+    "python -m lra.tools.sweep grid=<name> [overrides ...] [parallel=N] [dry_run=true] [budget=T [carry=true]] "
+    "[n_trials=N] [progress=S]"
+)
 ABOUT = """Runs every job of conf/sweep/<name>.yaml that is not finished (re-run the same command to resume),
 or, for a grid with a search block, an Optuna search up to n_trials (the study's total). Each sweep (the
 grid with its overrides) keeps its own manifest: <runs root>/<preset>/sweeps/<name>/manifest-<key>.json.
@@ -26,8 +29,13 @@ Ctrl-C or SIGTERM stops the jobs, updates the manifest and prints the command th
 docs/sweeps.md has the details."""
 EPILOG = """options (key=value; any other key=value joins every job, and key=a,b adds or replaces an axis):
   parallel=N            jobs (trials) at a time on this machine
-  jobs_per_gpu=k        k jobs share each visible GPU, 1/k of its memory each
-  dry_run=true          the jobs and their run folders (a search: the study and its space); nothing runs
+  jobs_per_gpu=k        k jobs share each visible GPU (a smaller profile keeps its fit, else 1/k of the card)
+  dry_run=true          the jobs, their run folders and estimates on this device (a search: the study and its
+                        space); nothing runs (probe=true: measure the kinds of job not measured yet first)
+  budget=T              start, in the grid's order, only the jobs expected to finish within T (600, 90s, 10m,
+                        1.5h; probes of unmeasured jobs count); at T the runs still training get SIGTERM
+  carry=true            with budget: also start jobs that cannot finish, to stop at T and carry (lra.tools.carry)
+  probe=false           with budget: estimate from measured runs only (no probe)
   progress=S            seconds between progress lines (0: on changes only)
   n_trials=N            a search: the study's total number of trials
   search.<key>=value    a search: edit its search block (search.pruner.name=hyperband); ~search.<key> deletes
@@ -36,6 +44,8 @@ EPILOG = """options (key=value; any other key=value joins every job, and key=a,b
 examples:
   python -m lra.tools.sweep grid=quick dry_run=true                  # the jobs and their run folders, nothing runs
   python -m lra.tools.sweep grid=quick seed=0,1,2 parallel=2         # an axis from the command line, 2 at a time
+  python -m lra.tools.sweep grid=quick dry_run=true probe=true       # what each job will cost here, and the total
+  python -m lra.tools.sweep grid=skeinformer_table1 task=listops budget=8m carry=true jobs_per_gpu=5   # a window
   python -m lra.tools.sweep grid=skeinformer_table1 hydra/launcher=slurm hydra.launcher.partition=gpu
   python -m lra.tools.sweep grid=search_quick n_trials=20            # Optuna: 20 trials in all, resumable
 
@@ -67,6 +77,12 @@ def grid_or_search(grid, opts: dict, hydra_ovs: list[str]) -> int:
     :func:`lra.tools.sweep.search.run_search` (optuna is the ``sweep`` extra: grids run without it)."""
     if grid.search is None:
         return run_grid(grid, opts, hydra_ovs)
+    given = [k for k in ("budget", "carry", "probe") if opts.get(k) not in (None, False)]
+    if given:
+        raise SystemExit(
+            f"lra.tools.sweep: {given[0]}= plans a grid's jobs; grid={grid.name} is an Optuna search: give it n_trials "
+            "(and stop it with Ctrl-C or SIGTERM, which it survives: the same command continues the study)"
+        )
     try:
         from lra.tools.sweep.search import run_search  # noqa: PLC0415 - an optional dependency, not a cycle
     except ImportError as e:
