@@ -93,6 +93,17 @@ def test_a_finished_sweep_run_measures_its_kind_and_a_stopped_job_its_own_pace(t
     assert rate.source == "own record" and secs == pytest.approx(12 + 300 * 0.3 + 2 * 3.0)
 
 
+def test_a_carried_run_no_sweep_started_is_estimated_from_its_own_pace(tmp_path):
+    """A run an earlier window started by hand (no .sweep_job.json: its start-up unknown) and nothing else measured:
+    its steps left at its own pace, with the start-up counted as none and said so."""
+    stopped = _job(tmp_path, "interrupted", steps=2300, ckpt=True, max_steps=20000, eval_every=500, patience=10)
+    stopped.record = {"steps": 2300, "train_time_s": 380.0, "eval_time_s": 40.0, "device": "NVIDIA H100 80GB HBM3"}
+    est = Estimator(tmp_path / "runs", "NVIDIA H100 80GB HBM3", parallel=5)
+    secs, rate, work = est.estimate(stopped)
+    assert rate.source == "own record, start-up not measured" and work.early_stop
+    assert secs == pytest.approx((20000 - 2300) * 380 / 2300 + (40 - 4) * 40 / 4)
+
+
 # ----------------------------------------------------------------------------- which jobs a budget starts
 def _plan(estimates, batch, budget, carry=False):
     jobs = [f"j{i}" for i in range(len(estimates))]

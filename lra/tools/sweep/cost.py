@@ -212,12 +212,12 @@ class Estimator:
                 own = None
         if own is None:
             return base
-        fixed = base.fixed_s if base is not None else own.fixed_s
+        fixed, source = base.fixed_s if base is not None else own.fixed_s, "own record"
         if math.isnan(fixed):
             fixed = self.typical_fixed()
-        if fixed is None:
-            return None
-        return Rate(fixed, own.step_s, own.eval_s, "own record", self.device, self.parallel)
+        if fixed is None:  # its pace is known, its start-up not (a run no sweep launched): counted as none
+            fixed, source = 0.0, "own record, start-up not measured"
+        return Rate(fixed, own.step_s, own.eval_s, source, self.device, self.parallel)
 
     def typical_fixed(self) -> float | None:
         fixed = [r.fixed_s for r in self.rates.values() if not math.isnan(r.fixed_s)]
