@@ -452,3 +452,48 @@ def test_search_trials_take_the_slot_a_finished_trial_freed(tmp_path, monkeypatc
     assert {(lim, tuple(ov)) for _, lim, ov in runner.placed} == {
         (f"{limit_gib(T, 0.75, 2):.6f}", (f"hardware.total_gib={share_gib(T, 2)}",))
     }
+
+
+# ----------------------------------------------------------------------------- jobs_per_gpu=auto
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _share_bench(root, rows):
+    (root / "share_bench").mkdir(parents=True)
+    (root / "share_bench" / "share_bench.json").write_text(json.dumps(rows))
+
+
+def _row(k, steps_per_s, device=H100):
+    return {"k": k, "device": device, "runs": k, "completed": k, "steps_per_s": steps_per_s}
+
+
+def test_jobs_per_gpu_auto_takes_the_k_share_bench_measured_best_on_this_device(tmp_path, capsys, monkeypatch):
+    """k = 8 gives 3 % over k = 4: it does not pay; another device's figures are not this one's."""
+    from lra.tools.sweep import cost
+
+    monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv(GPU_TOTAL_ENV, str(H100_CARD))
+    monkeypatch.setattr(cost, "device_name", lambda gpus: H100)
+    _share_bench(tmp_path / "runs", [_row(1, 1.0), _row(2, 1.9), _row(4, 3.1), _row(8, 3.2), _row(16, 9.0, "A100")])
+    args = ["grid=skeinformer_table1", "task=listops", "seed=0", "attn=softmax,skeinformer", "jobs_per_gpu=auto"]
+    assert main([*args, "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert f"jobs_per_gpu=auto: 4 (share-bench on {H100}, aggregate steps/s k=1: 1.00, k=2: 1.90, k=4: 3.10" in out
+    assert "4 at a time, 4 per GPU on GPUs 0" in out
+
+
+def test_jobs_per_gpu_auto_never_places_more_runs_than_the_card_holds():
+    k, why = share_auto([_row(1, 1.0), _row(8, 4.0)], hw("v100_16gb"))
+    assert k == 5 and why.endswith("the card holds 5 of these jobs)")  # 5 x 15.77 GiB of a 79.2 GiB card
+
+
+def test_jobs_per_gpu_auto_without_a_measurement_here_is_refused_in_one_line():
+    with pytest.raises(ShareError, match="no share-bench measurement on NVIDIA H100 80GB HBM3 .*make share-bench"):
+        share_auto([_row(4, 3.0, "A100")], hw("v100_16gb"))
+
+
+def share_auto(rows, profile_hw):
+    from lra.tools.sweep.share import auto_jobs_per_gpu
+
+    return auto_jobs_per_gpu(rows, H100, profile_hw, "0", total_of=lambda g: H100_CARD)

@@ -93,6 +93,7 @@ def summarise(k: int, root: Path) -> dict:
     inv = (json.loads(manifest.read_text()).get("invocations") or [{}])[-1] if manifest else {}
     return {
         "k": k,
+        "device": next((r["device"] for r in recs if r.get("device")), None),  # jobs_per_gpu=auto reads it
         "runs": len(recs),
         "completed": sum(r.get("status") == "completed" for r in recs),
         "steps_per_s": sum(rates),

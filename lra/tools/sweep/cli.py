@@ -29,7 +29,8 @@ Ctrl-C or SIGTERM stops the jobs, updates the manifest and prints the command th
 docs/sweeps.md has the details."""
 EPILOG = """options (key=value; any other key=value joins every job, and key=a,b adds or replaces an axis):
   parallel=N            jobs (trials) at a time on this machine
-  jobs_per_gpu=k        k jobs share each visible GPU (a smaller profile keeps its fit, else 1/k of the card)
+  jobs_per_gpu=k        k jobs share each visible GPU (a smaller profile keeps its fit, else 1/k of the card);
+                        auto: the k make share-bench measured fastest on this device
   dry_run=true          the jobs, their run folders and estimates on this device (a search: the study and its
                         space); nothing runs (probe=true: measure the kinds of job not measured yet first)
   budget=T              start, in the grid's order, only the jobs expected to finish within T (600, 90s, 10m,

@@ -33,6 +33,7 @@ from lra.tools.sweep.manifest import Job, counts, find_manifest, rel_path, sweep
 from lra.tools.sweep.progress import GridWatch, Progress
 from lra.tools.sweep.share import (
     ShareError,
+    auto_jobs_per_gpu,
     check_sharing,
     describe,
     gpu_count,
@@ -108,12 +109,14 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
         hydra_ovs = [f"hydra/launcher={grid.launcher}"] + hydra_ovs
     k = opts.get("jobs_per_gpu") or grid.jobs_per_gpu
     gpus = visible_gpus() if k else []
-    parallel = opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel)
     defn = definition(grid, hydra_ovs)
     key = sweep_key(defn)
     with interruptible(), Composer() as composer:
         primary, jobs = plan(grid, hydra_ovs, composer)
         root = Path(str(primary.runs_root))
+        if k == "auto":
+            k = _auto_k(root, gpus, jobs)
+        parallel = opts["parallel"] or (k * len(gpus) if k and gpus else grid.parallel)
         folder = sweep_folder(root, grid, jobs)
         for j in jobs:
             j.refresh()
@@ -138,6 +141,8 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                 "when they start; give the jobs a time limit there (hydra.launcher.timeout_min) or drop budget"
             )
         if opts["dry_run"]:
+            if opts["probe"] and todo:
+                prepare_data(todo)  # once, before parallel probes would each generate it
             est, by_job = clock.estimates(todo, root, gpus, parallel, k, bool(opts["probe"]), jobs)
             _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares, est)
             print(clock.totals(todo, by_job, batch, est.device))
@@ -236,6 +241,22 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
     if opts["budget"] is not None:  # a window that ends with runs to carry did its job; a failed run did not
         return 1 if any(j.status == "failed" for j in started) else 0
     return 0 if all(j.status in FINISHED for j in jobs) else 1
+
+
+def _auto_k(root: Path, gpus: list[str], jobs: list[Job]) -> int:
+    """``jobs_per_gpu=auto``: the k share-bench measured best on this device (``<root>/share_bench``)."""
+    from lra.tools.sweep.cost import device_name
+
+    if not gpus:
+        raise SystemExit("lra.tools.sweep: jobs_per_gpu=auto: no GPU visible here; drop jobs_per_gpu")
+    measured = read_json(root / "share_bench" / "share_bench.json") or []
+    hw = next((j.hw for j in jobs if j.hw), {})
+    try:
+        k, why = auto_jobs_per_gpu(measured if isinstance(measured, list) else [], device_name(gpus), hw, gpus[0])
+    except ShareError as e:
+        raise SystemExit(f"lra.tools.sweep: {e}") from None
+    print(why, flush=True)
+    return k
 
 
 def interrupted_line(name: str, signum: int, job_counts: dict[str, int], command: str) -> str:

@@ -182,7 +182,9 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
         key = arg.split("=", 1)[0]
         if key in SWEEP_OPTIONS:
             value = arg.split("=", 1)[1] if "=" in arg else ""
-            if key in ("parallel", "jobs_per_gpu", "n_trials"):
+            if key == "jobs_per_gpu" and value == "auto":
+                opts[key] = "auto"  # the k share-bench measured best on this device (share.auto_jobs_per_gpu)
+            elif key in ("parallel", "jobs_per_gpu", "n_trials"):
                 opts[key] = _positive_int(key, value)
             elif key in ("dry_run", "carry", "probe"):
                 opts[key] = switch(f"lra.tools.sweep: {key}", value)

@@ -244,3 +244,41 @@ def limit_gib(total_gib: float, context_gib: float, k: int) -> float:
 def budget_gib(total_gib: float, context_gib: float, margin: float, k: int) -> float:
     """The estimate a micro-batch of one of k runs may reach: (T - k c) / (k (1 + m))."""
     return limit_gib(total_gib, context_gib, k) / (1.0 + float(margin))
+
+
+# ----------------------------------------------------------------------------- jobs_per_gpu=auto
+PAYS = 1.05  # a larger k must give at least 5 % more aggregate steps/s than the best smaller one
+
+
+def auto_jobs_per_gpu(measured: list[dict], device: str, hw: dict, gpu: str, total_of=None) -> tuple[int, str]:
+    """(k, why) for ``jobs_per_gpu=auto``: the k whose runs share-bench measured fastest together on this device
+    (its ``share_bench.json`` rows, each k's aggregate steps/s), a larger k only where it pays (:data:`PAYS`),
+    and no more than the card holds for these jobs' profile (:func:`job_share`). A ShareError when nothing
+    was measured on this device: k is measured here, never assumed."""
+    rows = sorted(
+        (
+            r
+            for r in measured
+            if r.get("device") == device and r.get("steps_per_s") and r.get("completed") == r.get("k")
+        ),
+        key=lambda r: r["k"],
+    )
+    if not rows:
+        raise ShareError(
+            f"jobs_per_gpu=auto: no share-bench measurement on {device} under this runs root; run "
+            "`make share-bench` here first (a few minutes), or give jobs_per_gpu=<k>"
+        )
+    best = rows[0]
+    for r in rows[1:]:
+        if r["steps_per_s"] >= PAYS * best["steps_per_s"]:
+            best = r
+    k = int(best["k"])
+    while k > 1:
+        try:
+            job_share(hw, k, gpu, total_of=total_of)
+            break
+        except ShareError:
+            k -= 1
+    figures = ", ".join(f"k={r['k']}: {r['steps_per_s']:.2f}" for r in rows)
+    held = "" if k == best["k"] else f"; the card holds {k} of these jobs"
+    return k, f"jobs_per_gpu=auto: {k} (share-bench on {device}, aggregate steps/s {figures}{held})"
