@@ -14,16 +14,19 @@ from lra.tools.sweep.cost import PROBE_STEPS, Estimator, device_name, fmt_h, pla
 from lra.tools.sweep.jobs import assign_gpus
 
 
-def estimates(todo: list, root: Path, gpus: list[str], parallel: int, jobs_per_gpu: int | None, probe: bool, jobs=()):
+def estimates(
+    todo: list, root: Path, gpus: list[str], batch: int, parallel: int, jobs_per_gpu, probe: bool, jobs=()
+) -> tuple[Estimator, dict]:
     """(the estimator, {id(job): seconds or None}) for the jobs to run, probing each kind not measured yet
-    unless ``probe`` is false. ``jobs``: the whole grid (its finished runs measure their kinds)."""
-    est = Estimator(root, device_name(gpus), parallel)
+    unless ``probe`` is false, ``batch`` at a time (the launcher's batch: how many jobs share the machine).
+    ``jobs``: the whole grid (its finished runs measure their kinds)."""
+    est = Estimator(root, device_name(gpus), batch)
     est.learn_from(list(jobs) or todo)
     missing = est.unmeasured(todo) if probe else []
     if missing:
         print(
             f"measuring {len(missing)} kind(s) of job on {est.device}: a probe of {PROBE_STEPS} steps and one "
-            f"validation each, {min(parallel, len(missing)) if parallel else 1} at a time "
+            f"validation each, {est.parallel} at a time "
             f"(kept in {est.folder})",
             flush=True,
         )

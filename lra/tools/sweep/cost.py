@@ -185,6 +185,9 @@ class Estimator:
                 continue
             if str(j.record.get("device") or "") != self.device:
                 continue
+            ran_beside = (j.record.get("machine") or {}).get("sweep_parallel")
+            if ran_beside is not None and int(ran_beside) != self.parallel:  # another load: another pace
+                continue
             marker = read_json(Path(j.run_dir) / MARKER) or {}
             if marker.get("t_start") is None or marker.get("t_end") is None:
                 continue

@@ -143,7 +143,7 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
         if opts["dry_run"]:
             if opts["probe"] and todo:
                 prepare_data(todo)  # once, before parallel probes would each generate it
-            est, by_job = clock.estimates(todo, root, gpus, parallel, k, bool(opts["probe"]), jobs)
+            est, by_job = clock.estimates(todo, root, gpus, batch, parallel, k, bool(opts["probe"]), jobs)
             _print_plan(grid, jobs, todo, root, kind, parallel, hydra_ovs, k, gpus, shares, est)
             print(clock.totals(todo, by_job, batch, est.device))
             if opts["budget"] is not None:
@@ -200,7 +200,9 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                     if todo:
                         go(todo)
                 else:  # the probes and the plan count against the budget
-                    est, by_job = clock.estimates(todo, root, gpus, parallel, k, opts["probe"] is not False, jobs)
+                    est, by_job = clock.estimates(
+                        todo, root, gpus, batch, parallel, k, opts["probe"] is not False, jobs
+                    )
                     print(clock.totals(todo, by_job, batch, est.device), flush=True)
                     budget_inv = {"budget_s": opts["budget"], "device": est.device, "estimates_s": {}}
                     end = t0 + opts["budget"]
