@@ -199,7 +199,7 @@ def test_an_interrupted_run_carried_to_another_runs_root_finishes_as_the_uninter
 
 
 # ----------------------------------------------------------------------------- pack
-def test_pack_carries_unfinished_runs_and_manifests_never_finished_runs_fit_cache_or_locks(tmp_path, capsys):
+def test_pack_carries_unfinished_runs_whole_finished_runs_records_and_manifests_never_caches_or_locks(tmp_path, capsys):
     root = tmp_path / "runs"
     for status in FINISHED:
         fake_run(root, f"quick/clean/listops/{status}/seed0", status)
@@ -220,14 +220,19 @@ def test_pack_carries_unfinished_runs_and_manifests_never_finished_runs_fit_cach
     code, out, _ = cli(capsys, "pack", root, "--out", tmp_path / "pack")
     assert code == 0, out
     names = members(tmp_path / "pack")
-    runs_in = {n.rsplit("/", 1)[0] for n in names if n.endswith("/result.json") or n.endswith("last.ckpt")}
-    assert {r.removesuffix("/checkpoints") for r in runs_in} == set(carried)
+    resumable = {n.removesuffix("/checkpoints/last.ckpt") for n in names if n.endswith("/checkpoints/last.ckpt")}
+    assert resumable == set(carried)
+    finished = [f"quick/clean/listops/{s}/seed0" for s in FINISHED] + ["quick/clean/listops/interrupted/seed0/tagged"]
+    for run in finished:  # the next window's sweep must see them finished: their records travel, not checkpoints
+        assert f"{run}/result.json" in names and f"{run}/.hydra/config.yaml" in names
+        assert not [n for n in names if n.startswith(f"{run}/checkpoints")]
     assert m.relative_to(root).as_posix() in names
-    assert not [n for n in names if ".fit-cache" in n or ".submitit" in n or n.endswith(".lock") or "tagged" in n]
+    assert not [n for n in names if ".fit-cache" in n or ".submitit" in n or n.endswith(".lock") or "fresh" in n]
     assert "quick/clean/listops/interrupted/seed0/checkpoints/best.ckpt" in names  # whole folders
     assert len([ln for ln in out.splitlines() if ln.startswith("packed ")]) == len(carried)
     info = json.loads((tmp_path / "pack" / "pack.json").read_text())
     assert {r["path"]: r["status"] for r in info["runs"]} == {k: v or "no record" for k, v in carried.items()}
+    assert info["finished"] == sorted(finished)
     assert {r["steps"] for r in info["runs"]} == {7, None} and all(r["last_ckpt"] for r in info["runs"])
     assert info["git_commit"] and info["host"] and info["created_utc"].endswith("+00:00")
     # the checksum is of the joined parts, as sha256sum -c reads it

@@ -133,6 +133,20 @@ def test_carry_fills_the_slots_that_can_still_start_with_jobs_to_carry():
     assert started == [("j0", 0.0, False), ("j1", 0.0, False)] and left == ["j2"]
 
 
+def test_a_budgeted_job_checkpoints_every_half_minute_of_its_training_unless_it_says(tmp_path):
+    """A run the budget stops resumes from its last checkpoint; evaluations alone are minutes apart."""
+    from lra.tools.sweep.budget import with_checkpoints
+
+    fast, own, unknown = _job(tmp_path), _job(tmp_path, seed=1), _job(tmp_path, seed=2)
+    own.overrides.append("train.ckpt_every_steps=100")
+    with_checkpoints(fast, Rate(fixed_s=5.0, step_s=0.1, eval_s=1.0, source="probe"))
+    with_checkpoints(own, Rate(fixed_s=5.0, step_s=0.1, eval_s=1.0, source="probe"))
+    with_checkpoints(unknown, None)
+    assert fast.overrides[-1] == "train.ckpt_every_steps=300" and kind_of(fast.overrides) == kind_of(own.overrides)
+    assert own.overrides[-1] == "train.ckpt_every_steps=100" and own.overrides.count("train.ckpt_every_steps=100") == 1
+    assert unknown.overrides[-1] == "train.ckpt_every_steps=50"
+
+
 def test_a_budget_is_a_time():
     assert parse_budget("10m") == 600 and parse_budget("90s") == 90 and parse_budget("1.5h") == 5400
     assert parse_budget("45") == 45

@@ -1,12 +1,13 @@
 """``python -m lra.tools.carry``: carry a GPU window's unfinished runs to the next machine; ship finished ones.
 
-A GPU window (docs/results.md, "GPU windows") is a bare node for 10-15 minutes that brings back at most 8
-files of at most 16 MiB. ``pack`` puts every run that has not finished (whole folders, checkpoints included)
-and the sweep manifests into ``runs.tar.gz.partNN`` + ``runs.sha256`` + ``pack.json``; ``unpack`` checks the
-checksum, extracts them as data (files and folders only, nothing outside the runs root) and never replaces a
-run folder that is already there; the same command then resumes each run from ``checkpoints/last.ckpt``.
-``export`` copies the finished runs' small files (record, metrics, log, config) under ``results/<device>/``.
-A refusal is one line on stderr and exit code 2, before anything is written.
+A GPU window (docs/gpu.md) is a bare node for 10-15 minutes that brings back at most 8 files of at most
+16 MiB. ``pack`` puts every run that has not finished (whole folders, checkpoints included), the records of
+the finished ones (so the next window's sweep skips them; no checkpoints) and the sweep manifests and rates
+into ``runs.tar.gz.partNN`` + ``runs.sha256`` + ``pack.json``; ``unpack`` checks the checksum, extracts them
+as data (files and folders only, nothing outside the runs root) and never replaces a run folder that is
+already there; the same command then resumes each run from ``checkpoints/last.ckpt``. ``export`` copies the
+finished runs' small files (record, metrics, log, config) under ``results/<device>/``. A refusal is one line
+on stderr and exit code 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ SMALL = ("result.json", "metrics.csv", "train.log", ".hydra/config.yaml", ".hydr
 MARKERS = ("result.json", "metrics.csv", "train.log", ".hydra", "checkpoints", ".sweep_job.json")  # a run folder
 LAST = "checkpoints/last.ckpt"
 EXAMPLES = f"""examples:
-  {PROG} pack runs --out window-out                  # unfinished runs + manifests, at most 8 files
+  {PROG} pack runs --out window-out                  # unfinished runs, finished records, manifests: <= 8 files
   {PROG} unpack carry/listops-seed0 --runs runs      # on the next machine, then run the same command again
   {PROG} export runs --to results                    # finished runs' record, metrics, log and config"""
 
@@ -97,6 +98,12 @@ def _record(run_dir: Path) -> dict:
     return {"status": rec.get("status"), "steps": rec.get("steps"), "device": rec.get("device")}
 
 
+def _is_record_file(run: str, rel: str) -> bool:
+    """What a finished run travels with: its record, metrics, log, config and sweep marker, not its checkpoints."""
+    own = rel[len(run) + 1 :] if run != "." else rel
+    return own in (*SMALL, ".hydra/hydra.yaml", ".sweep_job.json")
+
+
 def _in_sweeps(rel: str) -> bool:
     parts = rel.split("/")
     return len(parts) > 1 and parts[1] == "sweeps"
@@ -142,13 +149,18 @@ def pack(root: Path, out: Path, part_mib: float) -> int:
     if not runs:
         print(f"lra.tools.carry pack: nothing unfinished under {root}: no pack written")
         return 0
+    # the finished runs' records (never their checkpoints), so that the next window's sweep skips them
+    done = {run: [f for f in files if _is_record_file(run, f)] for run, files in tree.runs.items() if run not in runs}
+    done = {run: files for run, files in done.items() if _record(tree.root / run)["status"] in FINISHED}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the pack is shared like any output
     try:
         joined = tmp / TARBALL
         with tarfile.open(joined, "w:gz", compresslevel=6) as tar:
-            for rel in [f for run in runs for f in tree.runs[run]] + tree.sweeps:
+            for rel in (
+                [f for run in runs for f in tree.runs[run]] + [f for fs in done.values() for f in fs] + tree.sweeps
+            ):
                 tar.add(root / rel, arcname=rel, recursive=False)
         size, part = joined.stat().st_size, max(1, int(part_mib * 2**20))
         n_parts = -(-size // part)
@@ -168,6 +180,7 @@ def pack(root: Path, out: Path, part_mib: float) -> int:
         write_text(tmp / CHECKSUM, f"{digest.hexdigest()}  {TARBALL}\n")
         info = {
             "runs": list(runs.values()),
+            "finished": sorted(done),  # their records only: the next window's sweep skips them
             "manifests": tree.sweeps,
             "git_commit": git_commit(),
             "host": socket.gethostname(),
@@ -183,8 +196,9 @@ def pack(root: Path, out: Path, part_mib: float) -> int:
     for r in runs.values():
         print(f"packed {r['path']}: {r['status']}, {r['steps']} steps, last.ckpt {'yes' if r['last_ckpt'] else 'no'}")
     print(
-        f"lra.tools.carry pack: {len(runs)} runs and {len(tree.sweeps)} sweep files, {size / 2**20:.2f} MiB in "
-        f"{len(names)} parts -> {out}"
+        f"lra.tools.carry pack: {len(runs)} runs to resume, the records of {len(done)} finished ones (no checkpoints: "
+        f"the next window skips them) and {len(tree.sweeps)} sweep files, {size / 2**20:.2f} MiB in {len(names)} "
+        f"parts -> {out}"
     )
     return 0
 
@@ -343,8 +357,9 @@ def export(root: Path, to: Path) -> int:
 # ----------------------------------------------------------------------------- command line
 COMMANDS = {
     "pack": (
-        "every run under RUNS_ROOT that has not finished (its whole folder, checkpoints included, no .lock) and "
-        "every sweep manifest -> runs.tar.gz.partNN, runs.sha256, pack.json; never a finished run, .fit-cache, data",
+        "every run under RUNS_ROOT that has not finished (its whole folder, checkpoints included, no .lock), the "
+        "finished runs' records (so the next window skips them) and every sweep manifest -> runs.tar.gz.partNN, "
+        "runs.sha256, pack.json; never a finished run's checkpoint, .fit-cache, data",
         [("runs_root", "the runs root to pack"), ("--out", "a new or empty folder for the pack")],
     ),
     "unpack": (

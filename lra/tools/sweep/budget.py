@@ -113,11 +113,26 @@ def run_on_budget(todo, jobs, est, batch, end, carry, run_batch, started: list, 
         if not nxt:
             return
         inv["estimates_s"].update({j.rel: by_job.get(id(j)) for j in nxt})
+        for j in nxt:
+            with_checkpoints(j, est.estimate(j)[1])
         started += nxt
         remaining = [j for j in remaining if j not in nxt]
         run_batch(nxt)
         for j in nxt:
             j.refresh()
+
+
+CKPT_EVERY_S = 30.0  # a run stopped at the budget loses at most about this much training
+
+
+def with_checkpoints(job, rate) -> None:
+    """A run the budget may stop resumes from its last checkpoint, written at each evaluation (every 150 to
+    500 steps: minutes): unless the job says how often, a resume checkpoint every ~30 s of its training too
+    (``train.ckpt_every_steps``: neither its folder nor its resume key changes)."""
+    if any(o.split("=", 1)[0].lstrip("+~") == "train.ckpt_every_steps" for o in job.overrides):
+        return
+    every = max(10, int(CKPT_EVERY_S / rate.step_s)) if rate is not None and rate.step_s > 0 else 50
+    job.overrides = [*job.overrides, f"train.ckpt_every_steps={every}"]
 
 
 def report(jobs: list, started: list, left: list, reached: bool, command: str, root: Path) -> list[str]:

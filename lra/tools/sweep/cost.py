@@ -45,7 +45,7 @@ log = logging.getLogger("lra.tools.sweep")
 PROBE_STEPS = 30  # optimizer steps a probe trains: past the first steps' warm-up, seconds on a CPU
 PROBE_LOG_EVERY = 10  # its throughput rows: the pace after the first ten steps (theirs is one-off, in fixed)
 COST_DIR = ".cost"
-NOT_A_KIND = ("seed", "run_tag", "force", "name")  # overrides that do not change what a job costs
+NOT_A_KIND = ("seed", "run_tag", "force", "name", "train.ckpt_every_steps")  # they do not change what a job costs
 
 
 @dataclass
