@@ -42,8 +42,9 @@ from lra.tools.sweep.jobs import read_json
 
 log = logging.getLogger("lra.tools.sweep")
 
-PROBE_STEPS = 30  # optimizer steps a probe trains: past the first steps' warm-up, seconds on a CPU
-PROBE_LOG_EVERY = 10  # its throughput rows: the pace after the first ten steps (theirs is one-off, in fixed)
+PROBE_STEPS = 40  # optimizer steps a probe trains: past the first steps' warm-up, seconds on a CPU
+PROBE_LOG_EVERY = 10  # its throughput rows: the pace of steps 20-40 (the first twenty are one-off, in fixed: the
+PROBE_SKIP_ROWS = 2  # probes beside it may still be starting, which a run's long middle does not see)
 COST_DIR = ".cost"
 NOT_A_KIND = ("seed", "run_tag", "force", "name", "train.ckpt_every_steps")  # they do not change what a job costs
 
@@ -150,13 +151,14 @@ def rate_of_record(rec: dict, eval_every: int, wall_s: float | None, source: str
 
 
 def steady_step_s(metrics: Path, effective_batch) -> float | None:
-    """Seconds per optimizer step after the first logged interval, from a probe's throughput rows."""
+    """Seconds per optimizer step after the first :data:`PROBE_SKIP_ROWS` logged intervals, from a probe's
+    throughput rows."""
     if not effective_batch:
         return None
     with contextlib.suppress(OSError, ValueError, KeyError):
         with open(metrics) as f:
             rows = [r for r in csv.DictReader(f) if r.get("throughput/samples_per_s")]
-        rates = [float(r["throughput/samples_per_s"]) for r in rows[1:]]
+        rates = [float(r["throughput/samples_per_s"]) for r in rows[PROBE_SKIP_ROWS:]]
         if rates:
             return float(effective_batch) / (sum(rates) / len(rates))
     return None
