@@ -421,3 +421,23 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
         code, out, err = cli(capsys, *argv)
         assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, (argv, err)
     assert files(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["full", "nosum", "runs"]
+
+
+def test_the_next_window_sees_the_finished_runs_finished_and_is_told_to_resume_only_the_others(tmp_path, capsys):
+    """A window that finished some runs and stopped others: on the next machine the sweep must skip the first
+    (their records travel) and resume the second; the resume lines name only what is left to train."""
+    root = tmp_path / "runs"
+    fake_run(root, "quick/clean/listops/done/seed0", "completed")
+    fake_run(root, "quick/clean/listops/stopped/seed0", "interrupted")
+    assert cli(capsys, "pack", root, "--out", tmp_path / "pack")[0] == 0
+    code, out, _ = cli(capsys, "unpack", tmp_path / "pack", "--runs", tmp_path / "next")
+    assert code == 0
+    done, stopped = (
+        tmp_path / "next/quick/clean/listops/done/seed0",
+        tmp_path / "next/quick/clean/listops/stopped/seed0",
+    )
+    assert json.loads((done / "result.json").read_text())["status"] == "completed"
+    assert not list(done.rglob("*.ckpt"))  # a finished run travels without its checkpoints
+    assert (stopped / "checkpoints" / "last.ckpt").is_file()
+    resume = [ln for ln in out.splitlines() if ln.startswith("resume: ")]
+    assert len(resume) == 1  # the stopped run; a finished one has nothing to resume

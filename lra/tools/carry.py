@@ -297,9 +297,10 @@ def _place(tree: Tree, runs_root: Path) -> int:
     if tree.other:
         print(f"not unpacked: {len(tree.other)} files outside run folders and sweeps (e.g. {tree.other[0]})")
     print(f"lra.tools.carry unpack: {len(placed)} runs into {runs_root} ({kept} kept as they were)")
-    for run in placed:
+    resumable = [run for run in placed if _record(runs_root / run)["status"] not in FINISHED]
+    for run in resumable:
         print(f"resume: {_resume_command(runs_root, run)}")
-    if placed:
+    if resumable:
         print("(or re-run the same sweep command; each run resumes from its checkpoints/last.ckpt)")
     return 0
 
