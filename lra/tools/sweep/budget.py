@@ -148,6 +148,8 @@ def report(jobs: list, started: list, left: list, reached: bool, command: str, r
     lines += [f"  finished {j.rel}" for j in done]
     lines += [f"  carry    {j.rel} ({j.status}, step {j.record.get('steps') or 0})" for j in carried]
     if carried or not_started:
-        lines.append(f"next window: python -m lra.tools.carry pack {root} --out <folder> (the unfinished runs), then")
+        lines.append(
+            f"next window: python -m lra.tools.carry pack {root} --out <folder> (what is left, and what finished), then"
+        )
         lines.append(f"  there: python -m lra.tools.carry unpack <folder> --runs <runs root>; {command}")
     return lines
