@@ -441,3 +441,28 @@ def test_the_next_window_sees_the_finished_runs_finished_and_is_told_to_resume_o
     assert (stopped / "checkpoints" / "last.ckpt").is_file()
     resume = [ln for ln in out.splitlines() if ln.startswith("resume: ")]
     assert len(resume) == 1  # the stopped run; a finished one has nothing to resume
+
+
+def test_export_names_this_machines_folders_by_their_variables_never_by_path(tmp_path, capsys):
+    """results/ is published: a record's runs root and data root (a checkpoint path, the config) are this
+    machine's, so the copy says $LRA_RUNS and $LRA_DATA; the source run keeps its own files as they were."""
+    root = tmp_path / "runs"
+    run = fake_run(root, "quick/clean/listops/done/seed0", "completed")
+    rec = json.loads((run / "result.json").read_text())
+    rec["best_ckpt"] = str(run / "checkpoints" / "best.ckpt")
+    rec["config"]["data_root"] = str(tmp_path / "data")
+    (run / "result.json").write_text(json.dumps(rec))
+    (run / "train.log").write_text(f"loaded {tmp_path / 'data'}/listops; saved {run}/checkpoints/best.ckpt\n")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert cli(capsys, "export", root, "--to", tmp_path / "results")[0] == 0
+    out = tmp_path / "results" / "cpu" / "quick/clean/listops/done/seed0"
+    for f in ("result.json", "train.log"):
+        assert str(tmp_path) not in (out / f).read_text(), f
+    copy = json.loads((out / "result.json").read_text())
+    assert copy["best_ckpt"] == "$LRA_RUNS/quick/clean/listops/done/seed0/checkpoints/best.ckpt"
+    assert copy["config"]["data_root"] == "$LRA_DATA"
+    assert (out / "train.log").read_text().startswith("loaded $LRA_DATA/listops; saved $LRA_RUNS/quick/")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # exporting again is a no-op, not a clash with the published copy
+    code, printed, _ = cli(capsys, "export", root, "--to", tmp_path / "results")
+    assert code == 0 and "0 runs exported, 1 already there" in printed

@@ -13,6 +13,7 @@ on stderr and exit code 2, before anything is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import hashlib
 import io
@@ -308,16 +309,38 @@ def _place(tree: Tree, runs_root: Path) -> int:
 def _resume_command(runs_root: Path, run: str) -> str:
     """``LRA_RUNS=<root> python -m lra.train <the run's overrides>`` (from .hydra/overrides.yaml)."""
     try:
-        import yaml
+        from omegaconf import OmegaConf
 
-        ovs = yaml.safe_load((runs_root / run / ".hydra" / "overrides.yaml").read_text()) or []
-    except (OSError, ValueError, ImportError):
+        ovs = OmegaConf.to_container(OmegaConf.load(runs_root / run / ".hydra" / "overrides.yaml")) or []
+    except Exception:  # noqa: BLE001 - a damaged file is data: the resume line falls back to words
         return f"the command that started {run}, with LRA_RUNS={runs_root}"
     ovs = [str(o) for o in ovs if not str(o).startswith(("run_tag=", "runs_root="))]
     return shlex.join([f"LRA_RUNS={runs_root}", "python", "-m", "lra.train", *ovs])
 
 
 # ----------------------------------------------------------------------------- export
+def _local_paths(root: Path, run_dir: Path) -> dict[str, str]:
+    """This machine's folders a run's files name (its runs root, its data root), and what a published copy says
+    instead: they mean nothing elsewhere, and the repository names no local path."""
+    out = {}
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        data_root = ((read_record(run_dir) or {}).get("config") or {}).get("data_root")
+        if data_root and os.path.isabs(str(data_root)):
+            out[str(data_root).rstrip("/")] = "$LRA_DATA"
+            out[os.path.realpath(str(data_root))] = "$LRA_DATA"
+    for r in {str(root.absolute()), os.path.realpath(root)}:
+        out[r.rstrip("/")] = "$LRA_RUNS"
+    return dict(sorted(out.items(), key=lambda kv: -len(kv[0])))  # the longest first: a data root inside runs
+
+
+def _published(data: bytes, local: dict[str, str]) -> bytes:
+    """A run's file as results/ keeps it: each local folder replaced by the variable that names it."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    for path, name in local.items():
+        text = text.replace(path, name)
+    return text.encode("utf-8", errors="surrogateescape")
+
+
 def export(root: Path, to: Path) -> int:
     _folder(root, "the runs root whose finished runs to export")
     if to.exists() and not to.is_dir():
@@ -328,14 +351,16 @@ def export(root: Path, to: Path) -> int:
         if info["status"] not in FINISHED:
             continue
         dest = to / device_slug(info["device"]) / run
+        local = _local_paths(root, root / run)
         copy, clash = [], None
         for name in SMALL:
             src, dst = root / run / name, dest / name
             if not src.is_file():
                 continue
+            data = _published(src.read_bytes(), local)
             if not dst.exists():
-                copy.append((src, dst))
-            elif dst.read_bytes() != src.read_bytes():
+                copy.append((data, dst))
+            elif dst.read_bytes() != data:
                 clash = dst
                 break
         if clash is not None:
@@ -347,8 +372,8 @@ def export(root: Path, to: Path) -> int:
         if not copy:
             same += 1
             continue
-        for src, dst in copy:
-            write_atomic(dst, lambda tmp, src=src: shutil.copyfile(src, tmp))
+        for data, dst in copy:
+            write_atomic(dst, lambda tmp, data=data: tmp.write_bytes(data))
         done += 1
         print(f"exported {run}: {info['status']}, {info['steps']} steps -> {dest} ({len(copy)} files)")
     print(f"lra.tools.carry export: {done} runs exported, {same} already there, {refused} refused -> {to}")
