@@ -5,29 +5,50 @@ pid, host and start time into it. The kernel releases the lock when the holder e
 exits (SIGKILL, a crash, a lost node on a local file system), so a stale lock never blocks: the file
 stays, the lock does not. A second command on the same folder gets :class:`RunLocked`, whose message
 says who holds it.
+
+On a shared file system the lock is only as good as its ``flock``: NFS v4 and Lustre mounted with
+``-o flock`` lock across nodes; Lustre with ``-o localflock`` locks on one node only (two nodes can both
+hold a folder); Lustre without either refuses ``flock``, which is :class:`LockUnsupported`, one line
+saying what to do. ``LRA_RUN_LOCK=off`` runs without the lock, for such a file system, at the price
+of nothing stopping two commands on one folder (docs/sweeps.md, "Run folders on a shared file system").
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 from pathlib import Path
 
+from lra.checks import ConfigError
+
 EXIT_LOCKED = 75  # EX_TEMPFAIL: try again later
+LOCK_ENV = "LRA_RUN_LOCK"  # off: no lock (a file system without flock)
+UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # what flock says where it cannot lock
+log = logging.getLogger("lra.runlock")
 
 
 class RunLocked(RuntimeError):
     """Another live process holds the run folder."""
 
 
+class LockUnsupported(ConfigError):
+    """The run folder's file system cannot ``flock``: the user's to fix (exit 2), one line saying how."""
+
+
 @contextlib.contextmanager
 def hold(run_dir: Path):
     path = Path(run_dir) / ".lock"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if os.environ.get(LOCK_ENV, "").lower() == "off":
+        log.warning("%s=off: %s is not locked; nothing stops a second command on it", LOCK_ENV, run_dir)
+        yield {"pid": os.getpid(), "host": socket.gethostname(), "lock": "off"}
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
@@ -36,6 +57,15 @@ def hold(run_dir: Path):
             raise RunLocked(
                 f"{run_dir} is in use by {_holder(path)}: wait for that run to end (or stop it), "
                 f"then run the same command again"
+            ) from None
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                raise
+            raise LockUnsupported(
+                f"cannot lock {path} ({os.strerror(e.errno)}): its file system does not support flock (Lustre "
+                f"without -o flock?). Put the runs root (LRA_RUNS) on one that does (a local disk, NFS v4, Lustre "
+                f"with -o flock), or set {LOCK_ENV}=off to run unlocked (nothing then stops two commands on one "
+                "folder)"
             ) from None
         me = {
             "pid": os.getpid(),
@@ -61,7 +91,9 @@ def holder_pid(run_dir: Path) -> int | None:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
+            if not isinstance(e, BlockingIOError):  # a file system without flock: nobody can be known to hold it
+                return None
             try:
                 info = json.loads(path.read_text() or "{}")
             except (OSError, ValueError):

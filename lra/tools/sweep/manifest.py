@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lra.files import write_json
-from lra.runlock import RunLocked, hold
+from lra.runlock import LockUnsupported, RunLocked, hold
 from lra.tools.sweep.base import LEGACY_MANIFEST, MANIFEST_VERSION, MARKER, Refusal
 from lra.tools.sweep.jobs import now_iso, read_json, run_status
 
@@ -128,4 +128,6 @@ def sweep_lock(folder: Path):
             stack.enter_context(hold(folder))
         except RunLocked as e:
             raise Refusal(f"lra.tools.sweep: this sweep is already being driven: {e}", code=75) from None
+        except LockUnsupported as e:
+            raise Refusal(f"lra.tools.sweep: {e}") from None
         yield
