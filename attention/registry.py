@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import fnmatch
 import importlib
 import importlib.metadata
 import inspect
@@ -235,6 +236,24 @@ def available() -> list[str]:
     """Every registered backend name, sorted."""
     _load_all()
     return sorted(_REGISTRY)
+
+
+def list_backends(pattern: str | None = None) -> list[str]:
+    """The registered backend names that match ``pattern`` (shell-style, :func:`fnmatch.fnmatchcase`), sorted.
+
+    Args:
+        pattern: e.g. ``"*former*"`` or ``"skein*"``; None (the default) or ``"*"``: every name, as
+            :func:`available`.
+
+    Returns:
+        The matching names; an empty list where none matches.
+
+    Example:
+        >>> attention.list_backends("yoso*")
+        ['yoso', 'yoso_conv', 'yoso_e']
+    """
+    names = available()
+    return names if pattern is None else [n for n in names if fnmatch.fnmatchcase(n, pattern)]
 
 
 def _entry(name: str) -> _Entry:

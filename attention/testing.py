@@ -1,20 +1,28 @@
 """The backend contract (docs/design.md) as checks anyone can run on their own backend.
 
     import attention.testing
-    attention.testing.check_backend("my_attention")        # raises AssertionError naming what broke
+    report = attention.testing.check_backend("my_attention")  # raises AssertionError naming what broke
+    print(report)   # 7 of 7 contract checks passed for my_attention: unknown_option_rejected, documented, ...
+
+    python -m attention.testing my_attention               # the same, from a shell (prints the line)
 
 Each check takes a registered name and raises ``AssertionError`` with a message; :data:`CHECKS` lists
-them, so a test suite can parametrise over (name, check) as tests/test_attention_contract.py does for
-every built-in backend. Shapes are small (batch 2, 2 heads, n=128, head dim 16), fp32, CPU.
+them, so a test suite can parametrise over (name, check) with :func:`contract_cases`, one test case
+per check, as tests/test_attention_contract.py does for every built-in backend. Shapes are small
+(batch 2, 2 heads, n=128, head dim 16), fp32, CPU.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import functools
+import sys
+from typing import Iterable
 
 import torch
 
-from attention.registry import BackendContractError, build, capabilities, describe
+from attention.registry import BackendContractError, build, capabilities, describe, load_external
 
 B, H, D, N = 2, 2, 16, 128
 
@@ -152,20 +160,101 @@ CHECKS = {
 }
 
 
-def check_backend(name: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class ContractReport:
+    """What :func:`check_backend` checked: the backend and the checks it passed (all of :data:`CHECKS`,
+    in order, or check_backend raises). ``str()`` is the one line to show."""
+
+    backend: str
+    passed: list[str]
+
+    def __str__(self) -> str:
+        return (
+            f"{len(self.passed)} of {len(CHECKS)} contract checks passed for {self.backend}: {', '.join(self.passed)}"
+        )
+
+
+def check_backend(name: str) -> ContractReport:
     """Every contract check (:data:`CHECKS`) on backend ``name``: against an exact float64 reference or its
     own limit, padding at the end and in the middle, seeded determinism, no mask = all-true mask.
 
     Args:
-        name: a registered name, yours included (register it first: ``@attention.register``).
+        name: a registered name, yours included (register it first: ``@attention.register``, an entry
+            point, or ``attention.load_external("my_pkg.attn:Mine")``).
 
     Returns:
-        None; the first failing check raises ``AssertionError`` saying what broke.
+        A :class:`ContractReport`; ``print`` it for the line ``7 of 7 contract checks passed for mine: ...``.
+        It prints nothing itself. Every check runs; if any fails, one ``AssertionError`` names each failing
+        check and what broke (``2 of 7 contract checks failed for mine: padding_at_end: ...; ...``).
 
     Example::
 
         import attention.testing
-        attention.testing.check_backend("mine")   # in your test suite, or once at a prompt
+        report = attention.testing.check_backend("mine")   # in your test suite, or once at a prompt
+        print(report)                                      # 7 of 7 contract checks passed for mine: ...
     """
-    for check in CHECKS.values():
-        check(name)
+    passed, failed = [], []
+    for check_name, check in CHECKS.items():
+        try:
+            check(name)
+        except AssertionError as e:
+            failed.append(f"{check_name}: {e}")
+        else:
+            passed.append(check_name)
+    if failed:
+        raise AssertionError(f"{len(failed)} of {len(CHECKS)} contract checks failed for {name}: " + "; ".join(failed))
+    return ContractReport(name, passed)
+
+
+def contract_cases(names: Iterable[str]) -> list:
+    """pytest parameters ``(name, check)``, one per backend and contract check, so each check of each of
+    your backends is its own test case (its id ``<name>-<check>``), and a failure names both.
+
+    Args:
+        names: registered backend names (register them before pytest collects the test: at import of
+            your test module, e.g. ``attention.load_external(...)`` or importing your package).
+
+    Returns:
+        A list of ``pytest.param(name, check)``, ``check`` a callable of :data:`CHECKS` taking the name.
+
+    Example::
+
+        import pytest
+        import attention.testing
+        import my_pkg.attn  # registers "mine" and "yours"
+
+        @pytest.mark.parametrize("name, check", attention.testing.contract_cases(["mine", "yours"]))
+        def test_contract(name, check):
+            check(name)
+    """
+    import pytest  # only where it is used: this package needs torch alone
+
+    return [pytest.param(n, check, id=f"{n}-{c}") for n in names for c, check in CHECKS.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attention.testing NAME [NAME ...]``: the contract checks, one line per backend."""
+    p = argparse.ArgumentParser(
+        prog="python -m attention.testing",
+        description="Run the attention backend contract checks and print one line per backend.",
+        epilog="examples:\n  python -m attention.testing softmax performer\n"
+        "  python -m attention.testing my_pkg.attn:TempSoftmax     # a class: loaded first (attn.target's form)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("names", nargs="+", metavar="NAME", help="a registered backend, or package.module:ClassName")
+    args = p.parse_args(argv)
+    failed = 0
+    for name in args.names:
+        try:
+            print(check_backend(load_external(name) if ":" in name else name), flush=True)
+        except AssertionError as e:
+            print(f"FAILED {e}", flush=True)
+            failed += 1
+        except ValueError as e:  # an unknown name or target: one line naming what exists
+            print(f"error: {e}", flush=True)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

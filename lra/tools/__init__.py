@@ -2,6 +2,7 @@
 
   lra.tools.sweep        grids and searches over runs [lra-sweep]
   lra.tools.carry        a GPU window's unfinished runs to the next machine; finished runs to results/ [lra-carry]
+  lra.tools.catalog      what there is to run: backends (and options), variants, tasks, presets [lra-catalog]
   lra.tools.collect      run records -> the papers' tables, figures and the results page [lra-tables]
   lra.tools.bench        training-step and attention benchmarks [lra-bench]
   lra.tools.doctor       does the harness work on this machine, how fast, at what cost [lra-doctor]
