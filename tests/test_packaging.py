@@ -33,6 +33,7 @@ SCRIPTS = {
     "lra-doctor",
     "lra-share-bench",
     "lra-carry",
+    "lra-eval",
 }
 # top-level names of the extras' distributions (and their own heavy dependencies), and this project's
 # editable install, which would otherwise shadow the wheel
