@@ -7,7 +7,8 @@ folder without a record falls back to ``.hydra/overrides.yaml``, composed agains
 as data (``torch.load(weights_only=True)``: a runs folder from elsewhere is never unpickled as code), checked
 against the model the configuration builds, and evaluated with the run's own metric code (``LitLRA``'s
 ``test/acc``, ``val/acc``, via ``Trainer.test`` / ``Trainer.validate``). The result goes to
-``<run folder>/evals/<split>-<ckpt>.json`` (atomically); the run's own files are not touched. docs/evaluate.md.
+``<run folder>/evals/<split>-<ckpt>.json`` (atomically); the run's own files are not touched. The data root is
+the run's where it still exists, else ``$LRA_DATA``. docs/evaluate.md.
 
 Bad input (no such folder, no checkpoint, a split that is not test or val, ...) is one line and exit code 2,
 before any model or data is built.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 import warnings
@@ -147,7 +147,7 @@ def _read_json(path: Path) -> dict:
 
 def run_spec(t: Target):
     """The run's :class:`lra.config.RunSpec`: its record's resolved config (or its overrides, composed), in its
-    folder; the data root is ``$LRA_DATA`` if set, else the one the run read."""
+    folder; the data root is the one the run read where it still exists, else ``$LRA_DATA`` (or the default)."""
     import dataclasses
 
     from omegaconf import OmegaConf
@@ -161,11 +161,9 @@ def run_spec(t: Target):
         overrides = OmegaConf.to_container(OmegaConf.load(t.run_dir / ".hydra" / "overrides.yaml"))
         cfg = compose_checked([str(o) for o in overrides or []])
     spec = resolve(cfg, t.run_dir)
-    if not os.environ.get("LRA_DATA"):
-        run_root = (t.record or {}).get("config", {}).get("data_root")
-        root = Path(run_root) if run_root and Path(run_root).is_dir() else data_root()
-        spec = dataclasses.replace(spec, data=DataSpec.of(container(cfg.task), root))
-    return spec
+    run_root = (t.record or {}).get("config", {}).get("data_root")
+    root = Path(run_root) if run_root and Path(run_root).is_dir() else data_root()
+    return dataclasses.replace(spec, data=DataSpec.of(container(cfg.task), root))
 
 
 def load_weights(ckpt: Path) -> dict:

@@ -14,12 +14,20 @@ from tests.helpers import TINY, run_env, run_train
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def tiny(tmp_path_factory):
     """A finished tiny quick run (its record tested best.ckpt), and the environment it ran in."""
     tmp = tmp_path_factory.mktemp("eval")
     run_train(tmp, *TINY, "task=listops", "attn=softmax")
     (folder,) = {p.parent for p in (tmp / "runs").rglob("result.json")}
     return folder, run_env(tmp)
+
+
+@pytest.fixture
+def run(tiny, monkeypatch):
+    """:func:`tiny`, with this process in its environment (the in-process evaluations read its data root)."""
+    for k in ("LRA_DATA", "LRA_RUNS"):
+        monkeypatch.setenv(k, tiny[1][k])
+    return tiny
 
 
 def _files(folder: Path) -> dict:
@@ -123,3 +131,18 @@ def test_bad_input_from_the_command_line_is_one_line_without_a_traceback(run, tm
     proc = _eval(folder, "split=train", env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["lra-eval: error: split='train': a split is test or val"]
+
+
+def test_a_folder_without_a_record_is_evaluated_from_its_overrides(run, tmp_path, capsys):
+    """A run killed before its first record: .hydra/overrides.yaml composes the same run ($LRA_DATA: its data)."""
+    import shutil
+
+    folder, _ = run
+    rec = json.loads((folder / "result.json").read_text())
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("result.json", "evals"))
+    main([str(copy)])
+    out = json.loads((copy / "evals" / "test-best.json").read_text())
+    assert out["config_from"] == ".hydra/overrides.yaml" and out["record_acc"] is None
+    assert out["acc"] == pytest.approx(rec["test_acc"], abs=1e-6)
+    assert capsys.readouterr().out.rstrip().endswith("the run's record has no test acc of it")
