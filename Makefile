@@ -9,11 +9,12 @@ grid ?= quick
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: check-install setup lra test lint format test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
+.PHONY: check-install setup lra eval test lint format test-slow test-all data tables sweep share-bench bench approx fit doctor clean help
 
 help:
 	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | lint | format"
 	@echo "make data task=<t>"
+	@echo "make eval run=<run folder|checkpoint> [ARGS='split=val ckpt=last'] (docs/evaluate.md)"
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | share-bench | bench | approx"
 	@echo "make doctor [ARGS='--quick'] (does the harness work here, how fast, at what cost: docs/doctor.md)"
 
@@ -54,6 +55,11 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# A saved run's checkpoint evaluated again on its test (or val) split: <run>/evals/<split>-<ckpt>.json.
+eval: $(STAMP)
+	@test -n "$(run)" || { echo "make eval run=<run folder or checkpoint file> [ARGS='split=val ckpt=last']"; exit 2; }
+	$(PY) -m lra.evaluate "$(run)" $(ARGS)
 
 data: $(STAMP)
 	$(PY) -m lra.data task=$(task) $(ARGS)
