@@ -80,6 +80,9 @@ def run_job(cfg: DictConfig) -> float | None:
     log.info("%s", " ".join(shlex.quote(c) for c in cmd))
     ctrl_c_for_the_run()
     proc = subprocess.Popen(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
+    if rank0:  # a run still starting holds no lock yet: stop_jobs finds it by this pid
+        info.update(run_pid=proc.pid)
+        write_json(marker, info)
     try:
         rc = proc.wait()
     except BaseException:  # Ctrl-C, a scheduler's signal: let lra.train write its "interrupted" record
@@ -222,7 +225,17 @@ def stop_jobs(
     grace_s = STOP_GRACE_S if grace_s is None else grace_s
 
     def holders() -> dict[Path, int]:
-        return {d: pid for d in run_dirs if (pid := holder_pid(d)) is not None}
+        """Each run's process: the lock's holder, or (a run still starting, no lock yet) the pid its job wrote."""
+        out = {}
+        for d in run_dirs:
+            pid = holder_pid(d)
+            if pid is None:
+                info = read_json(d / MARKER)
+                if _job_here(info) and info.get("run_pid") and _alive_pid(int(info["run_pid"])):
+                    pid = int(info["run_pid"])
+            if pid is not None:
+                out[d] = pid
+        return out
 
     def busy() -> bool:  # a run, or the job process around it that has yet to mark its folder finished
         return bool(holders()) or any(_job_here(read_json(d / MARKER)) for d in run_dirs)
@@ -240,6 +253,14 @@ def stop_jobs(
     while busy() and time.monotonic() < deadline:
         time.sleep(poll_s)
     return sent
+
+
+def _alive_pid(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def _job_here(info: dict | None) -> bool:
