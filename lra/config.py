@@ -387,8 +387,8 @@ class RunSpec:
     run_dir: Path | None = None
     force: bool = False
     num_threads: int | None = None
-    progress: bool = True
-    log_every_n_steps: int = 50
+    progress: bool | str = "auto"  # trainer.progress: true (a bar), false (nothing), auto (PROGRESS)
+    log_every_n_steps: int | None = None  # None: scaled to the run (log_every)
     callbacks: dict = field(default_factory=dict)  # callbacks.<name>: {_target_, args}: the user's (conf/callbacks/)
     fit_cache_dir: Path | None = None  # None: decisions are not cached
     config: dict = field(default_factory=dict)  # the resolved config (with the options that run), for the record
@@ -409,7 +409,13 @@ class RunSpec:
         )
         _int("seed", self.seed, 0, hi=SEED_MAX)
         _int("num_threads", self.num_threads, 1, optional=True)
-        _int("trainer.log_every_n_steps", self.log_every_n_steps, 1)
+        _int("trainer.log_every_n_steps", self.log_every_n_steps, 1, optional=True)
+        _check(
+            self.progress is True or self.progress is False or self.progress == "auto",
+            "trainer.progress",
+            self.progress,
+            "true, false or auto (auto: a bar on a terminal, plain log lines otherwise)",
+        )
         _check(
             isinstance(self.logger, dict)
             and all(not n or isinstance(n, dict) and isinstance(n.get("_target_"), str) for n in self.logger.values()),
@@ -445,6 +451,14 @@ class RunSpec:
     @property
     def where(self) -> str:
         return f"{self.task}/{self.attn.label}"
+
+    @property
+    def log_every(self) -> int:
+        """Optimizer steps between the training rows every logger gets: ``trainer.log_every_n_steps`` when
+        set, else a tenth of the run, at most 50 (a 40-step run logs every 4 steps, a long one every 50)."""
+        if self.log_every_n_steps is not None:
+            return self.log_every_n_steps
+        return min(50, max(1, self.train.max_steps // 10))
 
     def resume_key(self, micro_batch: int, accum_steps: int, data_fingerprint: str) -> str:
         """What must be equal for a checkpoint to continue this run (not: worker count, checkpoint
@@ -703,7 +717,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         run_dir=Path(run_dir) if run_dir else None,
         force=_flag("force", cfg.force),
         num_threads=cfg.num_threads,
-        progress=_flag("trainer.progress", cfg.trainer.progress),
+        progress=cfg.trainer.progress,  # true, false or auto: checked by RunSpec
         log_every_n_steps=cfg.trainer.log_every_n_steps,
         callbacks=_callbacks(cfg),
         fit_cache_dir=Path(str(fit.cache_dir))

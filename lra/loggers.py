@@ -10,8 +10,8 @@
   Returns the Lightning loggers (CSV first: ``trainer.log_dir`` is the run folder) and the callbacks they
   need (W&B's tables wherever a WandbLogger is among them).
 * :class:`EvalLog`: one line per validation in the run's log (``train.log``), what a batch-job user tails.
-* :func:`quiet_lightning`: silences Lightning's advertising tips and a torch deprecation warning
-  Lightning triggers on every run, and nothing else.
+* :func:`quiet_lightning`: silences Lightning's advertising tips, its checkpoint-load lines that repeat
+  the harness's own, and a torch deprecation warning Lightning triggers on every run, and nothing else.
 """
 
 from __future__ import annotations
@@ -159,7 +159,12 @@ def wandb_logger(
         id=wandb_run_id(run.run_dir, run.resume_from),
         resume="allow",
     )
-    return WandbLogger(**{**args, **kwargs})
+    wl = WandbLogger(**{**args, **kwargs})
+    if "anonymous" not in kwargs:
+        # Lightning hands wandb.init anonymous=None when nobody set it, and W&B warns on every run that the
+        # setting will be removed: pass it only when the user sets it (+logger.wandb.anonymous=...)
+        getattr(wl, "_wandb_init", {}).pop("anonymous", None)
+    return wl
 
 
 def wandb_run_id(run_dir: Path, resume_from: int | None) -> str:
@@ -256,11 +261,17 @@ def _hms(seconds: float | None) -> str:
 # Noise
 
 
+# Lightning's lines that say nothing a reader needs: its advertisements ("💡 Tip: ... try installing [litlogger]"),
+# and the announcement before each checkpoint load plus its "Restored all states" after a resume, which repeat
+# the harness's own "resuming from <last.ckpt>" line; the test checkpoint's "Loaded model weights" line stays.
+_DROPPED = ("💡 Tip:", "Restoring states from the checkpoint path at", "Restored all states from the checkpoint at")
+
+
 class _DropTips(logging.Filter):
-    """Lightning's "💡 Tip: ... try installing [litlogger] / [litmodels]" advertisements."""
+    """Lightning's advertisements and repeated checkpoint-load lines (``_DROPPED``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
+        return not str(record.msg).startswith(_DROPPED)
 
 
 _TIP_FILTER = _DropTips()
@@ -273,7 +284,8 @@ _RANK_ZERO_LOGGERS = (
 
 
 def quiet_lightning() -> None:
-    """Silence exactly the lines every run printed and no reader needs: Lightning's tips, and torch's
+    """Silence exactly the lines every run printed and no reader needs: Lightning's tips and repeated
+    checkpoint-load lines (``_DROPPED``), and torch's
     ``isinstance(treespec, LeafSpec)`` FutureWarning raised from Lightning's own code. Idempotent."""
     for name in _RANK_ZERO_LOGGERS:
         lg = logging.getLogger(name)

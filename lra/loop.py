@@ -91,7 +91,7 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        log_every_n_steps=spec.log_every_n_steps,
+        log_every_n_steps=spec.log_every,  # trainer.log_every_n_steps, or scaled to the run
         deterministic=hw.deterministic,
         use_distributed_sampler=False,
     )  # LRADataModule shards by rank itself

@@ -12,8 +12,11 @@ what the outcome of a run is (docs/protocol.md).
 
 from __future__ import annotations
 
+import datetime
+import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,32 +32,73 @@ from lra.config import RunSpec
 from lra.data.base import Split
 from lra.data.module import ResumableLoader
 
+progress_log = logging.getLogger("lra.progress")
+
 
 class StepProgress(L.Callback):
-    """One bar over optimizer steps (not epochs), with ETA, train loss and the last validation accuracy."""
+    """Progress over optimizer steps (not epochs) with ETA and train loss, as ``trainer.progress`` says.
 
-    def __init__(self, max_steps: int, every_s: float = 1.0):
+    ``mode``: ``True`` a tqdm bar (with the last validation accuracy), ``"auto"`` the bar when stderr is a
+    terminal and otherwise (a batch job's log file) a plain log line (``lra.progress``) every tenth of
+    ``max_steps`` or every ``line_every_s`` seconds, whichever comes first. While the bar is drawn, the
+    console's log lines (an evaluation, Lightning's) are written above it, never glued to it.
+    """
+
+    def __init__(self, max_steps: int, every_s: float = 1.0, mode: bool | str = "auto", line_every_s: float = 60.0):
         self.max_steps = max_steps
+        self.mode = mode
         self.bar = None
         self.last = 0
         self.every_s, self._posted = every_s, 0.0  # reading a metric syncs the GPU: at most once a second
+        self.line_every_s = line_every_s
+        self.line_steps = max(1, math.ceil(max_steps / 10))
+        self._lines = False
+        self._t0 = self._step0 = None
+        self._line_t = 0.0
+        self._streams = []  # (handler, its own stream) of the console handlers routed above the bar
+
+    def uses_bar(self) -> bool:
+        return self.mode is True or (self.mode == "auto" and sys.stderr.isatty())
 
     def on_train_start(self, trainer, pl_module):
         self.last = trainer.global_step
+        if not trainer.is_global_zero:
+            return
+        if not self.uses_bar():
+            self._lines = True
+            self._t0, self._step0, self._line_t = time.monotonic(), self.last, time.monotonic()
+            return
         self.bar = tqdm(
             total=self.max_steps,
             initial=self.last,
             desc="train",
             unit="step",
             dynamic_ncols=True,
-            disable=not trainer.is_global_zero,
         )
+        self._above_bar(type(self.bar))
+
+    def _above_bar(self, bar_cls) -> None:
+        """Route the console's log handlers through the bar's class: each record clears the bar, is written
+        on its own line, and the bar is drawn again below it (tqdm's external write mode)."""
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                self._streams.append((h, h.setStream(_AboveBar(h.stream, bar_cls))))
+
+    def _restore(self) -> None:
+        for h, stream in self._streams:
+            h.setStream(stream)
+        self._streams = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.bar is None or trainer.global_step == self.last:
+        if trainer.global_step == self.last:
             return
-        self.bar.update(trainer.global_step - self.last)
-        self.last = trainer.global_step
+        step, self.last = trainer.global_step, trainer.global_step
+        if self._lines:
+            self._line(trainer, step, outputs)
+            return
+        if self.bar is None:
+            return
+        self.bar.update(step - self.bar.n)
         if time.monotonic() - self._posted < self.every_s:
             return
         self._posted = time.monotonic()
@@ -66,9 +110,63 @@ class StepProgress(L.Callback):
         }
         self.bar.set_postfix(post, refresh=False)
 
+    def _line(self, trainer, step: int, outputs) -> None:
+        """One plain line at every tenth of the run, or when ``line_every_s`` passed since the last one."""
+        now = time.monotonic()
+        if step % self.line_steps != 0 and step < self.max_steps and now - self._line_t < self.line_every_s:
+            return
+        self._line_t = now
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:  # Lightning divides the loss it hands on by the accumulation: the micro-batch's loss
+            loss = float(loss) * trainer.accumulate_grad_batches
+        spent, done = now - self._t0, step - self._step0
+        eta = spent / done * (self.max_steps - step) if done > 0 else None
+        progress_log.info(
+            "step %d/%d (%.0f%%): train loss %s, elapsed %s, ETA %s",
+            step,
+            self.max_steps,
+            100.0 * step / max(self.max_steps, 1),
+            "n/a" if loss is None else f"{loss:.4f}",
+            _hms(spent),
+            _hms(eta),
+        )
+
     def on_train_end(self, trainer, pl_module):
+        self._close()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._close()
+
+    def _close(self) -> None:
+        self._restore()
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+        self._lines = False
+
+
+class _AboveBar:
+    """A console log handler's stream while a bar is drawn: every write clears the bar first and draws it again
+    after, so a log line starts at the beginning of its own line."""
+
+    def __init__(self, stream, bar_cls):
+        self.stream, self.bar_cls = stream, bar_cls
+
+    def write(self, text: str) -> int:
+        with self.bar_cls.external_write_mode(file=self.stream):
+            n = self.stream.write(text)
+            self.stream.flush()
+        return n
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _hms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
 
 
 def selectable(step: int, select_after: float, max_steps: int) -> bool:
@@ -333,7 +431,7 @@ def callbacks(spec: RunSpec, val: Split, ckpt_dir: Path, extra: list | None = No
         )
     cbs = [DataEpoch(), guard, best, resume, *(extra or [])]
     if spec.progress:
-        cbs.append(StepProgress(tr.max_steps))
+        cbs.append(StepProgress(tr.max_steps, mode=spec.progress))
     if stopper is not None:
         cbs.append(stopper)
     return Callbacks(guard, best, resume, stopper, cbs)

@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import hydra
@@ -114,7 +115,10 @@ def _fit(spec: RunSpec, w: Wired, p: Plan, rec: Record, resume_from: Path | None
     meter = LoadMeter(w.trainer.strategy.root_device, spec.hardware.num_workers, rec.machine)
     rec.machine = meter.fields
     try:
-        w.trainer.fit(w.lit, datamodule=w.dm, ckpt_path=str(resume_from) if resume_from is not None else None)
+        with warnings.catch_warnings():
+            if resume_from is not None:  # the checkpoint folder is this run's own: best.ckpt is what it resumes
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            w.trainer.fit(w.lit, datamodule=w.dm, ckpt_path=str(resume_from) if resume_from is not None else None)
     except BaseException as e:
         if isinstance(e, CompileError):  # train.compile=true: the failed record says what did not compile
             rec.set(compiled=False, compile_note=str(e))
