@@ -375,6 +375,44 @@ class HardwareSpec:
         return resolve_precision(self.precision_setting, self.total_bytes is not None)
 
 
+DEBUG_PROFILERS = ("simple", "advanced", "pytorch")  # Lightning's profilers by name (debug.profiler)
+DEBUG_NAME = re.compile(r"[a-z0-9_]{1,40}")
+
+
+@dataclass(frozen=True)
+class DebugSpec:
+    """``debug=<name>`` (conf/debug/): a short check of the pipeline, never a result. It runs in
+    ``<runs root>/debug/<name>/...`` (the group's ``hydra.run.dir``), every time (``force``), and its
+    record says ``debug: <name>``, which the collector skips. The steps, evaluation interval and logging
+    are the group's ``train.*`` and ``trainer.*`` keys; what the Trainer needs beyond them is here."""
+
+    name: str
+    limit_batches: int | None = None  # validation and test batches per evaluation; None: all of them
+    overfit_batches: int = 0  # train on the first N effective batches of the training split, every step; 0: off
+    profiler: str | None = None  # simple | advanced | pytorch: its report in the run folder; None: none
+
+    def __post_init__(self):
+        _check(
+            isinstance(self.name, str) and DEBUG_NAME.fullmatch(self.name) is not None,
+            "debug.name",
+            self.name,
+            "1-40 lowercase letters, digits and _ (the folder <runs root>/debug/<name>)",
+        )
+        _int("debug.limit_batches", self.limit_batches, 1, optional=True)
+        _int("debug.overfit_batches", self.overfit_batches, 0)
+        _check(
+            self.profiler is None or self.profiler in DEBUG_PROFILERS,
+            "debug.profiler",
+            self.profiler,
+            f"one of {', '.join(DEBUG_PROFILERS)} or null",
+        )
+
+    @property
+    def profile_files(self) -> tuple[str, ...]:
+        """The profiler's reports in the run folder (Lightning names them by stage); () without a profiler."""
+        return ("fit-profile.txt", "test-profile.txt") if self.profiler else ()
+
+
 @dataclass(frozen=True)
 class RunSpec:
     preset: str
@@ -397,6 +435,7 @@ class RunSpec:
     )
     quirks: dict = field(default_factory=dict)  # the public code's quirks this run has on: {"model.pooling": ..}
     name: str | None = None  # name=: the display name in tables; a label, not in the folder or resume key
+    debug: DebugSpec | None = None  # debug=<name>: a short check in its own folder, never in a table
 
     def __post_init__(self):
         _choice("semantics", self.semantics, SEMANTICS)
@@ -727,4 +766,5 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         semantics=str(semantics),
         quirks=quirks_on(cfg, model, task, train),
         name=cfg.get("name"),
+        debug=build(DebugSpec, "debug", container(cfg.debug)) if cfg.get("debug") is not None else None,
     )

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import NamedTuple
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler
 
 from lra.config import RunSpec
 from lra.data import Split
@@ -21,6 +23,7 @@ from lra.targets import instantiate, target_class
 
 CALLBACK_BASE = "lightning.pytorch.callbacks.Callback"
 log = logging.getLogger("lra.train")  # the run's own messages, under one name
+PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}  # debug.profiler
 
 
 class Wired(NamedTuple):
@@ -61,6 +64,8 @@ def wire(
         spec, splits["val"], spec.run_dir / "checkpoints", extra=logs.callbacks + user_callbacks(spec) + list(extra)
     )
     trainer = make_trainer(spec, p, cb, logs.loggers)
+    if spec.debug and spec.debug.overfit_batches:  # debug=overfit: the same batch every step
+        splits = overfit_splits(splits, spec.debug.overfit_batches * p.micro_batch * p.accum_steps)
     dm = LRADataModule(
         splits,
         batch_size=p.micro_batch,
@@ -94,10 +99,36 @@ def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:
         log_every_n_steps=spec.log_every,  # trainer.log_every_n_steps, or scaled to the run
         deterministic=hw.deterministic,
         use_distributed_sampler=False,
+        **debug_trainer_args(spec),
     )  # LRADataModule shards by rank itself
     if trainer.world_size != p.devices:
         log.warning("planned for %d devices, the trainer has %d", p.devices, trainer.world_size)
     return trainer
+
+
+def debug_trainer_args(spec: RunSpec) -> dict:
+    """The Trainer's arguments for ``debug=<name>`` (lra.config.DebugSpec): evaluation and test on a few batches,
+    a profiler writing its report into the run folder (named in the log); {} for a run that is no debug run."""
+    d = spec.debug
+    if d is None:
+        return {}
+    out: dict = {}
+    if d.limit_batches is not None:
+        out.update(limit_val_batches=d.limit_batches, limit_test_batches=d.limit_batches)
+    if d.profiler is not None:
+        out["profiler"] = PROFILERS[d.profiler](dirpath=spec.run_dir, filename="profile")
+        files = ", ".join(str(spec.run_dir / f) for f in d.profile_files)
+        log.info("debug=%s: the %s profiler writes its report to %s", d.name, d.profiler, files)
+    log.info("debug=%s: a check, not a result: %d steps, never in a table", d.name, spec.train.max_steps)
+    return out
+
+
+def overfit_splits(splits: dict[str, Split], n: int) -> dict[str, Split]:
+    """``splits`` with the training split cut to its first ``n`` examples (debug=overfit: one batch, every step)."""
+    train = splits["train"]
+    n = min(n, len(train))
+    cut = dataclasses.replace(train, tokens=train.tokens[:n], lengths=train.lengths[:n], labels=train.labels[:n])
+    return {**splits, "train": cut}
 
 
 def _callback_class(name: str, target: str) -> type:

@@ -12,9 +12,10 @@ from pathlib import Path
 from lra.conf_nodes import folder_name, tag_level
 from lra.config import ConfigError, RunSpec, compose_checked, container, load, resolve
 
-# Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>), or
-# pick where things live: the configuration they give is the base the tag is measured against.
-FOLDER_KEYS = ("preset", "quirks", "task", "attn", "attn.target", "seed", "runs_root", "data_root")
+# Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>; a debug=<name>
+# run: runs/debug/<name>/<preset>/<task>/<attn>/seed<s>, conf/debug/), or pick where things live: the
+# configuration they give is the base the tag is measured against.
+FOLDER_KEYS = ("preset", "quirks", "task", "attn", "attn.target", "seed", "runs_root", "data_root", "debug")
 
 # Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
 # (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
@@ -99,7 +100,8 @@ def run_tag(overrides: list[str] | tuple[str, ...], spec: "RunSpec | None" = Non
 
 def run_folder(spec: "RunSpec", tag: str) -> Path:
     """Where ``python -m lra.train`` writes: ``<runs_root>/<preset>/<semantics>/<task>/<attn>/seed<s>[/<tag>]``
-    (the same template as ``hydra.run.dir`` in conf/config.yaml, with ``run_tag=<tag>``)."""
-    return (
-        Path(spec.config["runs_root"]) / spec.preset / spec.semantics / spec.where / f"seed{spec.seed}{tag_level(tag)}"
-    )
+    (the same template as ``hydra.run.dir`` in conf/config.yaml, with ``run_tag=<tag>``); a ``debug=<name>`` run:
+    ``<runs_root>/debug/<name>/<preset>/<task>/<attn>/seed<s>[/<tag>]`` (conf/debug/), never the preset's tree."""
+    root = Path(spec.config["runs_root"])
+    where = root / "debug" / spec.debug.name / spec.preset if spec.debug else root / spec.preset / spec.semantics
+    return where / spec.where / f"seed{spec.seed}{tag_level(tag)}"

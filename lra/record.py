@@ -71,6 +71,7 @@ class Record:
     attn_backend: str = ABSENT
     seed: int = ABSENT
     name: str | None = ABSENT  # name=: the display name; a finished run keeps the one it ran with
+    debug: str = ABSENT  # debug=<name>: a check of the pipeline, never a result (the collector skips it)
     search: dict | None = ABSENT  # a search trial's: {study, trial, grid, params, objective} (lra.tools.sweep.pruning)
     preset: str = ABSENT
     semantics: str = ABSENT
@@ -186,6 +187,7 @@ def new_record(spec: RunSpec) -> Record:
         seed=spec.seed,
         name=spec.name,
         search=None,
+        **({"debug": spec.debug.name} if getattr(spec, "debug", None) else {}),
         preset=spec.preset,
         semantics=spec.semantics,
         quirks=dict(spec.quirks),

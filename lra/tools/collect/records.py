@@ -16,7 +16,9 @@ Bad input is reported, never fatal and never averaged silently:
   finished run: set to missing and listed as ``nan_metric``; means count only valid values, and
   every table cell shows how many seeds it averages;
 * a seed that is not an integer (record field or ``seed<N>`` folder, e.g. ``seed1.5``): the run is not
-  counted (``unusable``), since it is no seed of the plain row.
+  counted (``unusable``), since it is no seed of the plain row;
+* a record of a ``debug=<name>`` run (``debug`` field; conf/debug/): never read into the tables, listed as
+  ``skipped`` with the debug run's name.
 
 Runs whose status is not ``completed``, ``stopped_early`` or ``stuck`` (failed, interrupted, still
 ``running`` ...) never enter a mean; they are listed with their reason in the failed-runs table.
@@ -128,7 +130,9 @@ _BAD_SEED_DIR = re.compile(r"^seed([-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+)
 @dataclass(frozen=True)
 class Issue:
     path: str  # run folder relative to the runs root
-    kind: str  # unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable | stuck | plot
+    # skipped (a debug run) | unreadable | old_schema | newer_schema | no_record | duplicate | nan_metric | unusable |
+    # stuck | plot
+    kind: str
     detail: str
 
 
@@ -413,6 +417,11 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
             raw = Record.from_json(json.loads(f.read_text()))  # any version: what it lacks stays absent
         except (OSError, ValueError, UnicodeDecodeError) as e:
             issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}"))
+            continue
+        if raw.get("debug"):  # debug=<name> (conf/debug/): a check of the pipeline, never a result
+            issues.append(
+                Issue(rel, "skipped", f"debug run (debug={raw.get('debug')}): a check, not a result; not in the tables")
+            )
             continue
         row, found = normalise(raw, rel)
         issues += found
