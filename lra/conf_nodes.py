@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 import attention
 from lra import CONF_DIR, REPO_ROOT
@@ -127,3 +127,8 @@ def attn_configs() -> list[str]:
 
 register_resolvers()
 register_attention_configs()
+
+
+def container(node) -> Any:
+    """A config node as plain Python (resolved); anything else as it is."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node

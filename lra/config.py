@@ -19,7 +19,6 @@ config is composed. Every option there starts unset (``???``); which value runs 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -44,8 +43,13 @@ from lra.checks import choice as _choice
 from lra.checks import flag as _flag
 from lra.checks import integer as _int
 from lra.checks import number as _num
-from lra.conf_nodes import attn_configs, register_resolvers  # noqa: F401  (registered on import; re-exported)
+from lra.conf_nodes import (  # noqa: F401  (registered on import; re-exported)
+    attn_configs,
+    container,
+    register_resolvers,
+)
 from lra.files import data_root
+from lra.quirks import code_quirks, paper_chunks, preset_code, quirks_on  # noqa: F401  (re-exported)
 from lra.tasks import TaskSpec, task_spec
 
 RESUME_KEY_VERSION = 2  # 2: typed run spec, data fingerprint, precision and devices in the key
@@ -57,24 +61,6 @@ NAME = re.compile(r"[A-Za-z0-9_.+-](?:[A-Za-z0-9 _.+-]{0,38}[A-Za-z0-9_.+-])?") 
 
 SEMANTICS = ("clean", "paper")
 DEFAULT_PRESET = "skeinformer_paper"  # conf/config.yaml's defaults list
-
-
-def preset_code(preset: str) -> str:
-    """The public code whose quirks the preset ``preset`` chooses (its file's ``override /quirks``), or
-    ``none``: read from conf/preset/<preset>.yaml without composing."""
-    path = CONF_DIR / "preset" / f"{preset}.yaml"
-    defaults = OmegaConf.load(path).get("defaults") or [] if path.is_file() else []
-    return next((str(d["override /quirks"]) for d in defaults if "override /quirks" in d), "none")
-
-
-@functools.lru_cache(maxsize=None)
-def code_quirks(code: str) -> dict:
-    """The quirks table of the public code ``code`` (conf/quirks/<code>.yaml over the files its defaults
-    list names, as Hydra merges them), read without composing."""
-    node = OmegaConf.load(CONF_DIR / "quirks" / f"{code}.yaml") or OmegaConf.create({})
-    defaults = list(node.pop("defaults", None) or ["_self_"])
-    merged = OmegaConf.merge(*[node if d == "_self_" else code_quirks(str(d)) for d in defaults])
-    return OmegaConf.to_container(merged) or {}
 
 
 def renamed_overrides(overrides: list[str] | tuple[str, ...]) -> None:
@@ -528,10 +514,6 @@ class RunSpec:
 # Resolve: composed config -> RunSpec
 
 
-def container(node) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
 def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     """(options that run, options the preset set): the attention options of a run, and the one place
     their precedence is written (conf/config.yaml, README and docs point here). Lowest first:
@@ -561,42 +543,6 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     command_line = {k: options[k] for k in options if not OmegaConf.is_missing(options, k)}
     merged = {**container(cfg.attn.get("base_options") or {}), **preset, **container(command_line)}
     return merged, {k: v for k, v in preset.items() if k not in command_line}
-
-
-def paper_chunks(cfg: DictConfig, attn: AttnSpec, table: dict | None = None) -> int:
-    """The public code's accumulation chunks for this task and attention: ``quirks.train.chunks.<task>``
-    (of ``table`` where given, a quirks table), one count for every attention or one per attention name or
-    label (the label wins); 1 where none."""
-    quirks = container(cfg.get("quirks") or {}) if table is None else table
-    node = ((quirks.get("train") or {}).get("chunks") or {}).get(str(cfg.task.name))
-    if isinstance(node, dict):
-        return [1, *(node[k] for k in (attn.name, attn.label) if k in node)][-1]
-    return 1 if node is None else node
-
-
-def quirks_on(cfg: DictConfig, model: ModelSpec, task: dict, train: TrainSpec | None = None) -> dict:
-    """The public-code quirks this run has on, whatever turned them on (``quirks=<code>`` or a single
-    option): ``{"model.pooling": "padded_mean", "task.tokenizer": "alnum",
-    "attn.options.pilot_sampling": "with_replacement", ...}``; a quirk is on where the value that
-    runs is the public code's: the chosen code's, or under ``quirks=none`` the code the preset
-    reproduces (:func:`preset_code`). Each entry of a table differs from the clean default
-    (tests/test_fidelity.py), so a clean run lists none unless a single option sets one."""
-    table = container(cfg.get("quirks") or {}) or code_quirks(preset_code(str(cfg.preset)))
-    attn, on = model.attn, {}
-    for k, v in (table.get("model") or {}).items():
-        if getattr(model, k) == v:
-            on[f"model.{k}"] = v
-    for k, v in ((table.get("task") or {}).get(task["name"]) or {}).items():
-        if task.get(k) == v:
-            on[f"task.{k}"] = v
-    for key in dict.fromkeys([attn.name, attn.label]):
-        for k, v in ((table.get("attn_options") or {}).get(key) or {}).items():
-            if attn.options.get(k) == v:
-                on[f"attn.options.{k}"] = v
-    chunks = paper_chunks(cfg, attn, table)
-    if train is not None and chunks > 1 and train.chunks == chunks:
-        on["train.chunks"] = chunks
-    return on
 
 
 def _devices(d) -> int:
