@@ -130,3 +130,20 @@ def test_wandb_gets_anonymous_only_when_the_user_sets_it(tmp_path):
     run = Run(load(["preset=quick"]), tmp_path, None)
     assert "anonymous" not in wandb_logger(run, project="p")._wandb_init  # W&B warns on anonymous=None too
     assert wandb_logger(run, project="p", anonymous=True)._wandb_init["anonymous"] == "allow"
+
+
+def test_data_generation_in_a_batch_job_is_one_line_not_a_bar(tmp_path):
+    """The first run on a fresh data root generates its data: in a log file that is one line, not a tqdm bar's
+    carriage-return updates (lra.data.base.progress_bar)."""
+    with open(tmp_path / "log", "wb") as f:  # python -m lra.data ... > log 2>&1
+        proc = subprocess.run(
+            [sys.executable, "-m", "lra.data", "task=listops", *TINY],
+            env=run_env(tmp_path),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+        )
+    raw = (tmp_path / "log").read_bytes()
+    assert proc.returncode == 0, raw[-2000:]
+    assert b"\r" not in raw and b"tree/s" not in raw
+    assert b"generating ListOps: " in raw

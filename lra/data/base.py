@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,3 +111,14 @@ def hf_datasets(why: str):
             f"{why} needs the `datasets` package: pip install 'lra-harness[data]' " f"(or pip install datasets)"
         ) from None
     return datasets
+
+
+def progress_bar(total, desc: str, unit: str, **kw):
+    """The bar of a long data step (generating, reading, tokenising): a tqdm bar on a terminal; in a file (a batch
+    job's log) no bar, whose carriage-return updates would fill the log, but one line saying what is being done."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    if not tty:
+        logging.getLogger("lra.data").info("%s: %s %s%s", desc, total, unit, "s" if len(unit) > 1 else "")
+    return tqdm(total=total, desc=desc, unit=unit, mininterval=1.0, disable=not tty, **kw)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, worker_pool
+from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, progress_bar, worker_pool
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.provenance import Origin, generator_fields, relative_path
 from lra.data.registry import register_task
@@ -156,9 +156,7 @@ def generate(params: GeneratorParams, workers: int | None = None, progress: bool
     seen, rows = set(), []
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="generating ListOps", unit="tree")
+        bar = progress_bar(total, "generating ListOps", "tree")
     pool = worker_pool(workers) if workers > 1 else None
     try:
         index = 0

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, worker_pool
+from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, progress_bar, worker_pool
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.pathfinder_gen import DIFFICULTIES, GENERATOR_VERSION, GeneratorParams, write_dataset
 from lra.data.provenance import Origin, generator_fields, relative_path
@@ -242,9 +242,7 @@ def _subset(records, n_images, seed):
 def _run(fn, jobs, workers, progress, total, desc):
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc=desc, unit="img", mininterval=1.0)
+        bar = progress_bar(total, desc, "img")
     out = []
     try:
         if workers > 1 and len(jobs) > 1:

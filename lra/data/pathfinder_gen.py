@@ -57,7 +57,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from lra.data.base import DataError, made_parents, worker_pool
+from lra.data.base import DataError, made_parents, progress_bar, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -482,14 +482,7 @@ def _write(folder: Path, params: GeneratorParams, workers: int, progress: bool) 
     jobs = [(params, tmp, k, count) for k, count in chunks(params)]
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=params.n_images,
-            unit="img",
-            desc=f"generating pathfinder{params.resolution} " f"{params.difficulty}",
-            mininterval=1.0,
-        )
+        bar = progress_bar(params.n_images, f"generating pathfinder{params.resolution} {params.difficulty}", "img")
     t0 = time.perf_counter()
     positives = 0
     try:

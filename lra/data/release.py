@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from lra.data.base import GENERATED_DIR, DataError
+from lra.data.base import GENERATED_DIR, DataError, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -203,11 +203,7 @@ def iter_tar(
     path = Path(path)
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=path.stat().st_size, unit="B", unit_scale=True, desc=desc or f"reading {path.name}", mininterval=1.0
-        )
+        bar = progress_bar(path.stat().st_size, desc or f"reading {path.name}", "B", unit_scale=True)
     raw = _Progress(open(path, "rb"), bar)
     try:
         magic = raw.f.read(2)

@@ -31,7 +31,7 @@ from typing import IO, Iterable
 import numpy as np
 
 from lra.data import download
-from lra.data.base import DataError, Split
+from lra.data.base import DataError, Split, progress_bar
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
@@ -80,9 +80,7 @@ def to_split(t1, t2, labels, max_length: int, seq_len: int) -> Split:
 def _read_file(path: Path, max_length: int, progress: bool):
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"reading {path.name}", mininterval=1.0)
+        bar = progress_bar(path.stat().st_size, f"reading {path.name}", "B", unit_scale=True)
 
     def lines(f: IO[bytes]):
         for line in f:

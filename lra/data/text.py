@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from lra.data import download
-from lra.data.base import DataError, Split, hf_datasets
+from lra.data.base import DataError, Split, hf_datasets, progress_bar
 from lra.data.cache import cached_splits, source_fingerprint
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
@@ -287,9 +287,7 @@ def read_source(src: Source, progress: bool = True) -> Rows:
 def _bar(progress, total, desc):
     if not progress:
         return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="file", mininterval=1.0)
+    return progress_bar(total, desc, "file")
 
 
 # ------------------------------------------------------------------------------ splits
