@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 from lra.checks import ConfigError
@@ -61,12 +62,7 @@ def hold(run_dir: Path):
         except OSError as e:
             if e.errno not in UNSUPPORTED:
                 raise
-            raise LockUnsupported(
-                f"cannot lock {path} ({os.strerror(e.errno)}): its file system does not support flock (Lustre "
-                f"without -o flock?). Put the runs root (LRA_RUNS) on one that does (a local disk, NFS v4, Lustre "
-                f"with -o flock), or set {LOCK_ENV}=off to run unlocked (nothing then stops two commands on one "
-                "folder)"
-            ) from None
+            raise _unsupported(path, e) from None
         me = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -77,6 +73,37 @@ def hold(run_dir: Path):
         yield me
     finally:
         os.close(fd)  # releases the lock
+
+
+def _unsupported(path: Path, e: OSError) -> LockUnsupported:
+    return LockUnsupported(
+        f"cannot lock {path} ({os.strerror(e.errno)}): its file system does not support flock (Lustre without "
+        f"-o flock?). Put the runs root (LRA_RUNS) on one that does (a local disk, NFS v4, Lustre with -o flock), "
+        f"or set {LOCK_ENV}=off to run unlocked (nothing then stops two commands on one folder)"
+    )
+
+
+def check_lockable(folder: Path) -> None:
+    """:class:`LockUnsupported` now, before the run's folder exists, where ``folder``'s file system cannot
+    ``flock`` (asked on a temporary file in its nearest existing parent, removed at once)."""
+    if os.environ.get(LOCK_ENV, "").lower() == "off":
+        return
+    base = Path(folder)
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    try:
+        fd, tmp = tempfile.mkstemp(dir=base, prefix=".lra-lock-check-")
+    except OSError:  # a folder that cannot be written: the run's own checks say so
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as e:
+        if e.errno in UNSUPPORTED:
+            raise _unsupported(Path(folder) / ".lock", e) from None
+    finally:
+        os.close(fd)
+        os.unlink(tmp)
 
 
 def holder_pid(run_dir: Path) -> int | None:

@@ -54,7 +54,7 @@ from lra.module import CompileError, count_params
 from lra.naming import run_tag
 from lra.protocol import FINISHED, Callbacks, measured, outcome
 from lra.record import Record, new_record, read_record, write_record
-from lra.runlock import EXIT_LOCKED, RunLocked, hold
+from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
 from lra.wandb_extras import log_record
 
 log = logging.getLogger("lra.train")
@@ -557,6 +557,7 @@ def main() -> None:
         previous = signal.signal(signal.SIGTERM, raise_interrupted)  # as Ctrl-C: the data's temporary folders go
         try:
             cfg, spec, splits = check_before_run(args)
+            check_lockable(spec.run_dir)  # a file system without flock: one line before Hydra makes the folder
         finally:
             signal.signal(signal.SIGTERM, previous)
         run_in_folder(cfg, lambda task_cfg: run_task(task_cfg, spec, splits), job_name="train")  # composed once
