@@ -1,5 +1,5 @@
 """Evaluate a saved run: ``python -m lra.evaluate <run folder | checkpoint> [split=test|val] [ckpt=best|last]``
-(``lra-eval``, ``make eval run=<folder>``).
+(``lra-evaluate``, ``make eval run=<folder>``).
 
 The run's configuration is the one its record holds (``result.json``'s ``config``, resolved as it ran; a run
 folder without a record falls back to ``.hydra/overrides.yaml``, composed against today's conf/), resolved by
@@ -57,17 +57,19 @@ class Target:
 
 def parse(argv: list[str] | None = None) -> tuple[str, dict]:
     p = Parser(
-        prog="lra-eval",
-        usage="lra-eval RUN_FOLDER|CHECKPOINT [split=test|val] [ckpt=best|last]",
+        prog="python -m lra.evaluate",
+        usage="python -m lra.evaluate RUN_FOLDER|CHECKPOINT [split=test|val] [ckpt=best|last]",
         description="Evaluate a run folder's checkpoint (or a checkpoint file) on its test or validation split, "
         "with the run's own configuration, data and metric code; writes <run folder>/evals/<split>-<ckpt>.json.",
-        epilog="examples:\n  lra-eval runs/quick/clean/listops/softmax/seed0\n"
-        "  lra-eval runs/.../seed0 split=val\n  lra-eval runs/.../seed0/checkpoints/last.ckpt",
+        epilog="examples (also lra-evaluate, make eval run=<folder>):\n"
+        "  python -m lra.evaluate runs/quick/clean/listops/softmax/seed0\n"
+        "  python -m lra.evaluate runs/quick/clean/listops/softmax/seed0 split=val\n"
+        "  python -m lra.evaluate runs/quick/clean/listops/softmax/seed0/checkpoints/last.ckpt",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "args",
-        nargs="+",
+        nargs="*",  # a missing folder is this command's one line, after argparse has refused unknown flags
         metavar="ARG",
         help="a run folder, or a checkpoint file inside "
         "<run folder>/checkpoints/; then split=test|val (test), ckpt=best|last (best)",
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # Lightning's own deprecation, not the user's
         result = evaluate(t)
     except EvalError as e:
-        print(f"lra-eval: error: {e}", file=sys.stderr)
+        print(f"lra.evaluate: error: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     print(line(t, result))
 

@@ -130,7 +130,7 @@ def test_bad_input_from_the_command_line_is_one_line_without_a_traceback(run, tm
     folder, env = run
     proc = _eval(folder, "split=train", env=env)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["lra-eval: error: split='train': a split is test or val"]
+    assert proc.stderr.strip().splitlines() == ["lra.evaluate: error: split='train': a split is test or val"]
 
 
 def test_a_folder_without_a_record_is_evaluated_from_its_overrides(run, tmp_path, capsys):

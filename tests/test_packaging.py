@@ -34,7 +34,7 @@ SCRIPTS = {
     "lra-share-bench",
     "lra-carry",
     "lra-catalog",
-    "lra-eval",
+    "lra-evaluate",
 }
 # top-level names of the extras' distributions (and their own heavy dependencies), and this project's
 # editable install, which would otherwise shadow the wheel
