@@ -76,6 +76,7 @@ def test_debug_overfit_drives_the_training_loss_far_down(env):
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
 
 
+@pytest.mark.slow  # 10 s; debug=fast and debug=overfit keep the debug path in the main suite
 def test_debug_profile_writes_its_report_into_the_run_folder(env):
     proc, root = debug_run(env, "profile", "debug=profile")
     run_dir, rec = only_record(root)
