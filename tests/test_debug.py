@@ -67,6 +67,7 @@ def test_the_collector_skips_debug_records_and_says_so(tmp_path):
     assert len(res.runs) == 1 and "skipped" in (tmp_path / "out" / "issues.md").read_text()
 
 
+@pytest.mark.slow  # 13 s; debug=fast keeps the debug path in the main suite
 def test_debug_overfit_drives_the_training_loss_far_down(env):
     _, root = debug_run(env, "overfit", "debug=overfit", "train.batch_size=8")  # its 100 steps, on a smaller batch
     run_dir, rec = only_record(root)
@@ -76,7 +77,7 @@ def test_debug_overfit_drives_the_training_loss_far_down(env):
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
 
 
-@pytest.mark.slow  # 10 s; debug=fast and debug=overfit keep the debug path in the main suite
+@pytest.mark.slow  # 10 s; debug=fast keeps the debug path in the main suite
 def test_debug_profile_writes_its_report_into_the_run_folder(env):
     proc, root = debug_run(env, "profile", "debug=profile")
     run_dir, rec = only_record(root)

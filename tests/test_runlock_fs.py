@@ -17,6 +17,7 @@ fcntl.flock = _no_flock
 """
 
 
+@pytest.mark.slow  # a whole lra.train start-up; the checks themselves are tested in-process below
 def test_a_file_system_without_flock_is_one_line_saying_what_to_do(tmp_path):
     """lra.train on a runs root whose file system refuses flock (here: flock made to fail as Lustre's does)."""
     site = tmp_path / "site"
@@ -39,6 +40,18 @@ def test_run_lock_off_lets_two_holders_in_and_warns(tmp_path, monkeypatch, caplo
     with runlock.hold(tmp_path / "run"), runlock.hold(tmp_path / "run"):
         pass
     assert "is not locked" in caplog.text
+
+
+def test_a_run_on_a_file_system_without_flock_is_refused_before_its_folder_exists(tmp_path, monkeypatch):
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(runlock.fcntl, "flock", no_flock)
+    with pytest.raises(runlock.LockUnsupported, match="LRA_RUN_LOCK=off"):
+        runlock.check_lockable(tmp_path / "runs" / "quick" / "seed0")
+    assert not list(tmp_path.iterdir())  # its probe file removed, no folder made
+    monkeypatch.setenv(runlock.LOCK_ENV, "off")
+    runlock.check_lockable(tmp_path / "runs")
 
 
 def test_holders_of_a_folder_on_a_file_system_without_flock_are_unknown_not_a_crash(tmp_path, monkeypatch):
