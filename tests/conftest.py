@@ -18,6 +18,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 torch.set_num_threads(1)
 
+# The files with the longest tests (whole lra.train and sweep processes), scheduled first: `make test` hands
+# whole files to its two workers in collection order (--dist loadfile), so a long file collected last would
+# leave one worker alone at the end. The rest keep their order.
+LONG_FIRST = (
+    "test_failures.py",
+    "test_resume.py",
+    "test_sweep.py",
+    "test_loggers.py",
+    "test_packaging.py",
+    "test_batch_logs.py",
+    "test_debug.py",
+    "test_evaluate.py",
+    "test_external_attention.py",
+    "test_train.py",
+    "test_sweep_budget.py",
+    "test_fidelity.py",
+    "test_record_labels.py",
+    "test_ddp.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: files stay whole
+
 
 @pytest.fixture
 def root() -> Path:

@@ -117,6 +117,7 @@ def _compare(resumed, reference):
     assert resumed["train_time_s"] > 0 and resumed["time_per_1k_steps_s"] > 0
 
 
+@pytest.mark.slow  # 40 s; SIGTERM to a run and its rerun matching the uninterrupted one stays in the main suite
 def test_sigkill_mid_training_then_restart_matches_uninterrupted(tmp_path):
     ref = _start_reference(tmp_path)
     step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=9)  # after the first evaluation
