@@ -20,26 +20,13 @@ import torch
 
 from lra.tools import carry
 from lra.tools.sweep.base import FINISHED
-from tests.helpers import TINY
+from tests.test_resume import EPOCHS
 
 torch.set_num_threads(1)
 
 # 64 training examples, micro-batches of 8 x accumulation 2: 14 optimizer steps, evaluated every 3 (as
 # tests/test_resume.py's in-process runs); a resume checkpoint every 2nd step
-RUN = [
-    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.data.n_"))],
-    "protocol.data.n_train=64",
-    "protocol.data.n_val=16",
-    "protocol.data.n_test=16",
-    "protocol.data.max_length=60",
-    "protocol.data.seq_len=64",
-    "train.batch_size=16",
-    "hardware.micro_batch=8",
-    "train.max_steps=14",
-    "train.eval_every=3",
-    "train.ckpt_every_steps=2",
-    "trainer.progress=false",
-]
+RUN = [o for o in EPOCHS if not o.startswith(("trainer.log_every_n_steps", "logger="))]
 REL = "quick/clean/listops/softmax/seed0"
 SAME = ("status", "steps", "steps_to_best", "steps_at_stop", "stop_reason", "tested_ckpt")
 CLOSE = ("test_acc", "best_val_acc", "test_loss")

@@ -207,10 +207,9 @@ def alive(info: dict | None) -> bool:
     if info.get("host") != socket.gethostname():
         return False
     try:
-        os.kill(int(info["pid"]), 0)
-    except (OSError, ValueError, TypeError, KeyError):
+        return _alive_pid(int(info["pid"]))
+    except (ValueError, TypeError, KeyError):
         return False
-    return True
 
 
 def stop_jobs(
