@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attention._scores import scores
 from attention.registry import AttentionBackend, Capabilities, check_choice, check_range, full_mask, register
 from attention.softmax import key_mask
 
@@ -132,11 +133,17 @@ class LinformerAttention(AttentionBackend):
 
     def forward(self, q, k, v, mask=None):
         n, p = q.shape[-2:]
-        real = key_mask(full_mask(q, mask))[:, None, :, None]
+        real = key_mask(full_mask(q, mask))[:, None, :, None].to(k.dtype)
         e, f = self.projections(n)
-        k_proj = e.transpose(-1, -2) @ k.masked_fill(~real, 0.0)  # (b, h, k, p)
-        v_proj = f.transpose(-1, -2) @ v.masked_fill(~real, 0.0)
-        return ((q @ k_proj.transpose(-1, -2)) / math.sqrt(p)).softmax(-1) @ v_proj
+        # einsum, not e.transpose @ x: a (heads, n, k) projection broadcast over the batch is copied per sample
+        # by matmul; einsum batches over the heads and moves the small x instead. One E: K and V in one product
+        if f is e:
+            kv = torch.einsum("hnk,bhnp->bhkp", e.expand(q.shape[1], -1, -1), torch.cat([k, v], -1) * real)
+            k_proj, v_proj = kv.split(p, dim=-1)  # (b, h, k, p) each
+        else:
+            k_proj = torch.einsum("hnk,bhnp->bhkp", e.expand(q.shape[1], -1, -1), k * real)
+            v_proj = torch.einsum("hnk,bhnp->bhkp", f.expand(q.shape[1], -1, -1), v * real)
+        return scores(q, k_proj, p**-0.5).softmax(-1) @ v_proj
 
 
 @dataclass(frozen=True)

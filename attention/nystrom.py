@@ -68,6 +68,7 @@ import torch
 from torch import nn
 
 from attention._linalg import hyperpower_iterations
+from attention._scores import key_bias, scores
 from attention.registry import (
     AttentionBackend,
     Capabilities,
@@ -187,32 +188,32 @@ class NystromAttention(AttentionBackend):
         keep = key_mask(full_mask(q, mask))
         dtype = torch.promote_types(q.dtype, torch.float32)
         qs, ks, vs = q.to(dtype), k.to(dtype), v.to(dtype)
-        neg = torch.finfo(dtype).min
-        key_cols = ~keep[:, None, None, :]
-        if o.landmark_mean == "padded":  # public code: (Q·mask)/d^¼, padded rows are zero vectors
-            pad_rows = ~keep[:, None, :, None]
-            root = math.sqrt(math.sqrt(q.shape[-1]))
-            qs, ks = qs.masked_fill(pad_rows, 0.0) / root, ks.masked_fill(pad_rows, 0.0) / root
+        # every row keeps at least one key and one landmark (key_mask), so -inf biases leave no row empty
+        key_cols = key_bias(keep[:, None, None, :], dtype)
+        if o.landmark_mean == "padded":  # public code: (Q·mask)/d^¼, padded rows zero vectors (one product)
+            rows = keep[:, None, :, None].to(dtype) / math.sqrt(math.sqrt(q.shape[-1]))
+            qs, ks = qs * rows, ks * rows
         else:
             scale = q.shape[-1] ** -0.25
             qs, ks = qs * scale, ks * scale
         if o.exact_if_full and o.landmarks >= q.shape[-2]:
-            out = (qs @ ks.transpose(-1, -2)).masked_fill(key_cols, neg).softmax(-1) @ vs
+            out = scores(qs, ks, 1.0, key_cols).softmax(-1) @ vs
         elif o.landmark_mean == "padded":  # every landmark counts: kernel_1, kernel_2 unmasked
             ql, kl = padded_segment_landmarks(qs, o.landmarks), padded_segment_landmarks(ks, o.landmarks)
             kernel_1 = (qs @ kl.transpose(-1, -2)).softmax(-1)  # (b,h,n,m)
             kernel_2 = (ql @ kl.transpose(-1, -2)).softmax(-1)  # (b,h,m,m)
-            kernel_3 = (ql @ ks.transpose(-1, -2)).masked_fill(key_cols, neg).softmax(-1)  # (b,h,m,n)
-            out = (kernel_1 @ iterative_pinv(kernel_2, o.pinv_iterations, o.pinv_init)) @ (kernel_3 @ vs)
+            kernel_3 = scores(ql, ks, 1.0, key_cols).softmax(-1)  # (b,h,m,n)
+            # right to left (the public code goes left to right): n·m·d multiply-adds where n·m² were
+            out = kernel_1 @ (iterative_pinv(kernel_2, o.pinv_iterations, o.pinv_init) @ (kernel_3 @ vs))
         else:
             ql, lm_valid = segment_landmarks(qs, keep, o.landmarks)
             kl, _ = segment_landmarks(ks, keep, o.landmarks)
-            lm_cols = lm_valid[:, None, None, :]
-            kernel_1 = (qs @ kl.transpose(-1, -2)).masked_fill(~lm_cols, neg).softmax(-1)  # (b,h,n,m)
-            kernel_2 = (ql @ kl.transpose(-1, -2)).masked_fill(~lm_cols, neg).softmax(-1)  # (b,h,m,m)
+            lm_cols = key_bias(lm_valid[:, None, None, :], dtype)
+            kernel_1 = scores(qs, kl, 1.0, lm_cols).softmax(-1)  # (b,h,n,m)
+            kernel_2 = scores(ql, kl, 1.0, lm_cols).softmax(-1)  # (b,h,m,m)
             kernel_2 = kernel_2 * lm_valid[:, None, :, None]  # unused landmarks: zero rows and columns
-            kernel_3 = (ql @ ks.transpose(-1, -2)).masked_fill(key_cols, neg).softmax(-1)  # (b,h,m,n)
-            out = (kernel_1 @ iterative_pinv(kernel_2, o.pinv_iterations, o.pinv_init)) @ (kernel_3 @ vs)
+            kernel_3 = scores(ql, ks, 1.0, key_cols).softmax(-1)  # (b,h,m,n)
+            out = kernel_1 @ (iterative_pinv(kernel_2, o.pinv_iterations, o.pinv_init) @ (kernel_3 @ vs))
         if self.conv is not None:
             out = out + self.conv((vs * keep[:, None, :, None]).to(self.conv.weight.dtype)).to(dtype)
         return out.to(q.dtype)

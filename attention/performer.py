@@ -69,6 +69,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attention._scores import key_bias
 from attention.registry import AttentionBackend, Capabilities, check_choice, check_range, full_mask, register
 from attention.softmax import key_mask
 
@@ -125,7 +126,6 @@ def favor_attention(q, k, v, keep, omega, options: PerformerOptions | None = Non
     o = options or PerformerOptions()
     dtype = torch.promote_types(q.dtype, torch.float32)
     d = q.shape[-1]
-    m = omega.shape[0]
     qs, ks, vs = q.to(dtype), k.to(dtype), v.to(dtype)
     real = keep[:, None, :, None]
     if o.pad_keys_in_normaliser:  # zero vectors go through the map: φ(0) > 0
@@ -136,28 +136,33 @@ def favor_attention(q, k, v, keep, omega, options: PerformerOptions | None = Non
         qs, ks = qs * d**-0.25, ks * d**-0.25
     omega = omega.to(dtype)
     p_q, p_k = qs @ omega.T, ks @ omega.T  # (b,h,n,m) projections ω·x'
-    a_q = p_q - 0.5 * qs.square().sum(-1, keepdim=True)  # log φ(q)·√m
-    a_k = p_k - 0.5 * ks.square().sum(-1, keepdim=True)
-    if not o.pad_keys_in_normaliser:
-        a_k = a_k.masked_fill(~real, float("-inf"))  # padded keys: φ(k) = 0
-    s_q, s_k = (p_q, p_k) if o.stabiliser_of == "projection" else (a_q, a_k)
-    if o.stabiliser_of == "projection" and not o.pad_keys_in_normaliser:
-        s_k = s_k.masked_fill(~real, float("-inf"))
-    c_q = s_q.amax(dim=-1, keepdim=True)  # per query row
-    c_k = s_k.amax(dim=(-1, -2), keepdim=True)  # per (sample, head)
+    h_q = 0.5 * qs.square().sum(-1, keepdim=True)  # ‖x'‖²/2, (b,h,n,1)
+    h_k = 0.5 * ks.square().sum(-1, keepdim=True)
+    if not o.pad_keys_in_normaliser:  # padded keys: φ(k) = 0, by an infinite shift of their row (no (n, m) copy)
+        h_k = h_k - key_bias(real, dtype)
+    if o.stabiliser_of == "projection":
+        c_q = p_q.amax(dim=-1, keepdim=True)  # per query row
+        s_k = p_k if o.pad_keys_in_normaliser else p_k + key_bias(real, dtype)
+        c_k = s_k.amax(dim=(-1, -2), keepdim=True)  # per (sample, head)
+    else:
+        a_q, a_k = p_q - h_q, p_k - h_k  # log φ(x)·√m
+        c_q, c_k = a_q.amax(dim=-1, keepdim=True), a_k.amax(dim=(-1, -2), keepdim=True)
     if o.key_stabiliser == "batch":
         c_k = c_k.amax(dim=(0, 1), keepdim=True)  # one number for the whole batch
     if o.detach_stabilisers:  # they cancel in the ratio exactly when feature_eps == 0
         c_q, c_k = c_q.detach(), c_k.detach()
-    phi_q, phi_k = torch.exp(a_q - c_q), torch.exp(a_k - c_k)
+    # exp(ω·x' − (‖x'‖²/2 + c)): the shifts are (n, 1) columns, so one pass over (n, m) and an addition, whose
+    # gradient is the incoming one (a subtraction's would negate the whole (n, m) gradient)
+    phi_q, phi_k = torch.exp(p_q + (-(h_q + c_q))), torch.exp(p_k + (-(h_k + c_k)))
     if o.feature_eps:
         phi_q, phi_k = phi_q + o.feature_eps, phi_k + o.feature_eps
         if not o.pad_keys_in_normaliser:
             phi_k = phi_k * real  # eps must not revive padded keys
-    phi_q, phi_k = phi_q / math.sqrt(m), phi_k / math.sqrt(m)
-    kv = phi_k.transpose(-1, -2) @ vs  # (b,h,m,d)
-    normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (b,h,n,1)
-    out = (phi_q @ kv) / normaliser.clamp_min(torch.finfo(dtype).tiny)
+    # φ's 1/√m is left out: it scales numerator and normaliser alike. The normaliser rides along as a column of
+    # ones beside v, so one GEMM pair gives both (no separate Σφ(k) pass and φ(q)·Σφ(k) product)
+    kv = phi_k.transpose(-1, -2) @ torch.cat([vs, torch.ones_like(vs[..., :1])], dim=-1)  # (b,h,m,d+1)
+    both = phi_q @ kv  # (b,h,n,d+1)
+    out = both[..., :-1] / both[..., -1:].clamp_min(torch.finfo(dtype).tiny)
     return out.to(q.dtype)
 
 

@@ -92,6 +92,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attention._scores import key_bias, scores
 from attention.registry import (
     AttentionBackend,
     Capabilities,
@@ -201,7 +202,7 @@ def column_log_weights(
     b_pilot (b, h, d, n) pilot rows of B; pilot_valid (b, h, d) which pilots count; v (b, h, n, p);
     real (b, h, n).
     """
-    col = (b_pilot.square() * pilot_valid[..., None]).sum(-2).sqrt()
+    col = (pilot_valid.to(b_pilot.dtype)[..., None, :] @ b_pilot.square()).squeeze(-2).sqrt()  # Σ over valid pilots
     w = col * v.norm(dim=-1)
     w = w.masked_fill(~real, 0.0)
     w = w / w.amax(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
@@ -301,9 +302,8 @@ class SkeinformerAttention(AttentionBackend):
                 if slot is not None:
                     pilot_valid, pilot_real = pilot_valid & slot, pilot_real & slot
             with torch.set_grad_enabled(torch.is_grad_enabled() and o.pilot_reuse):  # else only probabilities
-                q_j = _gather_rows(q, pilot).masked_fill(~pilot_real[..., None], 0.0)
-                scores_j = (q_j @ k.transpose(-1, -2)) * scale
-                b_pilot = scores_j.masked_fill(~keyreal, NEG_INF).softmax(-1)  # (b, h, d, n)
+                q_j = _gather_rows(q, pilot) * pilot_real[..., None]
+                b_pilot = scores(q_j, k, scale, key_bias(keyreal, q.dtype)).softmax(-1)  # (b, h, d, n)
 
         # 2. column sampling J' (no gradient through the discrete draw)
         with torch.no_grad():
@@ -316,27 +316,29 @@ class SkeinformerAttention(AttentionBackend):
             if slot is not None:
                 col_valid = col_valid & slot
         k_s, v_s = _gather_rows(k, cols), _gather_rows(v, cols)
-        s = ((q @ k_s.transpose(-1, -2)) * scale).masked_fill(~col_valid[:, :, None, :], NEG_INF)  # (b,h,n,d)
+        if o.row_norm != "exact":  # ("exact" reads its selected entries off the full matrix below)
+            s = scores(q, k_s, scale, key_bias(col_valid[:, :, None, :], q.dtype))  # (b,h,n,d), -inf off J'
 
         # 3. row normalisation
         if o.row_norm == "adaptive":  # eq. (6)
             c = s.amax(-1, keepdim=True).detach()
             e = torch.exp(s - c)  # a_ij / e^{c_i} on J', 0 on invalid columns
-            d_real = col_valid.sum(-1).to(q.dtype)[:, :, None, None]  # selected real columns
-            log_g = s.masked_fill(~col_valid[:, :, None, :], 0.0).sum(-1, keepdim=True) / d_real
+            valid = col_valid.to(q.dtype)[..., None]  # (b,h,d,1)
+            d_real = valid.sum(-2, keepdim=True)  # selected real columns (b,h,1,1)
+            # Σ_{J'} log a_ij = q_i · Σ_{J'} k_j · scale: one matrix-vector product, not a pass over (n, d)
+            log_g = (q @ (k_s * valid).sum(-2)[..., None]) * scale / d_real
             g = torch.exp(log_g - c)  # geometric mean of the selected a_ij, over e^{c_i}
             n_rest = m.to(q.dtype)[:, None, None, None] - d_real  # unselected real columns, m - d
-            selected = (
-                torch.zeros(b, h, n, dtype=q.dtype, device=q.device).scatter_add(2, cols, col_valid.to(q.dtype)) > 0
-            )
-            v_rest = v.masked_fill(~(realh & ~selected)[..., None], 0.0).sum(-2, keepdim=True)  # (b,h,1,p)
+            # the draw is without replacement, so the selected real values are distinct rows of v
+            v_rest = v.sum(-2, keepdim=True) - (v_s * valid).sum(-2, keepdim=True)  # (b,h,1,p)
             out = (e @ v_s + g * v_rest) / (e.sum(-1, keepdim=True) + n_rest * g)
         elif o.row_norm == "simple":
             out = s.softmax(-1) @ v_s
         else:  # "exact": D⁻¹ A S Sᵀ V, Horvitz-Thompson weights of the without-replacement sample or none
-            full = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~keyreal, NEG_INF)
-            lse = torch.logsumexp(full, dim=-1, keepdim=True)  # log D_i, exact
-            a_s = torch.exp(s - lse)
+            # a_ij / D_i with the exact D_i are entries of the softmax of the full rows: one fused pass, where
+            # exp(s - logsumexp) took five over the n x n matrix and three more backward
+            probs = scores(q, k, scale, key_bias(keyreal, q.dtype)).softmax(-1)
+            a_s = probs.gather(-1, cols[:, :, None, :].expand(b, h, n, d)) * col_valid[:, :, None, :]
             if o.sketch_weights == "horvitz_thompson":
                 with torch.no_grad():
                     incl = -torch.expm1(-torch.exp(log_w.gather(2, cols) - kappa))  # P(key_j > kappa)

@@ -106,9 +106,14 @@ from attention.softmax import key_mask
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """κ(x_i, y_j) = exp(−‖x_i − y_j‖²/2) for x (..., n, p), y (..., m, p): (..., n, m)."""
-    sq = (x.square().sum(-1, keepdim=True) + y.square().sum(-1).unsqueeze(-2)) / 2
-    return torch.exp((x @ y.transpose(-1, -2) - sq).clamp(max=0.0))
+    """κ(x_i, y_j) = exp(−‖x_i − y_j‖²/2) for x (..., n, p), y (..., m, p): (..., n, m).
+
+    The exponent x·y − ‖x‖²/2 − ‖y‖²/2 is one GEMM of [x, ‖x‖²/2, 1] and [y, −1, −‖y‖²/2]: no (n, m) sum of the
+    two norms built, subtracted and differentiated beside the product."""
+    hx, hy = 0.5 * x.square().sum(-1, keepdim=True), 0.5 * y.square().sum(-1, keepdim=True)
+    xa = torch.cat([x, hx, torch.ones_like(hx)], dim=-1)
+    ya = torch.cat([y, -torch.ones_like(hy), -hy], dim=-1)
+    return torch.exp((xa @ ya.transpose(-1, -2)).clamp(max=0.0))
 
 
 # ----------------------------------------------------------------------------------- kernelized
@@ -143,9 +148,8 @@ class KernelizedAttention(AttentionBackend):
         if self.options.zero_padded_queries:
             q = torch.where(keep, q, 0.0)
         c = gaussian_kernel(q * scale, torch.where(keep, k, 0.0) * scale)
-        c = c * keep.transpose(-1, -2)  # padded keys get weight 0
         c = F.dropout(c, p=self.options.dropout, training=self.training)
-        return c @ torch.where(keep, v, 0.0)
+        return c @ torch.where(keep, v, 0.0)  # padded keys weigh nothing: their rows of v are zero
 
 
 # ----------------------------------------------------------------------------------- skyformer

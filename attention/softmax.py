@@ -13,12 +13,12 @@ is applied to the probabilities in training only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from attention._scores import key_bias, scores
 from attention.registry import AttentionBackend, Capabilities, check_choice, check_range, full_mask, register
 
 
@@ -61,7 +61,6 @@ class SoftmaxAttention(AttentionBackend):
             keep = keep & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         if o.impl == "fused":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~keep, float("-inf"))
-        attn = F.dropout(scores.softmax(dim=-1), p=p, training=self.training)
+        s = scores(q, k, q.shape[-1] ** -0.5, key_bias(keep, q.dtype))  # masked by a bias: attention/_scores.py
+        attn = F.dropout(s.softmax(dim=-1), p=p, training=self.training)
         return attn @ v

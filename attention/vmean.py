@@ -30,7 +30,6 @@ class VMeanAttention(AttentionBackend):
     )
 
     def forward(self, q, k, v, mask=None):
-        real = key_mask(full_mask(q, mask))[:, None, :, None]  # (b, 1, n, 1)
-        m = real.sum(-2, keepdim=True).to(v.dtype)
-        mean = v.masked_fill(~real, 0.0).sum(-2, keepdim=True) / m
-        return mean.expand_as(v).clone()
+        real = key_mask(full_mask(q, mask)).to(v.dtype)  # (b, n)
+        weights = (real / real.sum(-1, keepdim=True))[:, None, None, :]  # (b, 1, 1, n): 1/m on real keys
+        return (weights @ v).expand_as(v).clone()  # one weighted sum per row of heads, not a masked copy of v
