@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 
+import lightning as L
 import pytest
 import torch
 
@@ -146,3 +147,79 @@ def test_a_copied_runs_root_checks_its_own_best_ckpt_when_it_resumes(_killed_onc
     best.write_bytes(b"garbage")
     with pytest.raises(lra_train.RunError, match=f"^{best} cannot be read"):
         lra_train.resume_step(last, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# What last.ckpt holds is a state an uninterrupted run passed through, and never the state where it stopped.
+
+BATCHES_PER_EPOCH, ACCUM = 8, 2  # RUN: 64 training examples in micro-batches of 8, accumulation 2
+
+
+def _saved(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def _variant(_killed_once, tmp_path, *overrides):
+    """The run with ``overrides``, in ``tmp_path/runs/run``, on :func:`_killed_once`'s data and fit cache."""
+    base = _killed_once.run_dir.parents[1]
+    return load(
+        [*RUN, f"data_root={base / 'data'}", f"runs_root={tmp_path / 'runs'}", f"fit.cache_dir={base / 'cache'}"]
+        + list(overrides),
+        run_dir=tmp_path / "runs" / "run",
+    )
+
+
+def test_a_step_checkpoint_soon_after_a_resume_is_never_taken_inside_an_accumulation_window(killed, monkeypatch):
+    """Resumed from step 4 (an epoch's last batch), the first micro-batch is inside an accumulation window at step 4,
+    which every 2nd step is due a checkpoint: without the "not mid-accumulation" guard the step checkpoint was
+    written there (the resumed callback had not saved step 4 itself), with one micro-batch consumed and its gradient
+    in no checkpoint. A second kill soon after (here at step 5) resumed from it, one micro-batch short: another
+    record. The data a checkpoint has consumed must be its optimizer steps' micro-batches, no more."""
+    assert _saved(killed.run_dir)["global_step"] == 4
+    assert _run(killed, monkeypatch, kill_at=5) is None
+    saved = _saved(killed.run_dir)
+    (loader,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    consumed = loader["epoch"] * BATCHES_PER_EPOCH + loader["position"]
+    assert consumed == saved["global_step"] * ACCUM, (saved["global_step"], loader)
+
+
+def test_last_ckpt_is_not_written_at_the_evaluation_where_early_stopping_fires(_killed_once, tmp_path, monkeypatch):
+    """lr 0: validation loss never improves, so patience 1 stops the run at its second evaluation (step 6). Killed
+    while it tests (before its record is final), the same command again must stop where it stopped: a last.ckpt
+    written at the stopping evaluation restarted past it (Lightning does not keep ``should_stop``) and trained on to
+    the next evaluation (step 9)."""
+    spec = _variant(_killed_once, tmp_path, "train.lr=0.0", "train.patience=1")
+
+    class KilledWhileTesting(L.Callback):
+        def on_test_start(self, trainer, pl_module):
+            raise _Killed("testing")
+
+    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [KilledWhileTesting()])
+    with pytest.raises(_Killed):
+        lra_train.run(spec)
+    assert _saved(spec.run_dir)["global_step"] < 6  # the state before the stop, which a restart trains on from
+    rec = _run(spec, monkeypatch)
+    assert rec["status"] == "stopped_early" and rec["stop_reason"] == "early_stopping" and rec["steps"] == 6
+
+
+def test_last_ckpt_is_not_written_at_the_step_where_the_guard_stops_a_diverged_run(_killed_once, tmp_path, monkeypatch):
+    """Kin of the early-stopping case, found looking for it: the step checkpoint (every 2nd step) at the step whose
+    training loss is NaN. The guard stops the run there, but a restart from that checkpoint had the guard's
+    "failed" state and NaN weights, and no ``should_stop``: it trained on to max_steps."""
+    import lra.module
+
+    spec = _variant(_killed_once, tmp_path)
+    real, calls = lra.module.loss_and_correct, {"train": 0}
+
+    def nan_at_step_4(logits, labels):  # training micro-batches 7 and 8 make optimizer step 4
+        loss, correct = real(logits, labels)
+        if torch.is_grad_enabled():
+            calls["train"] += 1
+            if calls["train"] == 8:
+                loss = loss * float("nan")
+        return loss, correct
+
+    monkeypatch.setattr(lra.module, "loss_and_correct", nan_at_step_4)
+    rec = _run(spec, monkeypatch)
+    assert rec["status"] == "failed" and rec["stop_reason"] == "diverged" and rec["steps"] == 4
+    assert _saved(spec.run_dir)["global_step"] == 3  # the evaluation's checkpoint, not the diverged step's
