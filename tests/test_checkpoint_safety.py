@@ -41,6 +41,7 @@ def _spec(tmp_path):
 
 def _run(spec, monkeypatch, kill_at=None):
     monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
+    monkeypatch.setattr(lra_train, "log_record", lambda *a: None)  # no W&B here: spares its 1 s import
     try:
         return lra_train.run(spec)
     except _Killed:
