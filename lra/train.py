@@ -327,9 +327,9 @@ def read_checkpoint(path: Path) -> dict:
         code = next((ln for ln in lines if "GLOBAL" in ln), None)  # what weights_only refuses: a callable to call
         if isinstance(e, pickle.UnpicklingError) and code is not None:
             raise RunError(
-                f"{path} is not a checkpoint of this harness: it holds objects that would run code when loaded "
-                f"({code.rstrip('.')[:160]}), and was not loaded; pass force=true to discard the run's "
-                f"checkpoints and start again"
+                f"{path} holds objects that would run code when loaded ({code.rstrip('.')[:160]}), so it was not "
+                f"loaded (this harness's checkpoints, callbacks= included, hold only tensors, numbers and strings); "
+                f"pass force=true to discard the run's checkpoints and start again"
             ) from None
         said = next((ln for ln in lines if not ln.startswith(_TORCH_ADVICE)), "").split(". This is an internal")[0]
         raise RunError(
