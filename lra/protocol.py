@@ -260,6 +260,7 @@ class ResumeCheckpoint(Checkpoint):
             and s % self.eval_every != 0
             and s < trainer.max_steps
             and not should_accumulate(trainer, batch_idx)
+            and not trainer.should_stop  # the guard stopped the run at this step (diverged): as at an evaluation
         ):
             self._save(trainer)
 

@@ -1,10 +1,17 @@
 """One process owns a run folder at a time.
 
-``with hold(run_dir):`` takes an exclusive ``flock`` on ``<run_dir>/.lock`` and writes the holder's
-pid, host and start time into it. The kernel releases the lock when the holder exits, however it
-exits (SIGKILL, a crash, a lost node on a local file system), so a stale lock never blocks: the file
-stays, the lock does not. A second command on the same folder gets :class:`RunLocked`, whose message
-says who holds it.
+``with hold(run_dir):`` takes an exclusive ``flock`` on the run folder itself and on ``<run_dir>/.lock``,
+and writes the holder's pid, host and start time into the file. The kernel releases both when the
+holder exits, however it exits (SIGKILL, a crash, a lost node on a local file system), so a stale lock
+never blocks: the file stays, the lock does not. A second command on the same folder gets
+:class:`RunLocked`, whose message says who holds it.
+
+Why two: a ``flock`` belongs to an inode, not to a name. ``rm <run>/.lock`` while a run trains (a
+natural clean-up after a crash) leaves the holder locking a file no one can open any more, and the
+next command creates a new ``.lock`` and locks that: two writers. The folder cannot be removed from
+under a run without removing the run, so its lock is the one that holds; the file keeps the holder's
+name for the refusal's message and for :func:`holder_pid`, and is what a file system that cannot lock
+a directory (NFS, which emulates ``flock`` with byte-range locks on regular files only) still locks.
 
 On a shared file system the lock is only as good as its ``flock``: NFS v4 and Lustre mounted with
 ``-o flock`` lock across nodes; Lustre with ``-o localflock`` locks on one node only (two nodes can both
@@ -50,19 +57,12 @@ def hold(run_dir: Path):
         log.warning("%s=off: %s is not locked; nothing stops a second command on it", LOCK_ENV, run_dir)
         yield {"pid": os.getpid(), "host": socket.gethostname(), "lock": "off"}
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunLocked(
-                f"{run_dir} is in use by {_holder(path)}: wait for that run to end (or stop it), "
-                f"then run the same command again"
-            ) from None
-        except OSError as e:
-            if e.errno not in UNSUPPORTED:
-                raise
-            raise _unsupported(path, e) from None
+    with contextlib.ExitStack() as held:  # closing a descriptor releases its lock
+        folder = _lock_folder(run_dir, path)
+        if folder is not None:
+            held.callback(os.close, folder)
+        fd = _lock_file(run_dir, path)
+        held.callback(os.close, fd)
         me = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -71,8 +71,60 @@ def hold(run_dir: Path):
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         yield me
-    finally:
-        os.close(fd)  # releases the lock
+
+
+def _refused(run_dir: Path, path: Path) -> RunLocked:
+    return RunLocked(
+        f"{run_dir} is in use by {_holder(path)}: wait for that run to end (or stop it), then run the same "
+        f"command again"
+    )
+
+
+def _lock_folder(run_dir: Path, path: Path) -> int | None:
+    """The run folder's own exclusive lock (its descriptor); None where its file system cannot lock a folder
+    (then the file's lock is the only one, as before)."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _refused(run_dir, path) from None
+    except OSError:  # EBADF, ENOLCK, EISDIR, ...: no folder locks here; the file's lock (or its refusal) follows
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lock_file(run_dir: Path, path: Path) -> int:
+    """``.lock``, opened and locked; the lock is taken again if the name was removed or replaced between the
+    open and the lock (the locked inode must be the one the name shows, or the next command locks another)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, path):
+                return fd
+        except BlockingIOError:
+            os.close(fd)
+            raise _refused(run_dir, path) from None
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in UNSUPPORTED:
+                raise
+            raise _unsupported(path, e) from None
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _unsupported(path: Path, e: OSError) -> LockUnsupported:

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pickle
 import shlex
 import shutil
 import signal
@@ -52,7 +53,7 @@ from lra.loggers import check_loggers
 from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
 from lra.naming import run_tag
-from lra.protocol import FINISHED, Callbacks, measured, outcome
+from lra.protocol import FINISHED, BestCheckpoint, Callbacks, measured, moved, outcome
 from lra.record import Record, new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
 from lra.wandb_extras import log_record
@@ -101,7 +102,7 @@ def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record,
         rec.set(**out.fields)
         rec.merge(_callback_fields(cb))
         if out.status != "failed":
-            test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False)[0]
+            test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False, weights_only=True)[0]
             rec.set(test_acc=test["test/acc"], test_loss=test["test/loss"])
             if not torch.isfinite(torch.tensor(rec.test_loss)):
                 rec.set(status="failed", reason="non-finite test loss")
@@ -118,7 +119,12 @@ def _fit(spec: RunSpec, w: Wired, p: Plan, rec: Record, resume_from: Path | None
         with warnings.catch_warnings():
             if resume_from is not None:  # the checkpoint folder is this run's own: best.ckpt is what it resumes
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-            w.trainer.fit(w.lit, datamodule=w.dm, ckpt_path=str(resume_from) if resume_from is not None else None)
+            w.trainer.fit(  # read as data again (weights_only): the file may have changed since it was checked
+                w.lit,
+                datamodule=w.dm,
+                ckpt_path=str(resume_from) if resume_from is not None else None,
+                weights_only=True,
+            )
     except BaseException as e:
         if isinstance(e, CompileError):  # train.compile=true: the failed record says what did not compile
             rec.set(compiled=False, compile_note=str(e))
@@ -307,24 +313,67 @@ def _load_data(spec: RunSpec, rec: Record, splits: dict[str, Split] | None) -> d
     return splits
 
 
+_TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.load")  # around its reason
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint of this harness, read as data (``torch.load(weights_only=True)``: tensors, numbers, strings,
+    containers): a runs folder from elsewhere is never run as code. Raises a one-line RunError naming the file:
+    damaged, or holding objects that would run code when loaded (not loaded, so nothing in it ran)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - one line naming the file, not the zip's or the unpickler's error
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        code = next((ln for ln in lines if "GLOBAL" in ln), None)  # what weights_only refuses: a callable to call
+        if isinstance(e, pickle.UnpicklingError) and code is not None:
+            raise RunError(
+                f"{path} holds objects that would run code when loaded ({code.rstrip('.')[:160]}), so it was not "
+                f"loaded (this harness's checkpoints, callbacks= included, hold only tensors, numbers and strings); "
+                f"pass force=true to discard the run's checkpoints and start again"
+            ) from None
+        said = next((ln for ln in lines if not ln.startswith(_TORCH_ADVICE)), "").split(". This is an internal")[0]
+        raise RunError(
+            f"{path} cannot be read ({type(e).__name__}: {said[:160]}); it is damaged: pass force=true to discard "
+            f"the run's checkpoints and start again"
+        ) from None
+    if not isinstance(saved, dict):
+        raise RunError(f"{path} is not a checkpoint; pass force=true to discard the run's checkpoints and start again")
+    return saved
+
+
 def resume_step(last: Path, key: str) -> int | None:
-    """The optimizer step ``last.ckpt`` continues from (None: no checkpoint, start afresh)."""
+    """The optimizer step ``last.ckpt`` continues from (None: no checkpoint, start afresh). Both it and the best
+    checkpoint it names are read as data first (:func:`read_checkpoint`), so Lightning's restore gets only a
+    checkpoint checked here, and a damaged ``best.ckpt`` is found now, not when the run tests it at its end."""
     if not last.exists():
         return None
-    try:
-        saved = torch.load(last, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - truncated or not a checkpoint: say which file, not the zip error
-        raise RunError(
-            f"{last} cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); it is damaged: pass "
-            f"force=true to discard the run's checkpoints and start again"
-        ) from None
+    saved = read_checkpoint(last)
     if saved.get("resume_key") != key:
         raise RunError(
             f"{last} belongs to a run with another configuration, data or micro-batch (or an older "
             f"harness version); pass force=true to discard it and start again"
         )
+    best = _best_of(saved, last.parent)
+    if best is not None:
+        if not best.exists():
+            raise RunError(
+                f"{best} is missing: it holds the run's best evaluation so far, which the run tests at its end. "
+                f"Put it back, or pass force=true to discard the run's checkpoints and start again"
+            )
+        read_checkpoint(best)
     log.info("resuming from %s (optimizer step %d)", last, int(saved.get("global_step", 0)))
     return int(saved.get("global_step", 0))
+
+
+def _best_of(saved: dict, ckpt_dir: Path) -> Path | None:
+    """The best checkpoint that ``last.ckpt`` (``saved``) remembers, in the run's checkpoint folder as it is now
+    (a runs root moved or copied: :func:`lra.protocol.moved`); None: no best evaluation yet."""
+    for name, state in (saved.get("callbacks") or {}).items():
+        if str(name).startswith(BestCheckpoint.__name__) and isinstance(state, dict) and state.get("best_model_path"):
+            old = state.get("dirpath")
+            here = moved(state, str(old), str(ckpt_dir)) if old else state
+            return Path(here["best_model_path"])
+    return None
 
 
 def _unfinished_record(run_dir: Path, last: Path) -> Record:

@@ -94,7 +94,7 @@ def _start_and_kill(tmp_path, runs, sig, min_step):
             last = next((tmp_path / runs).rglob("last.ckpt"), None) if (tmp_path / runs).exists() else None
             if last is not None:
                 try:
-                    step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+                    step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
                 except Exception:  # noqa: BLE001 - being replaced right now
                     step = None
                 if step is not None and step >= min_step:

@@ -2,6 +2,7 @@
 what to do, before the run starts, not a traceback; LRA_RUN_LOCK=off runs without the lock, and says so."""
 
 import errno
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,32 @@ def test_holders_of_a_folder_on_a_file_system_without_flock_are_unknown_not_a_cr
     with pytest.raises(runlock.LockUnsupported, match="does not support flock"):
         with runlock.hold(tmp_path / "other"):
             pass
+
+
+def test_removing_the_lock_file_under_a_live_run_does_not_let_a_second_command_in(tmp_path):
+    """``rm <run>/.lock`` while a run holds the folder (a clean-up after a crash): the same command again must be
+    refused, as it is with the file in place (its flock was on the removed inode: both ran, one metrics.csv)."""
+    run = tmp_path / "run"
+    with runlock.hold(run):
+        (run / ".lock").unlink()
+        with pytest.raises(runlock.RunLocked, match="is in use by"):
+            with runlock.hold(run):
+                pytest.fail("a second holder got into a held run folder")
+    with runlock.hold(run) as me:  # released when its holder ends: the next command runs
+        assert runlock.holder_pid(run) == me["pid"]
+
+
+def test_a_folder_that_cannot_be_locked_still_locks_its_lock_file(tmp_path, monkeypatch):
+    """Where folders cannot be flocked (NFS locks regular files only), ``.lock`` alone refuses a second holder."""
+    real = runlock.fcntl.flock
+
+    def files_only(fd, op):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, op)
+
+    monkeypatch.setattr(runlock.fcntl, "flock", files_only)
+    with runlock.hold(tmp_path / "run"):
+        with pytest.raises(runlock.RunLocked):
+            with runlock.hold(tmp_path / "run"):
+                pass
