@@ -268,10 +268,11 @@ def _job_here(info: dict | None) -> bool:
 
 
 def run_status(run_dir: Path) -> tuple[str, dict]:
-    """(status, record or {}) of a run folder. A record saying ``running`` was written by an lra.train that
-    held the folder's lock (:func:`lra.runlock.hold`): on this host, with nobody holding the lock now, that
-    run is gone (killed) and the folder is ``interrupted`` (resumable), whatever process now has the pid
-    its job's marker names; only a new attempt still starting (its marker newer than the record) runs."""
+    """(status, record or {}) of a run folder. A folder an lra.train holds (:func:`lra.runlock.hold`) on
+    this host is running. A record saying ``running`` was written by an lra.train that held the lock: on
+    this host, with nobody holding it now, that run is gone (killed) and the folder is ``interrupted``
+    (resumable), whatever process now has the pid its job's marker names; only a new attempt still
+    starting (its marker newer than the record) runs."""
     try:
         rec = (read_record(run_dir) or Record()).to_json()  # the manifest's rows read it as a dict
     except (ValueError, OSError):  # not JSON, or a result.json that is a folder
@@ -279,8 +280,8 @@ def run_status(run_dir: Path) -> tuple[str, dict]:
     if rec.get("status") in FINISHED:
         return rec["status"], rec
     info = read_json(run_dir / MARKER)
-    if alive(info) and not _run_gone(run_dir, rec, info):
-        return "running", rec
+    if holder_pid(run_dir) is not None or (alive(info) and not _run_gone(run_dir, rec, info)):
+        return "running", rec  # an lra.train holds the folder (whatever became of its job), or its job runs
     if rec.get("status") and rec["status"] != "running":  # "running" with nobody on it: killed
         return rec["status"], rec
     if (run_dir / MARKER).exists() or (run_dir / "checkpoints").exists():
@@ -289,11 +290,9 @@ def run_status(run_dir: Path) -> tuple[str, dict]:
 
 
 def _run_gone(run_dir: Path, rec: dict, info: dict) -> bool:
-    """A ``running`` record whose writer no longer holds the folder's lock, on this host (the lock is known
-    here only), and no newer attempt starting (its job's marker written after the record)."""
+    """A ``running`` record whose writer no longer holds the folder's lock (asked before), on this host (the
+    lock is known here only), and no newer attempt starting (its job's marker written after the record)."""
     if rec.get("status") != "running" or info.get("slurm_job") or os.environ.get(LOCK_ENV, "").lower() == "off":
-        return False
-    if holder_pid(run_dir) is not None:
         return False
     try:
         written = (Path(run_dir) / "result.json").stat().st_mtime

@@ -78,16 +78,17 @@ def storage_for(url: str, tries: int = 3) -> optuna.storages.BaseStorage:
 LOCKED_WAIT_S = 5.0  # how long a search's start waits for a SQLite study another process keeps locked
 
 
-def check_storage(url: str, wait_s: float = LOCKED_WAIT_S) -> None:
+def check_storage(url: str, wait_s: float | None = None) -> None:
     """Before a search opens its study (the storage's own wait is a minute a try, for the trials' writes):
     a SQLite database another process keeps locked (a database browser, a script in a transaction) is one
-    line and exit 75 after ``wait_s``; one that is not a database, or damaged, is one line and exit 2.
-    A database not there yet, and other storages, are left to Optuna."""
+    line and exit 75 after ``wait_s`` (None: :data:`LOCKED_WAIT_S`); one that is not a database, or is
+    damaged, is one line and exit 2. A database not there yet, and other storages, are left to Optuna."""
     if not url.startswith("sqlite:///"):
         return
     path = Path(url[len("sqlite:///") :])
     if not path.exists():
         return
+    wait_s = LOCKED_WAIT_S if wait_s is None else wait_s
     try:
         con = sqlite3.connect(path, timeout=wait_s)
         try:
