@@ -113,8 +113,13 @@ def read_manifest(path: Path, keep_aside: bool = True) -> dict:
         body = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else "not JSON"
+    except OSError as e:  # unreadable, not damaged: the user's to fix, nothing renamed
+        raise Refusal(
+            f"lra.tools.sweep: cannot read the sweep's manifest {path} ({e.strerror or e}): make it a readable "
+            "file again, then run the same command again"
+        )
+    except ValueError:
+        why = "not JSON"
     else:
         if isinstance(body, dict):
             return body
