@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
+from pathlib import Path
 
 SEED_MAX = 2**32 - 1  # what numpy and Lightning's seed_everything accept
+NAME_MAX, PATH_MAX = 255, 4096  # bytes in one file name, in a whole path (Linux; most file systems)
+ROOT_ROOM = 512  # bytes a root leaves for the folders and files the harness makes under it
 
 
 class ConfigError(ValueError):
@@ -107,3 +111,41 @@ def _dataclass_of(tp) -> type | None:
         if isinstance(t, type) and dataclasses.is_dataclass(t):
             return t
     return None
+
+
+def place(what: str, path, fix: str, folder: bool | None = True, room: int = 0) -> None:
+    """A path the harness makes or reads: one the system can name (each name at most :data:`NAME_MAX`
+    bytes, the whole path with ``room`` bytes to spare under :data:`PATH_MAX`), and, where it exists, a
+    folder (``folder=True``) or a file (False). ``what`` names it ("runs root"), ``fix`` says what to do."""
+    text = str(path)
+    size, longest = len(os.fsencode(text)), max((len(os.fsencode(p)) for p in Path(text).parts), default=0)
+    if size + room >= PATH_MAX or longest > NAME_MAX:
+        shown = text if len(text) <= 100 else f"{text[:60]}...{text[-30:]}"
+        why = (
+            f"{size} bytes, at most {PATH_MAX - 1 - room} here"
+            if size + room >= PATH_MAX
+            else f"a name of {longest} bytes in it, at most {NAME_MAX}"
+        )
+        raise ConfigError(f"{what} {shown} is too long ({why}): {fix}")
+    if folder is True and os.path.lexists(text) and not os.path.isdir(text):
+        raise ConfigError(f"{what} {text} is a file, not a folder: {fix}")
+    if folder is False and os.path.isdir(text):
+        raise ConfigError(f"{what} {text} is a folder, not a file: {fix}")
+
+
+def check_roots(data_root, runs_root) -> None:
+    """The data root and the runs root before anything is made under them (:func:`place`)."""
+    place("data root", data_root, "set LRA_DATA (or data_root=) to another folder", room=ROOT_ROOM)
+    place("runs root", runs_root, "set LRA_RUNS (or runs_root=) to another folder", room=ROOT_ROOM)
+
+
+def check_run_folder(run_dir) -> None:
+    """What a run owns in its folder, where it is there, of the kind the run writes: the folder, its
+    ``checkpoints`` folder and its ``result.json`` file (one line before any work, not a traceback at the
+    first checkpoint)."""
+    run_dir = Path(run_dir)
+    place("run folder", run_dir, "give the run a shorter name (fewer or shorter overrides) or a shorter runs root")
+    for name, folder in (("checkpoints", True), ("result.json", False)):
+        kind = "folder" if folder else "file"
+        fix = f"move it aside (the run writes its {name} {kind} there), then run the same command again"
+        place(f"the run's {name}", run_dir / name, fix, folder=folder)

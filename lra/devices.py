@@ -59,6 +59,54 @@ def is_oom(err: BaseException) -> bool:
     return "out of memory" in msg or "can't allocate memory" in msg
 
 
+def check_devices(accelerator: str, devices, cuda_count: int | None = None, mps: bool | None = None) -> None:
+    """``trainer.accelerator`` and ``trainer.devices`` this machine can run, before any work: a ConfigError
+    (one line) where Lightning would stop with a traceback once the data is loaded and the batch fitted.
+    ``devices``: a count >= 1, -1 or ``auto`` (all), a list of indices, or such a string. ``cuda_count``,
+    ``mps``: what this machine has (None: asked of torch)."""
+    need = _gpus_needed(devices)
+    if need == 0:
+        raise ConfigError(
+            f"trainer.devices={devices!r} is not allowed: a count >= 1, -1 or auto (all the accelerator's devices), "
+            "or a list of device indices such as [0,1]"
+        )
+    n = torch.cuda.device_count() if cuda_count is None else cuda_count
+    if accelerator in ("cuda", "gpu") or (accelerator == "auto" and n > 0):
+        if n == 0:
+            raise ConfigError(
+                f"trainer.accelerator={accelerator} but this machine has no CUDA GPU that torch can use: "
+                "use trainer.accelerator=auto (the GPU where there is one, else the CPU) or cpu"
+            )
+        if need > n:
+            raise ConfigError(
+                f"trainer.devices={devices!r} asks for more GPUs than this machine shows ({n}): "
+                f"give at most {n} (or -1 for all)"
+            )
+    if accelerator == "mps" and not (torch.backends.mps.is_available() if mps is None else mps):
+        raise ConfigError(
+            "trainer.accelerator=mps but this machine has no MPS device: use trainer.accelerator=auto or cpu"
+        )
+
+
+def _gpus_needed(devices) -> int:
+    """How many devices ``devices`` needs there to be: a count n: n; -1 or ``auto`` (all): 1; a list of
+    indices (or ``"0,2"``): the highest index + 1; 0 where it names none that can run."""
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text in ("auto", "-1"):
+            return 1
+        if text.isdigit():
+            return int(text)
+        parts = [p.strip() for p in text.split(",")]
+        devices = [int(p) for p in parts if p] if all(p.isdigit() for p in parts if p) and "," in text else None
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return 1 if devices == -1 else max(devices, 0)
+    if isinstance(devices, (list, tuple)) and devices and len(set(devices)) == len(devices):
+        if all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+            return max(devices) + 1
+    return 0
+
+
 MEMORY_LIMIT_ENV = (
     "LRA_MEMORY_LIMIT_GIB"  # this run's share of a GPU it shares (lra.tools.sweep jobs_per_gpu=k sets it)
 )

@@ -42,10 +42,11 @@ from omegaconf import DictConfig, open_dict
 
 import attention
 from lra import CONF_DIR
+from lra.checks import check_roots, check_run_folder
 from lra.cli import HARNESS_OVERRIDES, UsageError, hand_to_hydra, hydra_args, wants_hydra_itself
 from lra.config import ConfigError, RunSpec, compose_checked, renamed_overrides, resolve, without_hydra
 from lra.data import DataError, Split, data_record, fingerprint, load_task
-from lra.devices import LoadMeter, limit_gpu_memory
+from lra.devices import LoadMeter, check_devices, limit_gpu_memory
 from lra.fit import FitError, Plan, plan
 from lra.hydra_glue import run_dir_of, run_in_folder
 from lra.interrupts import Interrupted, raise_interrupted
@@ -579,12 +580,15 @@ def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec, dict[str, Sp
     spec = resolve(without_hydra(cfg))
     check_loggers(spec.logger)  # logger=tensorboard without its package: one line, nothing written
     check_callbacks(spec)  # callbacks.<name>._target_ that is not an importable Lightning callback: one line
+    check_devices(spec.hardware.accelerator, spec.hardware.devices_arg)  # what this machine has, not a traceback
+    check_roots(spec.data.root, spec.config["runs_root"])  # a file, a path too long: one line
     check_writable(Path(spec.config["runs_root"]))
     tag = run_tag(args, spec)  # the folder named by the resolved config (tag: [A-Za-z0-9_.,=+-])
     with open_dict(cfg):
         cfg.run_tag = tag
     # hydra.run.dir: the named folder, or the one a sweep's job gives; the spec resolving cfg again would give
     spec = dataclasses.replace(spec, run_dir=run_dir_of(cfg), config={**spec.config, "run_tag": tag})
+    check_run_folder(spec.run_dir)  # its checkpoints a file, its result.json a folder: one line, before any work
     try:
         old = read_record(spec.run_dir)
     except ValueError:  # a damaged record: the run says so (RunError), in its own words

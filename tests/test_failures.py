@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from lra.config import load
+from lra.config import ConfigError, load
 from tests.helpers import TINY, run_env
 from tests.test_resume import CLOSE, RESUME, SAME
 
@@ -286,3 +286,96 @@ def test_worker_hides_only_the_fd_servers_hangup(capsys):
             _quiet_hangup(*sys.exc_info())
     err = capsys.readouterr().err
     assert "reset by peer" not in err and "ZeroDivisionError" in err
+
+
+# ----------------------------------------------------------------------------- issue 32: one line, before any work
+LONG = "/".join(["x" * 200] * 25)  # a 5,000-character path
+
+
+@pytest.mark.parametrize(
+    "case, override, expected",
+    [
+        ("devices 0", "trainer.devices=0", "trainer.devices=0 is not allowed: a count >= 1"),
+        ("gpu without one", "trainer.accelerator=gpu", "trainer.accelerator=gpu but this machine has no CUDA GPU"),
+        ("data root a file", None, "is a file, not a folder: set LRA_DATA"),
+        ("runs root too long", None, "is too long (5"),
+        ("data root too long", None, "is too long (5"),
+        ("checkpoints a file", None, "checkpoints is a file, not a folder: move it aside"),
+        ("result.json a folder", None, "result.json is a folder, not a file: move it aside"),
+    ],
+)
+def test_user_errors_about_devices_and_places_are_one_line_before_any_work(
+    tmp_path, monkeypatch, case, override, expected
+):
+    """Each used to start work (data generated, the batch fitted, even 150 steps trained) and end in a
+    Lightning or OS traceback. lra.train's checks, in-process: a ConfigError (main prints it as one line,
+    exit 2) before the data is read; nothing the user owns is changed."""
+    import lra.train as train
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # this machine has no GPU, whatever it has
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def reached(*a, **k):
+        raise AssertionError("the data was read: the check came too late")
+
+    monkeypatch.setattr(train, "checked_splits", reached)
+    runs, data, run_dir = tmp_path / "runs", tmp_path / "data", tmp_path / "runs" / "run"
+    if case == "data root a file":
+        data.write_text("mine")
+    if case == "runs root too long":
+        runs = tmp_path / LONG
+    if case == "data root too long":
+        data = tmp_path / LONG
+    if case == "checkpoints a file":
+        run_dir.mkdir(parents=True)
+        (run_dir / "checkpoints").write_text("mine")
+    if case == "result.json a folder":
+        (run_dir / "result.json").mkdir(parents=True)
+    monkeypatch.setenv("LRA_RUNS", str(runs))
+    monkeypatch.setenv("LRA_DATA", str(data))
+    args = [
+        "task=listops",
+        "attn=softmax",
+        "preset=quick",
+        f"hydra.run.dir={run_dir}",
+        *([override] if override else []),
+    ]
+    with pytest.raises(ConfigError) as e:
+        train.check_before_run(args)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+    assert len(str(e.value)) < 400  # a 5,000-character path is shortened
+    if case == "data root a file":
+        assert data.read_text() == "mine"
+    if case == "checkpoints a file":
+        assert (run_dir / "checkpoints").read_text() == "mine"
+
+
+def test_devices_the_machine_lacks_are_refused_and_what_lightning_accepts_is_not():
+    from lra.devices import check_devices
+
+    for accelerator, devices, gpus in [
+        ("cpu", 0, 0),
+        ("auto", "0", 0),
+        ("cpu", [], 0),
+        ("cpu", True, 0),
+        ("gpu", 1, 0),
+        ("cuda", "auto", 0),
+        ("gpu", 2, 1),
+        ("gpu", [0, 3], 2),
+        ("auto", 2, 1),
+        ("gpu", "0,0", 2),
+    ]:
+        with pytest.raises(ConfigError):
+            check_devices(accelerator, devices, cuda_count=gpus, mps=False)
+    for accelerator, devices, gpus in [
+        ("cpu", 1, 0),
+        ("auto", 1, 0),
+        ("auto", 2, 0),  # two CPU processes
+        ("cpu", -1, 0),
+        ("auto", "auto", 0),
+        ("gpu", -1, 1),
+        ("gpu", [1], 2),
+        ("cuda", "0,1", 2),
+        ("gpu", "2", 2),
+    ]:
+        check_devices(accelerator, devices, cuda_count=gpus, mps=False)

@@ -584,3 +584,45 @@ def test_command_line_edits_the_search():
     assert grid.overrides["model.dropout"] == "model.dropout=0.1" and grid.overrides["attn"] == "attn=performer"
     assert grid.search["pruner"]["name"] == "hyperband" and not grid.axes
     assert opts["n_trials"] == 5 and opts["progress"] == 0.0 and hydra == []
+
+
+# ----------------------------------------------------------------------------- issue 32: the study's database
+def test_a_study_database_another_process_keeps_locked_is_one_line_and_exit_75_in_seconds(tmp_path, monkeypatch):
+    """A database browser or a script in a transaction on optuna.db: the search says so at once (exit 75,
+    try again later), not after minutes of silent retries and a traceback. The lock is let go after 3 s:
+    without the check the study would open then, and no refusal come."""
+    import lra.tools.sweep.pruning as pruning
+    from lra.tools.sweep.base import Refusal
+
+    monkeypatch.setattr(pruning, "LOCKED_WAIT_S", 0.2, raising=False)
+    s = make_search(tmp_path)
+    db = tmp_path / "optuna.db"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.close()  # a database, not yet a study
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(3.0, other.rollback)
+    release.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Refusal) as e:
+            open_study(s)
+        took = time.monotonic() - t0
+    finally:
+        release.cancel()
+        release.join()
+        if other.in_transaction:
+            other.rollback()
+        other.close()
+    assert e.value.code == 75 and took < 3.0
+    assert str(e.value).count("\n") == 0 and f"{db} is locked by another process" in str(e.value)
+
+
+def test_a_study_database_that_is_not_one_is_one_line_and_exit_2(tmp_path):
+    from lra.tools.sweep.base import Refusal
+
+    s = make_search(tmp_path)
+    (tmp_path / "optuna.db").write_bytes(b"\x00not sqlite at all" * 100)
+    with pytest.raises(Refusal) as e:
+        open_study(s)
+    assert e.value.code == 2 and "\n" not in str(e.value) and "cannot be used (file is not a database)" in str(e.value)
+    assert (tmp_path / "optuna.db").read_bytes().startswith(b"\x00not sqlite")  # the user's file, untouched

@@ -21,7 +21,7 @@ from test_sweep import TINY, sweep_env
 import lra.tools.sweep.driver as driver
 import lra.tools.sweep.jobs as jobs
 from lra.files import write_json
-from lra.runlock import holder_pid
+from lra.runlock import hold, holder_pid
 from lra.tools.sweep import (
     LEGACY_MANIFEST,
     MARKER,
@@ -35,6 +35,7 @@ from lra.tools.sweep import (
 )
 from lra.tools.sweep.cli import main
 from lra.tools.sweep.jobs import stop_jobs
+from lra.tools.sweep.manifest import find_manifest, read_manifest, sweep_lock, write_manifest
 
 JOB = ["grid=quick", "task=listops", "attn=softmax", "hydra/launcher=basic", "progress=0"]
 
@@ -155,6 +156,51 @@ def test_an_old_grid_manifest_is_taken_over_when_it_lists_the_same_jobs_and_neve
     other = [m for m in manifests(runs).values() if m.get("jobs", [{}])[0].get("run_dir", "").count("seed1")]
     assert len(other) == 1 and "migrated_from" not in other[0] and len(other[0]["invocations"]) == 1
     assert (folder / LEGACY_MANIFEST).read_text() == text
+
+
+def test_a_damaged_manifest_is_kept_aside_with_one_line_never_dropped(tmp_path, capsys):
+    """A manifest cut short (a full disk, an editor): its invocation history is the user's. A dry run
+    (keep_aside=False) touches nothing; the sweep, holding the sweep's lock, renames it beside the new one
+    and says both names in one line on stderr. The driver's own calls, in the driver's order."""
+    root, folder = tmp_path / "runs", tmp_path / "runs" / "quick" / "sweeps" / "quick"
+    folder.mkdir(parents=True)
+    path, previous = find_manifest(folder, "k", [], root)
+    write_manifest(path, {"grid": "quick", "invocation": {"started": "2025-01-01"}}, [], root, previous)
+    cut = path.read_text()[:40]
+    path.write_text(cut)
+    assert find_manifest(folder, "k", [], root, keep_aside=False) == (path, {}) and path.read_text() == cut
+    assert capsys.readouterr().err == ""
+    with sweep_lock(folder):
+        path, previous = find_manifest(folder, "k", [], root)
+        write_manifest(path, {"grid": "quick", "invocation": {"started": "2026-01-01"}}, [], root, previous)
+    (aside,) = folder.glob("manifest-k.json.damaged-*")
+    assert aside.read_text() == cut
+    (line,) = capsys.readouterr().err.splitlines()
+    assert str(path) in line and str(aside) in line and "damaged" in line
+    assert json.loads(path.read_text())["invocations"] == [{"started": "2026-01-01"}]
+    path.write_text("[1, 2]")  # JSON, but not a manifest (the search's manifest is read the same way)
+    assert read_manifest(path) == {} and not path.exists()
+    assert len(list(folder.glob("manifest-k.json.damaged-*"))) == 2
+
+
+def test_a_killed_job_whose_record_says_running_is_resumed_not_taken_for_running(tmp_path):
+    """A job killed with its run (SIGKILL, a lost node) leaves ``running`` in its record: nobody holds the
+    folder, so it is interrupted (the sweep resumes it), even where the pid its marker names is alive
+    again (reused: here this test's own pid). A run holding its folder, or a new attempt still starting
+    (its marker newer than the record), is running."""
+    d = tmp_path / "run"
+    d.mkdir()
+    marker = {"attempts": 1, "host": socket.gethostname(), "t_start": time.time() - 60, "finished": None}
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    write_json(d / "result.json", {"status": "running", "steps": 40})
+    for pid in (dead.pid, os.getpid()):
+        write_json(d / MARKER, {**marker, "pid": pid})
+        assert jobs.run_status(d)[0] == "interrupted"
+        with hold(d):  # the run is alive: it holds its folder, whatever became of its job
+            assert jobs.run_status(d)[0] == "running"
+    write_json(d / MARKER, {**marker, "pid": os.getpid(), "t_start": time.time() + 5})  # attempt 2 starting
+    assert jobs.run_status(d)[0] == "running"
 
 
 # ----------------------------------------------------------------------------- case: interrupted sweeps

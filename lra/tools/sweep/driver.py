@@ -148,8 +148,14 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             print(clock.totals(todo, by_job, batch, est.device))
             if opts["budget"] is not None:
                 print(clock.plan(todo, by_job, batch, opts["budget"] - (time.time() - t0), opts["carry"])[2])
-            path, previous = find_manifest(folder, key, jobs, root)
-            state = "exists" if path.exists() else f"new, taking over {LEGACY_MANIFEST}" if previous else "new"
+            path, previous = find_manifest(folder, key, jobs, root, keep_aside=False)
+            state = (
+                ("exists" if previous else "damaged: the sweep keeps it aside and starts a new one")
+                if path.exists()
+                else f"new, taking over {LEGACY_MANIFEST}"
+                if previous
+                else "new"
+            )
             print(f"manifest: {path} ({state})")
             return 0
         with sweep_lock(folder):

@@ -23,7 +23,7 @@ from lra import REPO_ROOT
 from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
 from lra.record import Record, read_record
-from lra.runlock import holder_pid
+from lra.runlock import LOCK_ENV, holder_pid
 from lra.tools.sweep.base import FINISHED, MARKER, STOP_GRACE_S
 from lra.tools.sweep.grid import quote
 from lra.tools.sweep.share import (
@@ -268,17 +268,34 @@ def _job_here(info: dict | None) -> bool:
 
 
 def run_status(run_dir: Path) -> tuple[str, dict]:
-    """(status, record or {}) of a run folder."""
+    """(status, record or {}) of a run folder. A folder an lra.train holds (:func:`lra.runlock.hold`) on
+    this host is running. A record saying ``running`` was written by an lra.train that held the lock: on
+    this host, with nobody holding it now, that run is gone (killed) and the folder is ``interrupted``
+    (resumable), whatever process now has the pid its job's marker names; only a new attempt still
+    starting (its marker newer than the record) runs."""
     try:
         rec = (read_record(run_dir) or Record()).to_json()  # the manifest's rows read it as a dict
-    except ValueError:
+    except (ValueError, OSError):  # not JSON, or a result.json that is a folder
         rec = {"status": "unreadable"}
     if rec.get("status") in FINISHED:
         return rec["status"], rec
-    if alive(read_json(run_dir / MARKER)):
-        return "running", rec
+    info = read_json(run_dir / MARKER)
+    if holder_pid(run_dir) is not None or (alive(info) and not _run_gone(run_dir, rec, info)):
+        return "running", rec  # an lra.train holds the folder (whatever became of its job), or its job runs
     if rec.get("status") and rec["status"] != "running":  # "running" with nobody on it: killed
         return rec["status"], rec
     if (run_dir / MARKER).exists() or (run_dir / "checkpoints").exists():
         return "interrupted", rec
     return "pending", rec
+
+
+def _run_gone(run_dir: Path, rec: dict, info: dict) -> bool:
+    """A ``running`` record whose writer no longer holds the folder's lock (asked before), on this host (the
+    lock is known here only), and no newer attempt starting (its job's marker written after the record)."""
+    if rec.get("status") != "running" or info.get("slurm_job") or os.environ.get(LOCK_ENV, "").lower() == "off":
+        return False
+    try:
+        written = (Path(run_dir) / "result.json").stat().st_mtime
+    except OSError:
+        return False
+    return float(info.get("t_start") or 0) <= written

@@ -4,7 +4,11 @@ driver per sweep."""
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import json
 import logging
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,13 +82,14 @@ def _job_ids(rows: list[dict]) -> list[str]:
     return sorted(r.get("run_dir") or " ".join(r.get("overrides") or []) for r in rows)
 
 
-def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path) -> tuple[Path, dict]:
-    """(the sweep's manifest, what an earlier invocation left in it). ``manifest-<key>.json`` when there;
-    else a version-1 ``manifest.json`` (one per grid) listing exactly these jobs is taken over: its
-    creation time and invocations carry into the new file, and the old file stays as it is."""
+def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path, keep_aside: bool = True) -> tuple[Path, dict]:
+    """(the sweep's manifest, what an earlier invocation left in it). ``manifest-<key>.json`` when there
+    (damaged: kept aside, see :func:`read_manifest`); else a version-1 ``manifest.json`` (one per grid)
+    listing exactly these jobs is taken over: its creation time and invocations carry into the new file,
+    and the old file stays as it is."""
     path = folder / f"manifest-{key}.json"
     if path.exists():
-        return path, read_json(path) or {}
+        return path, read_manifest(path, keep_aside=keep_aside)
     legacy = read_json(folder / LEGACY_MANIFEST) or {}
     ours = _job_ids(
         [{"run_dir": rel_path(j.run_dir, root) if j.run_dir else None, "overrides": j.overrides} for j in jobs]
@@ -98,9 +103,41 @@ def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path) -> tuple[
     return path, {}
 
 
+def read_manifest(path: Path, keep_aside: bool = True) -> dict:
+    """The manifest at ``path`` ({} when there is none). One that cannot be read (cut short, not JSON, not
+    an object) is never written over: it is renamed to ``<name>.damaged-<UTC time>`` beside it (its
+    invocation history stays there for the user), one line says so, and a new manifest starts.
+    ``keep_aside=False`` (dry_run): nothing is renamed, {} is returned. Call it holding :func:`sweep_lock`."""
+    path = Path(path)
+    try:
+        body = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except OSError as e:  # unreadable, not damaged: the user's to fix, nothing renamed
+        raise Refusal(
+            f"lra.tools.sweep: cannot read the sweep's manifest {path} ({e.strerror or e}): make it a readable "
+            "file again, then run the same command again"
+        )
+    except ValueError:
+        why = "not JSON"
+    else:
+        if isinstance(body, dict):
+            return body
+        why = f"a JSON {type(body).__name__}, not an object"
+    if keep_aside:
+        aside = path.with_name(f"{path.name}.damaged-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S.%fZ}")
+        os.replace(path, aside)  # the same folder: a rename, never a copy that could fail half-way
+        print(
+            f"lra.tools.sweep: manifest {path} is damaged ({why}): kept as {aside}; starting a new one",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {}
+
+
 def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path, previous: dict | None = None) -> None:
     """Every job's row as its folder says now; ``previous``: what to carry over when ``path`` is new."""
-    old = read_json(path) or previous or {}
+    old = read_manifest(path) or previous or {}
     body = {
         "schema_version": MANIFEST_VERSION,
         "created": old.get("created") or now_iso(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +30,8 @@ import sqlalchemy.exc
 from lightning.pytorch.callbacks import Callback
 
 from lra.files import write_json
+from lra.runlock import EXIT_LOCKED
+from lra.tools.sweep.base import Refusal
 
 log = logging.getLogger("lra.pruning")
 
@@ -70,6 +73,45 @@ def storage_for(url: str, tries: int = 3) -> optuna.storages.BaseStorage:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+LOCKED_WAIT_S = 5.0  # how long a search's start waits for a SQLite study another process keeps locked
+
+
+def check_storage(url: str, wait_s: float | None = None) -> None:
+    """Before a search opens its study (the storage's own wait is a minute a try, for the trials' writes):
+    a SQLite database another process keeps locked (a database browser, a script in a transaction) is one
+    line and exit 75 after ``wait_s`` (None: :data:`LOCKED_WAIT_S`); one that is not a database, or is
+    damaged, is one line and exit 2. A database not there yet, and other storages, are left to Optuna."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url[len("sqlite:///") :])
+    if not path.exists():
+        return
+    wait_s = LOCKED_WAIT_S if wait_s is None else wait_s
+    try:
+        con = sqlite3.connect(path, timeout=wait_s)
+        try:
+            con.execute("BEGIN IMMEDIATE")  # what a write needs: waits for, then fails on, another writer
+            check = con.execute("PRAGMA quick_check").fetchone()[0]
+            con.rollback()
+        finally:
+            con.close()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):
+            raise Refusal(
+                f"lra.tools.sweep: the study's database {path} is locked by another process (waited {wait_s:g} s): "
+                "end that process's transaction (a database browser, a script), then run the same command again",
+                code=EXIT_LOCKED,
+            ) from None
+        check = str(e)
+    except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
+        check = str(e)
+    if check != "ok":
+        raise Refusal(
+            f"lra.tools.sweep: the study's database {path} cannot be used ({check}): move it aside (the search "
+            "then starts a new study) or put back a good copy, then run the same command again"
+        )
 
 
 def load_trial(storage: str, study_name: str, trial_number: int) -> optuna.trial.Trial:

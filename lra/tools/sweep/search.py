@@ -56,9 +56,9 @@ from lra.tools.sweep.base import FINISHED, MANIFEST_VERSION, MARKER, STOP_GRACE_
 from lra.tools.sweep.driver import fmt_counts
 from lra.tools.sweep.grid import LAUNCH_ONLY, Grid, canonical, override_parser, quote, sweep_key, with_run_tag
 from lra.tools.sweep.jobs import now_iso, read_json, run_status
-from lra.tools.sweep.manifest import rel_path, sweep_lock
+from lra.tools.sweep.manifest import read_manifest, rel_path, sweep_lock
 from lra.tools.sweep.progress import Progress
-from lra.tools.sweep.pruning import OBJECTIVE, OptunaPruning, make_pruner, pruned_info, storage_for
+from lra.tools.sweep.pruning import OBJECTIVE, OptunaPruning, check_storage, make_pruner, pruned_info, storage_for
 from lra.tools.sweep.share import (
     ShareError,
     check_sharing,
@@ -190,6 +190,7 @@ def adopt_legacy(s: Search, storage) -> None:
 def open_study(s: Search) -> optuna.Study:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        check_storage(s.storage)
         storage = storage_for(s.storage)
         adopt_legacy(s, storage)
         study = optuna.create_study(study_name=s.name, storage=storage, direction="maximize", load_if_exists=True)
@@ -490,7 +491,7 @@ def write_manifest(study: optuna.Study, s: Search, invocation: dict) -> dict:
     best = None
     with contextlib.suppress(ValueError):
         best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
-    old = read_json(s.manifest) or {}
+    old = read_manifest(s.manifest)
     body = {
         "schema_version": MANIFEST_VERSION,
         "created": old.get("created", now_iso()),
@@ -646,6 +647,7 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
             return 0
         s.folder.mkdir(parents=True, exist_ok=True)
         with sweep_lock(s.folder):
+            read_manifest(s.manifest)  # a damaged one is kept aside now, with its line, not after the trials
             study = open_study(s)
             requeued = recover(study)
             have = len(counted(study))
@@ -710,6 +712,7 @@ def _print_plan(s: Search, grid: Grid) -> None:
     n = 0
     db = s.storage[len("sqlite:///") :] if s.storage.startswith("sqlite:///") else None
     if db is None or Path(db).exists():  # reading a missing SQLite file would create it
+        check_storage(s.storage)
         storage = storage_for(s.storage)
         adopt_legacy(s, storage)
         with contextlib.suppress(KeyError):
