@@ -1,6 +1,7 @@
 """The results page (lra/tools/collect/page.py), read back with the stdlib's html.parser as a browser would."""
 
 import base64
+import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -107,9 +108,14 @@ def markdown_rows(md: str) -> list[list[str]]:
     """The body rows of the first Markdown table in ``md``, cells unescaped."""
     lines = [ln for ln in md.splitlines() if ln.startswith("|")]
     return [
-        [re.sub(r"<sup>(\d+)</sup>", r"\1", c.replace("\\|", "|")) for c in re.split(r" (?<!\\)\| ", ln[2:-2])]
+        [md_plain(re.sub(r"<sup>(\d+)</sup>", r"\1", c)) for c in re.split(r" (?<!\\)\| ", ln[2:-2])]
         for ln in lines[2:]
     ]
+
+
+def md_plain(cell: str) -> str:
+    """The text a Markdown cell shows: backslash escapes and entities undone."""
+    return html.unescape(re.sub(r"\\(.)", r"\1", cell))
 
 
 def runs_tree(root: Path):
