@@ -8,11 +8,13 @@ records, benchmarks and studies.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -28,17 +30,38 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    fd = tmp = None
     try:
+        with _signals_held():  # a signal's exception comes once ``tmp`` is known, so it is always removed
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd = os.close(fd)  # None
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are shared like any file
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait (are delivered on leaving) while the temporary file is created and named."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal mask
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def write_text(path: Path, text: str, *, fsync: bool = False) -> Path:

@@ -1,11 +1,15 @@
 """lra.tools.collect on synthetic run records: statistics, bad input, paper layout, formats, determinism."""
 
 import csv
+import io
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -721,3 +725,144 @@ def test_non_integer_seed_is_reported_and_not_averaged(tmp_path):
     assert "none" not in [r.key for r in res.tables[("quick", "yoso_table3")].rows]  # its only run is not counted
     failed = pd.read_csv(tmp_path / "out" / "failed.csv")
     assert "seeds are integers" in " ".join(failed["reason"])
+
+
+HOSTILE = (
+    '<script>alert(1)</script><img src=x onerror=alert(1)> | =HYPERLINK("h") & % $ # _ { } ~ ^ \\ `c` '
+    "[l](javascript:x)\n\n"
+)
+
+
+class _Tags(HTMLParser):
+    def __init__(self, text):
+        super().__init__()
+        self.tags, self.handlers = [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.handlers += [k for k, _ in attrs if k.startswith("on")]
+
+
+def _tex_body(line: str) -> str:
+    """A LaTeX line with its commands and escaped characters taken out: what is left is plain text."""
+    return re.sub(r"\\([A-Za-z]+|.)", "", line)
+
+
+def test_record_text_is_escaped_in_markdown_latex_csv_and_html(tmp_path):
+    """Record fields (backend, exception, name, preset, folder) reach every output as text: no raw HTML in
+    Markdown, no broken table, no LaTeX special character, no spreadsheet formula, no element on the page."""
+    for seed in range(2):
+        make_record(tmp_path, "softmax", seed, attn_backend=HOSTILE)
+        make_record(tmp_path, "=cmd|' /C calc'!A0", seed, name=HOSTILE, test_acc=-0.5 + 0.9)
+    make_record(tmp_path, "softmax", 0, sub='=x<b>|`"y', test_acc=0.3)  # an odd run folder: its tag
+    make_record(tmp_path, "performer", 0, status="failed", reason=HOSTILE, test_acc=None)
+    run = make_record(tmp_path, "softmax", 0, preset="odd")
+    rec = json.loads((run / "result.json").read_text())
+    rec["preset"] = rec["config"]["preset"] = "p&_%{x}<i>|" + HOSTILE
+    (run / "result.json").write_text(json.dumps(rec))
+    (tmp_path / "quick" / "clean" / "listops" / "nystrom" / "seed0").mkdir(parents=True)
+    (tmp_path / "quick" / "clean" / "listops" / "nystrom" / "seed0" / "result.json").write_text("{" + HOSTILE)
+    res = collect(tmp_path, tmp_path / "out", plots=False, style="full")
+    files = {p: p.read_text() for p in res.files}
+    md = {p: t for p, t in files.items() if p.suffix == ".md"}
+    assert any("&lt;script&gt;" in t for t in md.values())  # the text is there, as text
+    for p, text in md.items():
+        plain = re.sub(r"(?<!`)(`+)(?!`).*?(?<!`)\1(?!`)", "", text)  # code spans show their text verbatim
+        assert not re.search(r"<(?!/?sup>)[A-Za-z/!?]", plain), p  # no HTML but the footnote numbers
+        assert not re.search(r"(?<!\\)\]\(javascript", plain), p  # no link
+        for table in re.findall(r"(?:^\|.*\n)+", text, flags=re.M):  # each table: every row as many cells as its head
+            assert len({len(re.findall(r"(?<!\\)\|", ln)) for ln in table.splitlines()}) == 1, (p, table)
+    tex = {p: t for p, t in files.items() if p.suffix == ".tex"}
+    assert tex
+    for p, text in tex.items():
+        for ln in text.splitlines():
+            if ln.startswith(("%", "\\label{")):  # a comment; a label (safe_name: _ is allowed there)
+                continue
+            body = _tex_body(ln)
+            assert not set(body.replace("$$", "")) & set("#%_^~$"), (p, ln)  # only our $\\pm$ and the like
+            assert body.count("{") == body.count("}"), (p, ln)
+            assert "&" not in body or ln.endswith("\\\\"), (p, ln)  # column breaks only in table rows
+        rows = [ln for ln in text.split("\\midrule", 1)[1].split("\\bottomrule")[0].splitlines() if ln.endswith("\\\\")]
+        assert len({_tex_body(ln).count("&") for ln in rows}) == 1, p
+    cells = [c for p, t in files.items() if p.suffix == ".csv" for row in csv.reader(io.StringIO(t)) for c in row]
+    assert "'=cmd|' /C calc'!A0" in cells and "0.4" in cells
+    for c in cells:
+        if c.startswith(("=", "+", "-", "@", "\t", "\r")):
+            float(c)  # a number (-0.5), never a formula
+    page = _Tags(files[res.out / "index.html"])
+    assert not {"script", "img", "i", "b"} & set(page.tags) and not page.handlers
+
+
+def test_a_record_the_collector_cannot_use_is_skipped_with_one_line_and_the_rest_is_collected(tmp_path, capsys):
+    for seed in range(2):
+        make_record(tmp_path, "softmax", seed)
+    bad = {
+        "seed3": ("is a folder, not a file", None),
+        "seed4": ("is no valid record", "[1, 2]"),
+        "seed5": ("is no valid record", "{not json"),
+        "seed6": ("is no valid record", "[" * 100_000),  # nested too deep for the parser
+    }
+    for seed, (_, raw) in bad.items():
+        run = tmp_path / "quick" / "clean" / "listops" / "softmax" / seed
+        run.mkdir(parents=True)
+        if raw is None:
+            (run / "result.json").mkdir()
+            (run / "metrics.csv").write_text("step\n")
+        else:
+            (run / "result.json").write_text(raw)
+    assert main(["--runs", str(tmp_path), "--no-plots", "--no-html"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    for seed, (why, _) in bad.items():
+        lines = [ln for ln in out if ln.strip().startswith(f"quick/clean/listops/softmax/{seed}: result.json {why}")]
+        assert len(lines) == 1, (seed, out)
+    assert any("preset quick: 2 runs" in ln for ln in out)
+    issues = (tmp_path / "tables" / "issues.md").read_text()
+    assert "seed3 | unreadable | result.json is a folder, not a file" in issues
+
+
+def test_a_300_character_preset_is_collected_under_a_bounded_folder_name(tmp_path, capsys):
+    """The preset names the output folder: a long one once stopped everything with "cannot write"."""
+    make_record(tmp_path, "softmax", 0)
+    run = make_record(tmp_path, "softmax", 1, preset="long")
+    rec = json.loads((run / "result.json").read_text())
+    rec["preset"] = rec["config"]["preset"] = long = "p" * 299 + "q"
+    (run / "result.json").write_text(json.dumps(rec))
+    assert main(["--runs", str(tmp_path), "--no-plots", "--no-html"]) == 0, capsys.readouterr().err
+    folders = [p for p in (tmp_path / "tables").iterdir() if p.is_dir()]
+    assert len(folders) == 2 and all(len(p.name) <= 96 for p in folders)
+    (mine,) = [p for p in folders if p.name.startswith("ppp")]
+    assert long in (mine / "tables.md").read_text()
+
+
+def test_sigterm_while_collecting_leaves_no_temporary_file_and_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import lra.tools.collect as C
+
+    for seed in range(2):
+        make_record(tmp_path, "softmax", seed)
+    written = []
+
+    def write_then_signal(path, text, **kw):  # the third file: SIGTERM while it is half written
+        written.append(path)
+        if len(written) < 3:
+            return write_text(path, text, **kw)
+
+        def write(tmp):
+            tmp.write_text(text[:10])
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("SIGTERM did not stop the collection")
+
+        return write_atomic(path, write)
+
+    monkeypatch.setattr(C, "write_text", write_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    try:  # without the collector's own handler the test's fallback stops it (the default would end pytest)
+        signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(RuntimeError("SIGTERM not handled")))
+        rc = main(["--runs", str(tmp_path), "--no-plots"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 128 + signal.SIGTERM
+    assert len(err) == 1 and "interrupted by SIGTERM" in err[0] and "run it again" in err[0]
+    assert not [p for p in (tmp_path / "tables").rglob("*") if p.name.endswith(".tmp")]
+    assert not (tmp_path / "tables" / written[2].relative_to(tmp_path / "tables")).exists()

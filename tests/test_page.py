@@ -1,6 +1,7 @@
 """The results page (lra/tools/collect/page.py), read back with the stdlib's html.parser as a browser would."""
 
 import base64
+import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -107,9 +108,14 @@ def markdown_rows(md: str) -> list[list[str]]:
     """The body rows of the first Markdown table in ``md``, cells unescaped."""
     lines = [ln for ln in md.splitlines() if ln.startswith("|")]
     return [
-        [re.sub(r"<sup>(\d+)</sup>", r"\1", c.replace("\\|", "|")) for c in re.split(r" (?<!\\)\| ", ln[2:-2])]
+        [md_plain(re.sub(r"<sup>(\d+)</sup>", r"\1", c)) for c in re.split(r" (?<!\\)\| ", ln[2:-2])]
         for ln in lines[2:]
     ]
+
+
+def md_plain(cell: str) -> str:
+    """The text a Markdown cell shows: backslash escapes and entities undone."""
+    return html.unescape(re.sub(r"\\(.)", r"\1", cell))
 
 
 def runs_tree(root: Path):
@@ -292,3 +298,33 @@ def test_no_html_and_no_plots(tmp_path, capsys):
     assert "start at " + str(tmp_path / "c" / "index.html") in capsys.readouterr().out
     doc = parse(tmp_path / "c" / "index.html")
     assert not doc.find_all("img") and doc.find_all("table", cls="paper-table")
+
+
+def test_a_delta_is_coloured_better_by_the_metrics_direction_not_its_sign(tmp_path):
+    """Fewer steps and less time than the paper are better (a negative Δ); more accuracy is better (a
+    positive Δ). A page that coloured Δ by its sign alone would call the faster row worse."""
+    root = tmp_path / "runs"
+    for seed in range(3):  # Standard: more accurate, fewer steps, faster than the paper (38.15 %, 9k, 22 min)
+        make_record(root, "softmax", seed, preset=P, test_acc=0.50 + 0.01 * seed, steps=3000 + 100 * seed,
+                    time_per_1k_steps_s=600.0 + 10 * seed)  # fmt: skip
+        # w/o dropout: less accurate, more steps, slower than the paper (its 6k steps, 20 min)
+        make_record(root, "softmax_nodrop", seed, preset=P, test_acc=0.10 + 0.01 * seed, steps=30000 + 100 * seed,
+                    time_per_1k_steps_s=3000.0 + 10 * seed)  # fmt: skip
+    res = collect(root, compare=("skeinformer",), plots=False, style="full", formats=("md",))
+    ids = by_id(parse(res.out / "index.html"))
+    colours = {}
+    for key, wanted in (("skeinformer_table1", ("acc",)), ("skeinformer_table2", ("steps_k", "min_per_1k"))):
+        built = res.tables[(P, key)]
+        table = ids[f"t-0-{key}"].find("tbody")
+        for row, tr in zip(built.rows, table.find_all("tr")):
+            for col, td in zip(built.columns, tr.find_all("td", cls="delta")):
+                if col.task == "listops" and col.metric in wanted:
+                    colours[(row.name, col.metric)] = td.classes & {"better", "worse"}
+    assert colours == {
+        ("Standard", "acc"): {"better"},
+        ("Standard", "steps_k"): {"better"},  # Δ < 0: fewer steps than the paper
+        ("Standard", "min_per_1k"): {"better"},  # Δ < 0: faster
+        ("Standard w/o dropout", "acc"): {"worse"},
+        ("Standard w/o dropout", "steps_k"): {"worse"},  # Δ > 0
+        ("Standard w/o dropout", "min_per_1k"): {"worse"},
+    }

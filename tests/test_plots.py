@@ -329,3 +329,14 @@ def test_plot_preset_writes_every_figure_byte_identically_without_field_names(tm
     ):
         bad = [t for t in texts_of(fig) if any(f in t for f in FORBIDDEN)]
         assert bad == []
+
+
+@pytest.mark.slow  # 3 figures drawn; the escaping of every other format is in the main suite (test_collect)
+def test_a_dollar_in_a_record_name_is_drawn_as_written_not_as_math(tmp_path):
+    """Matplotlib reads ``$...$`` as math: a backend named ``a$\\frac{$b`` once stopped the collection."""
+    runs_root = tmp_path / "runs"
+    for attn in ("softmax", "a$\\frac{$b"):
+        timed_record(runs_root, attn, 0)
+    runs, _ = load_runs(runs_root)
+    files, _ = plot_preset(runs, summary(runs), runs_root, "quick", tmp_path / "out")
+    assert {p.suffix for p in files} == {".png", ".pdf"}

@@ -29,8 +29,11 @@ time-dependent: the same runs give byte-identical files. Layout and reading rule
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +42,8 @@ import pandas as pd
 
 from lra.cli import Parser
 from lra.files import runs_root, write_text
+from lra.interrupts import Interrupted, raise_interrupted, signal_of
+from lra.tools.collect.escape import console, md, md_code
 from lra.tools.collect.page import page_html
 from lra.tools.collect.plots import plot_preset
 from lra.tools.collect.records import Issue, failed_frame, issues_frame, load_runs
@@ -122,7 +127,7 @@ def collect(
 
     for preset in chosen:
         folder = safe_name(preset)
-        md_all = [f"# Tables for preset `{preset}`", ""]
+        md_all = [f"# Tables for preset {md_code(preset)}", ""]
         own = own_paper(preset)  # the paper whose protocol the preset runs: its tables first
         for spec in sorted(TABLES, key=lambda t: t.paper != own):
             built = build(
@@ -142,7 +147,7 @@ def collect(
             emit(f"{folder}/searches.csv", frame_csv(mine))
             md = frame_markdown(
                 mine.drop(columns=["best_params", "best_path"]),  # in searches.csv and on the page
-                f"## Searches of preset `{preset}` (best trial each; --trials shows them all)",
+                f"## Searches of preset {md_code(preset)} (best trial each; --trials shows them all)",
             )
             md_all.append(md)
             if "md" in formats:
@@ -189,10 +194,10 @@ def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
     for preset in presets:
         s = summ[summ["preset"] == preset]
         lines += [
-            f"## Preset `{preset}`",
+            f"## Preset {md_code(preset)}",
             "",
-            f"Tables: [{safe_name(preset)}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
-            f"[{safe_name(preset)}/summary.csv]({safe_name(preset)}/summary.csv).",
+            f"Tables: [{md(safe_name(preset))}/tables.md]({safe_name(preset)}/tables.md); per task × attention: "
+            f"[{md(safe_name(preset))}/summary.csv]({safe_name(preset)}/summary.csv).",
             "",
         ]
         if len(s):
@@ -269,6 +274,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+SHOW_SKIPPED = 20  # skipped records printed one line each; the rest in issues.md
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM raises :class:`Interrupted` while collecting, so the file being written is removed (every
+    ``finally`` runs) and the command ends with one line; as the other commands do (lra/interrupts.py)."""
+    if threading.current_thread() is not threading.main_thread():  # signals can only be set there
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.drop_empty:
@@ -291,18 +313,27 @@ def main(argv=None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        res = collect(
-            root,
-            out,
-            args.formats,
-            args.compare_papers,
-            args.preset,
-            args.all_rows,
-            plots=not args.no_plots,
-            html=not args.no_html,
-            trials=args.trials,
-            style=args.style,
+        with _signals_raise():
+            res = collect(
+                root,
+                out,
+                args.formats,
+                args.compare_papers,
+                args.preset,
+                args.all_rows,
+                plots=not args.no_plots,
+                html=not args.no_html,
+                trials=args.trials,
+                style=args.style,
+            )
+    except (KeyboardInterrupt, Interrupted) as e:
+        sig = signal.Signals(signal_of(e))
+        print(
+            f"lra.tools.collect: interrupted by {sig.name}: the files written into {out} so far are whole (no "
+            f"temporary file is left), the others are the previous collection's or missing; run it again",
+            file=sys.stderr,
         )
+        return 128 + sig
     except CollectError as e:
         print(f"lra.tools.collect: {e}", file=sys.stderr)
         return 2
@@ -321,13 +352,20 @@ def main(argv=None) -> int:
     )
     for kind, n in sorted(pd.Series([i.kind for i in res.issues], dtype=str).value_counts().items()):
         print(f"  {n} x {kind}")
+    skipped = [i for i in res.issues if i.kind == "unreadable"]
+    for i in skipped[:SHOW_SKIPPED]:  # a record it cannot use: one line each, with why
+        print(f"  {console(i.path)}: {console(i.detail)}")
+    if len(skipped) > SHOW_SKIPPED:
+        print(f"  ... and {len(skipped) - SHOW_SKIPPED} more records skipped")
     if res.issues:
         print(f"  details: {res.out / 'issues.md'}")
     for preset in sorted({p for p, _ in res.tables}):
         g = runs[ok & (runs["preset"] == preset)]
         print(
-            f"preset {preset}: {len(g)} runs, tasks {', '.join(sorted(set(g['task']))) or '-'}, "
-            f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / safe_name(preset)}"
+            console(
+                f"preset {preset}: {len(g)} runs, tasks {', '.join(sorted(set(g['task']))) or '-'}, "
+                f"attentions {', '.join(sorted(set(g['attn']))) or '-'} -> {res.out / safe_name(preset)}"
+            )
         )
     if len(runs) == 0:
         print(f"no result.json under {root}: nothing to tabulate", file=sys.stderr)

@@ -19,7 +19,6 @@ is printed: the same runs give the same bytes.
 from __future__ import annotations
 
 import base64
-import html
 import math
 import os
 import re
@@ -30,6 +29,7 @@ import pandas as pd
 
 from lra.tools.collect import render
 from lra.tools.collect import rows as R
+from lra.tools.collect.escape import html_text
 from lra.tools.collect.records import Issue, failed_frame, issues_frame
 from lra.tools.collect.tables import METRICS, PAPERS, Built
 
@@ -89,8 +89,7 @@ table.report td.path { font: 0.85em ui-monospace, SFMono-Regular, Menlo, Consola
 """
 
 
-def _e(s) -> str:
-    return html.escape(str(s), quote=True)
+_e = html_text  # every text on the page: lra/tools/collect/escape.py
 
 
 def _inline(text: str) -> str:

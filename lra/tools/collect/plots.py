@@ -29,6 +29,7 @@ import csv
 import math
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -384,19 +385,21 @@ def plot_preset(
     """Every figure of one preset into ``out_dir``; returns (files, notes about runs left out).
 
     ``names``: {row key: printed name} over the tables' labels (``summary["label"]``); ``trials``: search
-    trials are rows (as ``summary`` was built)."""
+    trials are rows (as ``summary`` was built). Text from the records (names, presets) is drawn as written:
+    no ``$...$`` mathtext, which would render a ``$`` in a backend's name as math or fail on it."""
     files, notes = [], []
     tasks = sorted(set(runs.loc[(runs["preset"] == preset) & runs["usable"] & runs["kept"], "task"]))
-    for task in tasks:
-        fig, n = curves_figure(runs, root, preset, task, names, trials)
+    with matplotlib.rc_context({"text.parse_math": False}):
+        for task in tasks:
+            fig, n = curves_figure(runs, root, preset, task, names, trials)
+            notes += n
+            if fig is not None:
+                files += save(fig, Path(out_dir) / f"curves_{safe_name(task)}")
+            fig = efficiency_figure(summary, preset, task, names)
+            if fig is not None:
+                files += save(fig, Path(out_dir) / f"efficiency_{safe_name(task)}")
+        fig, n = lra_chart_figure(summary, preset, names)
         notes += n
         if fig is not None:
-            files += save(fig, Path(out_dir) / f"curves_{safe_name(task)}")
-        fig = efficiency_figure(summary, preset, task, names)
-        if fig is not None:
-            files += save(fig, Path(out_dir) / f"efficiency_{safe_name(task)}")
-    fig, n = lra_chart_figure(summary, preset, names)
-    notes += n
-    if fig is not None:
-        files += save(fig, Path(out_dir) / "lra_chart")
+            files += save(fig, Path(out_dir) / "lra_chart")
     return files, notes

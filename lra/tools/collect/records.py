@@ -2,7 +2,9 @@
 
 Bad input is reported, never fatal and never averaged silently:
 
-* a record that is not valid JSON, or not an object: listed as ``unreadable``;
+* a record that is not valid JSON or not an object, a ``result.json`` that is a folder, a pipe or too large,
+  or a record whose fields the collector cannot use: skipped, and listed as ``unreadable`` with why (the
+  other records are collected);
 * a record from an older schema (no ``schema_version``, or fields missing): fields that the resolved
   ``config`` or the run folder's path can tell (task, attention, seed, preset, effective batch, time per
   1k steps) are filled from there, the rest stay missing; listed as ``old_schema`` with what was done;
@@ -146,11 +148,11 @@ def discover(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[list[Path], li
         if here.resolve() in excluded:
             dirnames[:] = []
             continue
-        if "result.json" in filenames:
+        if "result.json" in filenames or "result.json" in dirnames:  # a folder of that name: listed as unreadable
             records.append(here / "result.json")
         elif any(m in filenames or m in dirnames for m in RUN_MARKERS):
             orphans.append(here)
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and d != "result.json" and not d.startswith("."))
     return sorted(records), sorted(orphans)
 
 
@@ -406,6 +408,34 @@ def context(rec: dict, cfg: dict, variant: str) -> dict:
     return out
 
 
+MAX_RECORD_BYTES = 16 * 2**20  # a record is a few kB; more is no record (and would fill the memory)
+
+
+class _Unusable(Exception):
+    """Why a ``result.json`` cannot be read as a record (its message follows "result.json")."""
+
+
+def _read(f: Path) -> Record:
+    """The record in ``f``, any schema version (what it lacks stays absent); :class:`_Unusable` if it is no
+    record: a folder, not a regular file (a pipe would never end), too large, not JSON, not an object."""
+    if f.is_dir():
+        raise _Unusable("is a folder, not a file")
+    try:
+        st = f.stat()
+    except OSError as e:
+        raise _Unusable(f"cannot be read ({type(e).__name__}: {e.strerror or e})") from None
+    if not f.is_file():
+        raise _Unusable("is not a regular file")
+    if st.st_size > MAX_RECORD_BYTES:
+        raise _Unusable(f"is {st.st_size / 2**20:.0f} MiB, no run record (a record is a few kB)")
+    try:
+        return Record.from_json(json.loads(f.read_bytes().decode("utf-8")))
+    except OSError as e:
+        raise _Unusable(f"cannot be read ({type(e).__name__}: {e.strerror or e})") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep, not an object
+        raise _Unusable(f"is no valid record ({type(e).__name__}: {str(e)[:120]})") from None
+
+
 def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame, list[Issue]]:
     """Every record under ``root`` (one row each, ``kept`` False for superseded duplicates) and the issues."""
     root = Path(root)
@@ -414,16 +444,23 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
     for f in records:
         rel = _rel(f.parent, root)
         try:
-            raw = Record.from_json(json.loads(f.read_text()))  # any version: what it lacks stays absent
-        except (OSError, ValueError, UnicodeDecodeError) as e:
-            issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}"))
+            raw = _read(f)
+            if raw.get("debug"):  # debug=<name> (conf/debug/): a check of the pipeline, never a result
+                issues.append(
+                    Issue(
+                        rel,
+                        "skipped",
+                        f"debug run (debug={raw.get('debug')}): a check, not a result; not in the tables",
+                    )
+                )
+                continue
+            row, found = normalise(raw, rel)
+        except _Unusable as e:
+            issues.append(Issue(rel, "unreadable", f"result.json {e}: skipped"))
             continue
-        if raw.get("debug"):  # debug=<name> (conf/debug/): a check of the pipeline, never a result
-            issues.append(
-                Issue(rel, "skipped", f"debug run (debug={raw.get('debug')}): a check, not a result; not in the tables")
-            )
+        except Exception as e:  # noqa: BLE001 - one record the collector cannot use never stops the others
+            issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}: skipped"))
             continue
-        row, found = normalise(raw, rel)
         issues += found
         rows.append(row)
         try:

@@ -21,6 +21,7 @@ so the same runs give byte-identical files.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ from typing import Callable
 
 import pandas as pd
 
+from lra.tools.collect.escape import csv_cell, md, md_inline, tex, tex_comment
 from lra.tools.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_TESTABLE
 from lra.tools.collect.tables import BASELINE, METRICS, PAPERS, Built, Cell
 
@@ -38,9 +40,17 @@ UNTESTED_MARK = "?"  # after ours: not testable against the baseline (too few se
 LOADED_MARK = "‡"  # after a timing: a run of it was timed on a shared or busy machine
 
 
+NAME_MAX = 96  # a file-name component stays far below the file systems' 255 bytes (with a prefix and suffix)
+
+
 def safe_name(name: str) -> str:
-    """A preset or task name as one folder/file-name component (no separators, no leading dot)."""
-    return re.sub(r"[^A-Za-z0-9_.=+,-]", "_", str(name)).lstrip(".") or "_"
+    """A preset or task name as one folder/file-name component (no separators, no leading dot); a name
+    longer than ``NAME_MAX`` is cut and given a digest of the whole, so two long names stay apart."""
+    out = re.sub(r"[^A-Za-z0-9_.=+,-]", "_", str(name)).lstrip(".") or "_"
+    if len(out) > NAME_MAX:
+        digest = hashlib.sha1(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        out = f"{out[: NAME_MAX - 11]}-{digest}"
+    return out
 
 
 def num(x, decimals: int = 6) -> str:
@@ -53,12 +63,22 @@ def num(x, decimals: int = 6) -> str:
     return str(int(r)) if r == int(r) and abs(r) < 1e15 else repr(r)
 
 
+def csv_text(df: pd.DataFrame) -> str:
+    """A frame as CSV, every text cell (and column name) through :func:`escape.csv_cell`: no formulas."""
+    out = df.copy()
+    for c in out.columns:
+        if not pd.api.types.is_numeric_dtype(out[c]):
+            out[c] = [csv_cell(v) for v in out[c]]
+    out.columns = [csv_cell(str(c)) for c in out.columns]
+    return out.to_csv(index=False, lineterminator="\n")
+
+
 def frame_csv(df: pd.DataFrame) -> str:
     out = df.copy()
     for c in out.columns:
         if pd.api.types.is_float_dtype(out[c]):
             out[c] = [num(v) for v in out[c]]
-    return out.to_csv(index=False, lineterminator="\n")
+    return csv_text(out)
 
 
 # ----------------------------------------------------------------------------- cells
@@ -399,45 +419,23 @@ def to_csv(built: Built) -> str:
                     r[f"{cid}:delta_ci95_low"], r[f"{cid}:delta_ci95_high"] = num(cell.delta_low), num(cell.delta_high)
                     r[f"{cid}:vs_paper"] = cell.paper_test
         recs.append(r)
-    return pd.DataFrame(recs).to_csv(index=False, lineterminator="\n")
-
-
-def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|")
+    return csv_text(pd.DataFrame(recs))
 
 
 def to_markdown(built: Built, heading: str = "###") -> str:
     heads = leaves(built)
     header = ["Model"] + [" ".join(p for p in path if p) for path in heads]
     lines = [
-        f"{heading} {title(built)}",
+        f"{heading} {md_inline(title(built))}",
         "",
-        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "| " + " | ".join(md(h) for h in header) + " |",
         "|:---|" + "---:|" * len(heads),
     ]
-    for row, cells in zip(built.rows, _row_texts(built, _md_escape, lambda t: f"**{t}**")):
-        name = row_name(built, row, _md_escape, lambda n: f"<sup>{n}</sup>")
+    for row, cells in zip(built.rows, _row_texts(built, md, lambda t: f"**{t}**")):
+        name = row_name(built, row, md, lambda n: f"<sup>{n}</sup>")
         lines.append("| " + " | ".join([name] + cells) + " |")
-    lines += [""] + [f"- {_md_escape(x)}" for x in notes(built) + legend(built)] + [""]
+    lines += [""] + [f"- {md_inline(x)}" for x in notes(built) + legend(built)] + [""]
     return "\n".join(lines)
-
-
-_TEX = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-}
-
-
-def tex_escape(s: str) -> str:
-    return "".join(_TEX.get(ch, ch) for ch in s)
 
 
 _TEX_SYMBOLS = {
@@ -454,7 +452,7 @@ _TEX_SYMBOLS = {
 
 
 def _tex_cell(t: str) -> str:
-    t = tex_escape(t)
+    t = tex(t)
     for k, v in _TEX_SYMBOLS.items():
         t = t.replace(k, v)
     return t
@@ -477,7 +475,7 @@ def _tex_header(heads: list[tuple]) -> list[str]:
         cells = ["Model" if last else ""]
         rules = []
         for a, b, text in spans:
-            t = text.replace("Δ", r"$\Delta$") if text == "Δ" else tex_escape(text)
+            t = text.replace("Δ", r"$\Delta$") if text == "Δ" else tex(text)
             cells.append(t if a == b else f"\\multicolumn{{{b - a + 1}}}{{c}}{{{t}}}")
             if not last and b > a and text:
                 rules.append(f"\\cmidrule(lr){{{a + 2}-{b + 2}}}")
@@ -494,14 +492,14 @@ def to_latex(built: Built) -> str:
     spec = built.spec
     caption = _tex_cell(spec.caption if built.own else title(built))
     lines = [
-        f"% {title(built)}",
-        f"% generated by lra.tools.collect from the run records (preset {built.preset}, "
+        f"% {tex_comment(title(built))}",
+        f"% generated by lra.tools.collect from the run records (preset {tex_comment(built.preset)}, "
         f"{built.style} style); do not edit by hand",
         r"\begin{table}[ht]",
         r"\centering",
         r"\small",
         f"\\caption{{{caption}}}",
-        f"\\label{{tab:{built.preset}:{spec.key}}}",
+        f"\\label{{tab:{safe_name(built.preset)}:{spec.key}}}",
         f"\\begin{{tabular}}{{l{'r' * len(heads)}}}",
         r"\toprule",
     ]
@@ -524,17 +522,18 @@ def to_latex(built: Built) -> str:
 
 
 def frame_markdown(df: pd.DataFrame, heading: str | None = None, empty: str = "(none)") -> str:
-    """A small DataFrame as a Markdown table (values printed as strings)."""
+    """A small DataFrame as a Markdown table (values printed as strings, escaped); ``heading`` is Markdown
+    already (record text in it through lra/tools/collect/escape.py)."""
     lines = [heading, ""] if heading else []
     if df.empty:
         return "\n".join(lines + [empty, ""])
     cols = list(df.columns)
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(md(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in df.itertuples(index=False):
         vals = []
         for v in r:
             if isinstance(v, float):
                 v = num(v, 4)
-            vals.append(_md_escape(str("" if v is None else v)).replace("\n", " "))
+            vals.append(md("" if v is None else v))
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines + [""])
