@@ -238,7 +238,7 @@ def _adopt(obj, name: str) -> str:
 # every run that imports it (a float64 run recorded as 32-true), so :func:`import_contained` puts them back
 _TORCH_GLOBALS = (
     ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
-    ("default device", torch.get_default_device, torch.set_default_device),
+    ("default device", torch.get_default_device, lambda d: torch.set_default_device(None if d.type == "cpu" else d)),
     ("threads", torch.get_num_threads, torch.set_num_threads),
     (
         "deterministic algorithms",
