@@ -23,10 +23,13 @@ import fnmatch
 import importlib
 import importlib.metadata
 import inspect
+import logging
 import math
 import os
 import pkgutil
 import re
+import sys
+import traceback
 import types
 import typing
 import warnings
@@ -35,6 +38,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+log = logging.getLogger("attention")
 
 
 def _is_fake_by_class(t: torch.Tensor) -> bool:
@@ -54,6 +59,19 @@ class InvalidOption(ValueError):
 
 class BackendContractError(RuntimeError):
     """A backend's output broke the contract (its shape, or NaN/inf); the message names the backend."""
+
+
+class DuplicateBackend(ValueError):
+    """A name registered by two classes; ``name`` and ``origin`` (``module:Class`` of the first) say which."""
+
+    def __init__(self, message: str, name: str, origin: str):
+        super().__init__(message)
+        self.name, self.origin = name, origin
+
+
+class ExternalImportError(InvalidOption):
+    """A user's module (``attn.target``, an entry point, a ``_target_``) failed while it was imported: it raised,
+    called ``sys.exit`` or registered a name another backend has. The message names the module and what it did."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +123,7 @@ class _Entry:
 
 
 _REGISTRY: dict[str, _Entry] = {}
+_BROKEN: dict[str, ExternalImportError] = {}  # entry points whose import failed: asking for one says why
 _LOADED = False
 
 
@@ -146,7 +165,13 @@ def register(
         if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
             raise TypeError(f"{cls!r} must subclass attention.AttentionBackend")
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
-            raise ValueError(f"attention backend {name!r} registered twice")
+            first = _REGISTRY[name].cls
+            origin = f"{first.__module__}:{first.__qualname__}"
+            raise DuplicateBackend(
+                f"attention backend {name!r} registered twice ({origin} and {cls.__module__}:{cls.__qualname__})",
+                name,
+                origin,
+            )
         fields = {f.name for f in dataclasses.fields(cls.Options)}
         unknown = set(defaults or {}) - fields
         if unknown:
@@ -177,7 +202,17 @@ def _load_all() -> None:
         if not mod.name.startswith("_"):
             importlib.import_module(f"attention.{mod.name}")
     for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
-        _adopt(ep.load(), ep.name)
+        try:
+            import_contained(ep.module)
+            _adopt(ep.load(), ep.name)
+        except (ImportError, AttributeError, ValueError, TypeError) as e:  # every harness command imports these:
+            dist = getattr(ep.dist, "name", None)  # one broken package must not stop the runs of the others
+            what = str(e) if isinstance(e, ExternalImportError) else f"{_said(e)}: fix it"
+            _BROKEN[ep.name] = ExternalImportError(
+                f"entry point {ep.name} = {ep.value} (group {ENTRY_POINTS}{f', package {dist}' if dist else ''}): "
+                f"{what}, or uninstall the package that announces it"
+            )
+            log.warning("%s; left out", _BROKEN[ep.name])
     if os.environ.get("LRA_ATTENTION_MODULES"):  # a third way in that was dropped: say what replaced it
         warnings.warn(
             "LRA_ATTENTION_MODULES is no longer read: announce the module as an entry point of group "
@@ -199,6 +234,95 @@ def _adopt(obj, name: str) -> str:
     raise TypeError(f"{name}: {obj!r} is not an attention.AttentionBackend subclass or a module")
 
 
+# torch's process-wide settings, each (what, get, set): a user's module that changes one at import would change
+# every run that imports it (a float64 run recorded as 32-true), so :func:`import_contained` puts them back
+_TORCH_GLOBALS = (
+    ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
+    ("default device", torch.get_default_device, lambda d: torch.set_default_device(None if d.type == "cpu" else d)),
+    ("threads", torch.get_num_threads, torch.set_num_threads),
+    (
+        "deterministic algorithms",
+        lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
+    ),
+    ("grad enabled", torch.is_grad_enabled, torch.set_grad_enabled),
+    ("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+)
+
+
+def import_contained(module: str) -> types.ModuleType:
+    """Import a user's module (``attn.target``, an entry point, a callback's or logger's ``_target_``) so that
+    what its top-level code does stays there.
+
+    * An exception it raises, or ``sys.exit``, is :class:`ExternalImportError` naming the module and what it
+      did (a backend name another class has, in those words); an ``ImportError`` stays one (the module or a
+      package it needs is missing: the caller says where to look). Names it registered before failing are
+      dropped. ``KeyboardInterrupt`` and the harness's signals (subclasses of ``SystemExit``) go on.
+    * torch's process-wide settings it changed (default dtype and device, threads, deterministic algorithms,
+      grad mode, float32 matmul precision) are put back, with one warning saying which: a run trains as its
+      config and record say; a backend that wants float64 or no grad sets it in its own ``forward``.
+    """
+    if not module or module.startswith("."):
+        raise ImportError(f"{module!r} is not a module's full name")
+    if module in sys.modules:  # imported already: nothing of it runs again
+        return sys.modules[module]
+    state = {what: get() for what, get, _ in _TORCH_GLOBALS}
+    names = set(_REGISTRY)
+    try:
+        return importlib.import_module(module)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        if isinstance(e, SystemExit) and type(e) is not SystemExit:  # a signal, as lra.interrupts raises it
+            raise
+        for name in set(_REGISTRY) - names:
+            del _REGISTRY[name]
+        if isinstance(e, ImportError):
+            raise
+        raise ExternalImportError(f"importing {module} {_did(e)}") from None
+    finally:
+        _restore(module, state)
+
+
+def _did(e: BaseException) -> str:
+    """What a module's import did instead of finishing (and where, for an exception) and what to do."""
+    if isinstance(e, DuplicateBackend):
+        return f"registers the backend name {e.name!r}, which is {e.origin}'s: register its class under another name"
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r}): a module the harness imports must not exit"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"raised {_said(e)}{where}: fix that module"
+
+
+def _said(e: BaseException) -> str:
+    """``Type: first line of the message``."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _restore(module: str, state: dict) -> None:
+    changed = []
+    for what, get, put in _TORCH_GLOBALS:
+        now = get()
+        if now != state[what]:
+            put(state[what])
+            changed.append(f"{what} {_shown(now)} -> {_shown(state[what])}")
+    if changed:
+        log.warning(
+            "importing %s changed torch's global settings; restored: %s (a backend sets what it needs in its "
+            "own code, not at import)",
+            module,
+            ", ".join(changed),
+        )
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):  # deterministic algorithms: (on, warn only)
+        return ("on, warn only" if value[1] else "on") if value[0] else "off"
+    return str(value).removeprefix("torch.")
+
+
 def snake_case(class_name: str) -> str:
     """``TempSoftmax`` -> ``temp_softmax``, ``YOSOConv`` -> ``yoso_conv``: a class's name in the registry."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
@@ -215,7 +339,9 @@ def load_external(target: str) -> str:
         raise InvalidOption(f"attn.target={target!r}: expected 'package.module:ClassName'")
     _load_all()
     try:
-        obj = getattr(importlib.import_module(module), attr)
+        obj = getattr(import_contained(module), attr)
+    except ExternalImportError as e:
+        raise ExternalImportError(f"attn.target={target!r}: {e}") from None
     except (ImportError, AttributeError) as e:
         raise InvalidOption(
             f"attn.target={target!r} cannot be imported ({type(e).__name__}: {e}); is its package "
@@ -258,6 +384,8 @@ def list_backends(pattern: str | None = None) -> list[str]:
 
 def _entry(name: str) -> _Entry:
     _load_all()
+    if name not in _REGISTRY and name in _BROKEN:
+        raise _BROKEN[name]
     if name not in _REGISTRY:
         raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(available())}")
     return _REGISTRY[name]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -18,7 +18,7 @@ from lra.data.module import LRADataModule
 from lra.fit import Plan
 from lra.loggers import make_logger
 from lra.module import LitLRA
-from lra.protocol import Callbacks, callbacks
+from lra.protocol import Callbacks, callbacks, measured
 from lra.targets import instantiate, target_class
 
 CALLBACK_BASE = "lightning.pytorch.callbacks.Callback"
@@ -36,7 +36,13 @@ class Wired(NamedTuple):
 
 
 def wire(
-    spec: RunSpec, p: Plan, splits: dict[str, Split], key: str | None, start: int | None, extra: tuple = ()
+    spec: RunSpec,
+    p: Plan,
+    splits: dict[str, Split],
+    key: str | None,
+    start: int | None,
+    extra: tuple = (),
+    progress: Callable[[dict], None] | None = None,
 ) -> Wired:
     """The module, callbacks, loggers, Trainer and data of a run, as ``lra.train.run`` trains them.
 
@@ -47,6 +53,8 @@ def wire(
         key: the resume key written into checkpoints; ``start``: the step a resume continues from.
         extra: more callbacks, run after the protocol's own and the user's (``lra.tools.doctor`` times the loop
             with one).
+        progress: given the record's progress fields at every checkpoint (:class:`RecordProgress`; ``lra.train``
+            writes the record with them).
 
     Example:
         >>> w = wire(spec, plan(spec), splits, key=None, start=None)  # doctest: +SKIP
@@ -63,6 +71,8 @@ def wire(
     cb = callbacks(
         spec, splits["val"], spec.run_dir / "checkpoints", extra=logs.callbacks + user_callbacks(spec) + list(extra)
     )
+    if progress is not None:
+        cb.all.append(RecordProgress(spec, cb, p.effective_batch, progress))
     trainer = make_trainer(spec, p, cb, logs.loggers)
     if spec.debug and spec.debug.overfit_batches:  # debug=overfit: the same batch every step
         splits = overfit_splits(splits, spec.debug.overfit_batches * p.micro_batch * p.accum_steps)
@@ -75,6 +85,24 @@ def wire(
         pin_memory=spec.hardware.pin_memory,
     )
     return Wired(lit, cb, trainer, dm)
+
+
+class RecordProgress(Callback):
+    """Hands the run's progress (steps, training time, best validation so far: :func:`lra.protocol.measured`) to
+    ``write`` at every checkpoint (``last.ckpt`` after each evaluation and every ``train.ckpt_every_steps``,
+    ``best.ckpt``), so the record on disk keeps up with the checkpoints: a run killed where nothing can write
+    (SIGKILL, a lost node) leaves a record of how far it got, not the one written before it trained. At a
+    checkpoint, not at ``on_validation_end``: Lightning runs checkpoint callbacks last, so only then is the
+    evaluation's best selected."""
+
+    def __init__(self, spec: RunSpec, cb: Callbacks, effective_batch: int, write: Callable[[dict], None]):
+        self.spec, self.cb, self.effective_batch, self.write = spec, cb, effective_batch, write
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        fields = measured(self.spec, trainer, self.cb, self.effective_batch)
+        for when_it_ends in ("steps_at_stop", "stuck_at_end"):  # said when the fit ends
+            del fields[when_it_ends]
+        self.write(fields)
 
 
 def make_trainer(spec: RunSpec, p: Plan, cb: Callbacks, logger) -> L.Trainer:

@@ -122,7 +122,8 @@ class Record:
     device: str | None = ABSENT
     loader_workers: int = ABSENT
     config: dict = ABSENT
-    git_commit: str | None = ABSENT
+    git_commit: str | None = ABSENT  # the commit of the code that wrote this record (its last stretch)
+    commits: list = ABSENT  # every commit the run ran on, in order: a resumed run's earlier stretches' too
     torch_version: str = ABSENT
     # what was read (lra/data/provenance.py) and how shared the machine was (lra.devices.LoadMeter)
     data: dict | None = ABSENT
@@ -179,6 +180,7 @@ def new_record(spec: RunSpec) -> Record:
     """The record of a run that has not trained yet (status ``running``)."""
     import torch  # heavy: the collector reads records without it
 
+    commit = git_commit()
     return Record(
         schema_version=SCHEMA_VERSION,
         task=spec.task,
@@ -214,12 +216,24 @@ def new_record(spec: RunSpec) -> Record:
         attn_checkpointing=spec.attn.checkpointing,
         precision=spec.hardware.precision,
         config=spec.config,
-        git_commit=git_commit(),
+        git_commit=commit,
+        commits=[commit] if commit else [],
         torch_version=str(torch.__version__),
         device=None,
         data=None,
         machine=None,
     )
+
+
+def carry_over(rec: Record, before: Record) -> None:
+    """Start a resumed run's record ``rec`` from its earlier stretches' record ``before``: the steps and training
+    time they reached (what a failure or an interruption before this stretch trains says, not 0) and every commit
+    they ran on, this one last. ``before`` empty (a fresh run): ``rec`` is left as it is."""
+    if before.get("steps"):
+        rec.set(steps=before["steps"], train_time_s=before.get("train_time_s"))
+    earlier = before.get("commits") or ([before["git_commit"]] if before.get("git_commit") else [])
+    if earlier:
+        rec.commits = [*earlier, *[c for c in rec.commits if c not in earlier]]
 
 
 def write_record(run_dir: Path, record: Record) -> Path:

@@ -8,18 +8,21 @@ one line naming the node: a ``_target_`` that cannot be imported or is not of th
 
 from __future__ import annotations
 
-import importlib
-
 import hydra.utils
 
+from attention import ExternalImportError, import_contained
 from lra.checks import ConfigError
 
 
 def locate(key: str, target: str, what: str):
-    """The object ``target`` (``<module>.<attr>``) names; one line if it cannot be imported."""
+    """The object ``target`` (``<module>.<attr>``) names; one line if it cannot be imported, or if its module
+    raises or exits as it is imported (:func:`attention.import_contained`, which also puts back the torch
+    settings that module changed)."""
     module, _, attr = target.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), attr)
+        return getattr(import_contained(module), attr)
+    except ExternalImportError as e:
+        raise ConfigError(f"{key}._target_={target!r}: {e}") from None
     except (ImportError, AttributeError, ValueError) as e:
         raise ConfigError(
             f"{key}._target_={target!r} cannot be imported ({type(e).__name__}: {e}): give "

@@ -55,7 +55,7 @@ from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
 from lra.naming import run_tag
 from lra.protocol import FINISHED, BestCheckpoint, Callbacks, measured, moved, outcome
-from lra.record import Record, new_record, read_record, write_record
+from lra.record import Record, carry_over, new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
 from lra.wandb_extras import log_record
 
@@ -83,6 +83,7 @@ def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record,
     with recorded(spec.run_dir, rec):
         before = _unfinished_record(spec.run_dir, ckpt_dir / "last.ckpt")
         rec.machine = before.get("machine")  # the stretches trained so far; this one is folded in
+        carry_over(rec, before)  # their steps, training time and commits, until this stretch trains
         splits = _load_data(spec, rec, splits)
         p = plan(spec)  # raises FitError (micro-batch 1 does not fit) before any training
         rec.set(**_plan_fields(p))
@@ -92,7 +93,7 @@ def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record,
         rec.resumed_from_step = start
         _write(spec.run_dir, rec)  # status "running": the decision is visible before training starts
 
-        w = wire(spec, p, splits, key, start)
+        w = wire(spec, p, splits, key, start, progress=lambda fields: _progress(spec.run_dir, rec, fields))
         lit, cb, trainer, dm = w.lit, w.cb, w.trainer, w.dm
         rec.num_params = count_params(lit)
         rec.set(**_device_fields(spec, trainer, p))
@@ -130,7 +131,9 @@ def _fit(spec: RunSpec, w: Wired, p: Plan, rec: Record, resume_from: Path | None
         if isinstance(e, CompileError):  # train.compile=true: the failed record says what did not compile
             rec.set(compiled=False, compile_note=str(e))
         with contextlib.suppress(Exception):  # measuring must not hide why the fit ended
-            rec.set(**measured(spec, w.trainer, w.cb, p.effective_batch))
+            got = measured(spec, w.trainer, w.cb, p.effective_batch)
+            if got["steps"] >= (rec.resumed_from_step or 0):  # not a resume ended before its checkpoint was read
+                rec.set(**got)
         raise
     finally:
         rec.machine = meter.end()
@@ -239,6 +242,12 @@ def _write(run_dir: Path, rec: Record) -> None:
     """Only global rank zero writes the record (DDP runs one process per device)."""
     if getattr(rank_zero_only, "rank", 0) == 0:
         write_record(run_dir, rec)
+
+
+def _progress(run_dir: Path, rec: Record, fields: dict) -> None:
+    """The record rewritten at a checkpoint (lra.loop.RecordProgress): what a SIGKILL leaves."""
+    rec.set(**fields)
+    _write_or_keep(run_dir, rec)
 
 
 def _write_or_keep(run_dir: Path, rec: Record) -> None:

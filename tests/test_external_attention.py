@@ -375,3 +375,101 @@ def test_external_label_rules_and_the_run_folder(user_package):
     args = ["preset=quick", *TARGET.split()]
     cfg = compose_checked([*args, f"run_tag={run_tag(args)}"], job="train")  # as lra.train names its folder
     assert run_dir_of(cfg).parts[-2:] == ("temp_softmax", "seed0")  # the folder says what the record says
+
+
+# ------------------------------------------------------------------- issue 32: an import is contained
+MISBEHAVING = {
+    "exits": "import sys\nsys.exit(0)\n",
+    "raises": "x = 1\nraise RuntimeError('no GPU driver here')\n",
+    "takes_softmax": (
+        "import attention\nfrom my_pkg.attn import TempSoftmax\n\n\n"
+        "@attention.register('early')\nclass Early(TempSoftmax):\n    pass\n\n\n"
+        "@attention.register('softmax')\nclass Mine(TempSoftmax):\n    pass\n"
+    ),
+}
+
+
+def test_a_backend_module_that_exits_raises_or_takes_a_builtin_name_at_import_is_one_line(user_package):
+    """Before: sys.exit(0) at import ended lra.train with exit 0, no output, no folder; an exception or a
+    built-in name registered again was a traceback that did not say which module. Now each is the one line
+    of a config error (lra.train: exit 2, before any folder) naming the module and what it did; nothing it
+    registered stays, the built-in keeps its name. A callback's ``_target_`` module is held to the same."""
+    from lra.config import ConfigError, load
+    from lra.targets import locate
+
+    for name, code in MISBEHAVING.items():  # top-level modules: my_pkg may be an earlier test's, from another folder
+        (user_package / f"ext_{name}.py").write_text(code)
+    said = {
+        "exits": r"importing ext_exits called sys\.exit\(0\)",
+        "raises": r"importing ext_raises raised RuntimeError: no GPU driver here \(.*raises\.py, line 2\)",
+        "takes_softmax": r"importing ext_takes_softmax registers the backend name 'softmax', which is "
+        r"attention\.softmax:\w+'s: register its class under another name",
+    }
+    for name, what in said.items():
+        with pytest.raises(attention.InvalidOption, match=rf"^attn\.target='ext_{name}:Mine': {what}"):
+            attention.load_external(f"ext_{name}:Mine")
+    with pytest.raises(ConfigError, match=rf"^attn\.target='ext_exits:Mine': {said['exits']}"):  # as lra.train has it
+        load(["preset=quick", "attn=external", "attn.target=ext_exits:Mine"])
+    assert "early" not in attention.available()  # registered before the module failed: dropped with it
+    assert attention.describe("softmax")["module"] == "attention.softmax"
+    with pytest.raises(ConfigError, match=r"^callbacks\.x\._target_='ext_exits\.Cb': importing ext_exits"):
+        locate("callbacks.x", "ext_exits.Cb", "a Lightning callback")
+
+
+@pytest.fixture()
+def torch_settings():
+    """torch's global settings as they were, put back after the test whatever it did."""
+    dtype, threads, grad = torch.get_default_dtype(), torch.get_num_threads(), torch.is_grad_enabled()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(grad)
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+def test_torch_settings_a_backend_module_changes_at_import_are_put_back_with_one_warning(
+    user_package, torch_settings, caplog
+):
+    """Before: a module calling torch.set_default_dtype(torch.float64) at import made the run train in float64
+    while its record said 32-true (threads, determinism and grad mode the same way). Now what it changed is put
+    back after the import, and one warning names the module and each setting."""
+    (user_package / "ext_sets_torch.py").write_text(
+        "import torch\nfrom my_pkg.attn import TempSoftmax as Mine\n"
+        "torch.set_default_dtype(torch.float64)\ntorch.set_num_threads(3)\n"
+        "torch.use_deterministic_algorithms(True)\ntorch.set_grad_enabled(False)\n"
+    )
+    before = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    with caplog.at_level("WARNING", logger="attention"):
+        assert attention.load_external("ext_sets_torch:Mine") == "temp_softmax"
+    after = (torch.get_default_dtype(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    assert after == before == (torch.float32, 1, False) and torch.is_grad_enabled()
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "attention"]
+    assert warning.startswith("importing ext_sets_torch changed torch's global settings; restored: ")
+    for change in ("default dtype float64 -> float32", "threads 3 -> 1", "deterministic algorithms on -> off"):
+        assert change in warning
+    assert "grad enabled False -> True" in warning
+
+
+def test_a_broken_entry_point_is_named_and_left_out_the_other_backends_still_load(user_package, monkeypatch, caplog):
+    """Before: an installed package whose entry-point module raised at import broke every harness command
+    with a traceback (every one imports the registry). Now it is one warning naming the entry point, its
+    package and what its module did; the other backends load, and asking for its name says why it is missing."""
+    (user_package / "ext_raises.py").write_text(MISBEHAVING["raises"])
+    dist = user_package / "my_pkg-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[lra_harness.attention]\nbroken = ext_raises:Mine\n")
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_BROKEN", {}, raising=False)
+    monkeypatch.setattr(registry, "_LOADED", False)
+    with caplog.at_level("WARNING", logger="attention"):
+        assert "softmax" in attention.available() and "broken" not in attention.available()
+    said = (
+        r"entry point broken = ext_raises:Mine \(group lra_harness\.attention, package my-pkg\): importing "
+        r"ext_raises raised RuntimeError: no GPU driver here"
+    )
+    assert [re.match(said, r.getMessage()) is not None for r in caplog.records if r.name == "attention"] == [True]
+    with pytest.raises(attention.InvalidOption, match=said):
+        attention.describe("broken")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -210,11 +211,12 @@ class _StopAt(L.Callback):
             raise _Stop()
 
 
-def _run(tmp_path, name, monkeypatch, stop_at=None):
+def _run(tmp_path, name, monkeypatch, stop_at=None, stopper=None):
     from lra import train
     from lra.config import load
 
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if stop_at is None else [_StopAt(stop_at)])
+    stopper = stopper or (_StopAt(stop_at) if stop_at is not None else None)
+    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if stopper is None else [stopper])
     spec = load(
         [
             "preset=quick",
@@ -280,3 +282,39 @@ def test_a_run_records_its_data_and_machine_and_resumes_only_on_its_data(tmp_pat
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 3
     after = _record(tmp_path, "resumed")
     assert after["data"] == data and after["machine"]["stretches"] == 2
+
+
+class _KilledAt(_StopAt):
+    """Reads result.json at optimizer step ``step`` (what a SIGKILL there would leave), then stops the run."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self.left = json.loads(Path(trainer.default_root_dir, "result.json").read_text())
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+
+def test_killed_failed_and_interrupted_records_say_the_steps_time_and_commits_that_ran(tmp_path, monkeypatch):
+    """Before: the record a SIGKILL left was the one written before training (steps 0, train_time_s null); a
+    resumed run that failed or was interrupted before it trained said steps 0 and null time though metrics.csv
+    held its earlier steps; a resume on a newer commit recorded that commit only. Now the record is rewritten
+    at every checkpoint, carries the earlier stretches' steps and time until this one trains, and lists every
+    commit the run ran on (``git_commit`` stays the latest)."""
+    commits = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr("lra.record.git_commit", lambda: next(commits))
+    killed = _KilledAt(5)  # train.ckpt_every_steps=2, eval_every=3: checkpoints at steps 2, 3 and 4
+    assert _run(tmp_path, "r", monkeypatch, stopper=killed) is None
+    left = killed.left
+    assert left["status"] == "running" and left["steps"] == 4 and left["train_time_s"] > 0
+    assert left["best_val_acc"] is not None and left["steps_to_best"] == 3 and left["steps_at_stop"] is None
+    stopped = _record(tmp_path, "r")
+    assert stopped["status"] == "failed" and stopped["steps"] == 5 and stopped["commits"] == ["aaaa"]
+
+    def ctrl_c(spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lra.train.plan", ctrl_c)  # the resumed run is interrupted before it trains
+    with pytest.raises(SystemExit):
+        _run(tmp_path, "r", monkeypatch)
+    rec = _record(tmp_path, "r")
+    assert rec["status"] == "interrupted" and rec["steps"] == 5 and rec["train_time_s"] == stopped["train_time_s"]
+    assert rec["commits"] == ["aaaa", "bbbb"] and rec["git_commit"] == "bbbb"
