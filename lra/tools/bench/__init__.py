@@ -8,7 +8,9 @@
   :mod:`lra.tools.bench.measure` (a point, the sweep), :mod:`lra.tools.bench.flops`, :mod:`lra.tools.bench.analyse`
   (ratios, crossover, growth), :mod:`lra.tools.bench.render` (``bench.md``, ``bench.png``) and
   :mod:`lra.tools.bench.layer` (its command line and outputs).
-* :mod:`lra.tools.bench.cli`: the command line of both.
+* Reference mode: each attention module against the module of the papers' public code (a checkout the user
+  fetched), side by side, interleaved: :mod:`lra.tools.bench.reference`.
+* :mod:`lra.tools.bench.cli`: the command line of all three.
 
 The timer and memory meter are :mod:`lra.tools.meter`, the device helpers :mod:`lra.devices`. The layer benchmark's
 names are re-exported here (``bench.Config``, ``bench.run``, ...).

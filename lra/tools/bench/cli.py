@@ -1,8 +1,10 @@
 """``python -m lra.tools.bench`` (``make bench``): which benchmark runs, and its command line.
 
-Two modes. ``--tasks``: the whole training step and the attention layer at each LRA task's real
+Three modes. ``--tasks``: the whole training step and the attention layer at each LRA task's real
 shape (:mod:`lra.tools.bench.tasks`), the default on CUDA. ``--layer``: one attention layer at batch 2
-against n (:mod:`lra.tools.bench.layer`), the default on a CPU. Bad input is one line before any work.
+against n (:mod:`lra.tools.bench.layer`), the default on a CPU. ``--reference``: each attention module against
+the module of the papers' public code, side by side (:mod:`lra.tools.bench.reference`). Bad input is one line
+before any work.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from lra.cli import Parser
 from lra.devices import default_threads
 from lra.files import runs_root
-from lra.tools.bench import layer, rows, task_report, tasks
+from lra.tools.bench import layer, reference, rows, task_report, tasks
 
 # layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
 LAYER_ONLY = {
@@ -31,6 +33,7 @@ LAYER_ONLY = {
     "overrides": None,
 }
 TASK_ONLY = {"hardware": "v100_16gb", "max_batch": None, "compile": False, "spec_overrides": None}
+REFERENCE_ONLY = ("skeinformer", "skyformer", "nystromformer")  # the public code's checkouts
 
 
 def whole(minimum: int):
@@ -68,7 +71,9 @@ def parser() -> argparse.ArgumentParser:
         "  python -m lra.tools.bench --tasks --quick              # the tasks' training step, tiny shapes\n"
         "  python -m lra.tools.bench --tasks listops text --compile --hardware v100_16gb   # on a GPU\n"
         "  python -m lra.tools.bench --backends skeinformer nystrom --lengths 1024 4096 "
-        "--set nystrom.options.landmarks=128",
+        "--set nystrom.options.landmarks=128\n"
+        "  python -m lra.tools.bench --reference --skeinformer ~/src/Skeinformer --skyformer ~/src/Skyformer "
+        "--nystromformer ~/src/Nystromformer   # ours vs the papers' code",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -78,6 +83,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"task mode (default on CUDA): these tasks, all when none is named ({', '.join(tasks.TASKS)})",
     )
     mode.add_argument("--layer", action="store_true", help="layer mode (default on a CPU): one attention layer vs n")
+    mode.add_argument(
+        "--reference",
+        action="store_true",
+        help="reference mode: each attention module against its counterpart in the papers' public code (a "
+        "checkout you fetched: --skeinformer, --skyformer, --nystromformer), forward + backward, interleaved",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -116,9 +127,17 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a config override for every run spec, repeatable (e.g. --override preset=quick)",
     )
+    r = p.add_argument_group(
+        'reference mode (docs/bench.md, "Against the papers\' code"; its code is imported and runs)'
+    )
+    for name in REFERENCE_ONLY:
+        r.add_argument(f"--{name}", type=Path, metavar="DIR", help=f"a checkout of {reference.REPOS[name].url}")
     g = p.add_argument_group("layer mode")
     g.add_argument(
-        "--lengths", type=whole(1), nargs="+", help=f"sequence lengths (default {list(rows.DEFAULT_LENGTHS)})"
+        "--lengths",
+        type=whole(1),
+        nargs="+",
+        help=f"sequence lengths (default {list(rows.DEFAULT_LENGTHS)}; reference mode {list(reference.LENGTHS)})",
     )
     g.add_argument(
         "--time-budget-s",
@@ -193,29 +212,64 @@ def task_config(args, device: str) -> tasks.TaskConfig:
     return cfg
 
 
+def reference_config(args) -> reference.ReferenceConfig:
+    """The reference mode's settings; any other mode's option, or a folder without the public code, is an error."""
+    other = [
+        k
+        for k, default in {**LAYER_ONLY, **TASK_ONLY}.items()
+        if k != "lengths" and getattr(args, k) not in (None, False)
+    ]
+    if other or args.quick:
+        flag = "quick" if not other else ("override" if other[0] == "spec_overrides" else other[0].replace("_", "-"))
+        raise ValueError(f"--{flag} belongs to the layer or task mode, not to --reference")
+    if args.device == "cuda":
+        raise ValueError("--reference times on the CPU only (the public code's modules are built for it here)")
+    roots = {k: getattr(args, k).expanduser() for k in REFERENCE_ONLY if getattr(args, k) is not None}
+    reference.check_roots(roots)
+    return reference.ReferenceConfig(
+        roots=roots,
+        pairs=tuple(reference.select(args.backends, roots)),
+        lengths=tuple(dict.fromkeys(args.lengths or reference.LENGTHS)),
+        repeats=args.repeats or 7,
+        warmup=args.warmup if args.warmup is not None else 1,
+        threads=args.threads or 1,
+        seed=args.seed,
+    )
+
+
+def _other_config(args, device: str):
+    """The task or layer mode's settings: (True, task config) or (False, (layer config, rows))."""
+    if task_mode(args, device):
+        return True, task_config(args, device)
+    given = [k for k in TASK_ONLY if getattr(args, k) not in (None, False)]
+    if given:
+        flag = "override" if given[0] == "spec_overrides" else given[0].replace("_", "-")
+        raise ValueError(
+            f"--{flag} belongs to the task mode; "
+            f"add --tasks (the layer micro-benchmark has no model, plan or hardware profile)"
+        )
+    for k, default in LAYER_ONLY.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+    return False, layer.check_layer_args(args, device)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = parser()
     args = p.parse_args(argv)
     try:
-        device = _device(args)
-        tasks_run = task_mode(args, device)
-        if tasks_run:
-            cfg = task_config(args, device)
+        given = [k for k in REFERENCE_ONLY if getattr(args, k) is not None]
+        if given and not args.reference:
+            raise ValueError(f"--{given[0]} belongs to the reference mode: add --reference")
+        if args.reference:
+            rcfg = reference_config(args)
         else:
-            given = [k for k in TASK_ONLY if getattr(args, k) not in (None, False)]
-            if given:
-                flag = "override" if given[0] == "spec_overrides" else given[0].replace("_", "-")
-                raise ValueError(
-                    f"--{flag} belongs to the task mode; "
-                    f"add --tasks (the layer micro-benchmark has no model, plan or hardware profile)"
-                )
-            for k, default in LAYER_ONLY.items():
-                if getattr(args, k) is None:
-                    setattr(args, k, default)
-            lcfg, layer_rows = layer.check_layer_args(args, device)
+            tasks_run, cfg = _other_config(args, _device(args))
     except ValueError as err:
         p.error(str(err))
     out = args.out or runs_root() / "bench"  # LRA_RUNS moves it, as it moves the runs
+    if args.reference:
+        return reference.run_reference(rcfg, out)
     if tasks_run:
         return task_report.main_tasks(cfg, out)
-    return layer.run_layer(lcfg, layer_rows, out)
+    return layer.run_layer(*cfg, out)

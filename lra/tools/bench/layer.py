@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import os
 import time
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from lra.tools.bench.rows import (
     parse_options,
     select_rows,
 )
+from lra.tools.meter.timing import Load
 
 
 def _default_mem_budget(device: str) -> int:
@@ -106,7 +106,7 @@ def run_layer(cfg: Config, rows: list[Row], out: Path) -> list[dict]:
         torch.backends.cudnn.allow_tf32 = False
     out.mkdir(parents=True, exist_ok=True)
     start = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = Load(cfg.threads, cfg.device)
     meta = {
         "date": start,
         "device": cfg.device,
@@ -142,14 +142,15 @@ def run_layer(cfg: Config, rows: list[Row], out: Path) -> list[dict]:
     results = run(
         cfg, rows, log=lambda s: print(s, flush=True), on_point=lambda res: write_csv(csv_path, res, CSV_COLUMNS)
     )
-    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    meta["load"] = f"{load0:.2f} / {load1:.2f}"
+    load.stop()
+    meta.update(load_line=load.line(), load_warning=load.warning())
     write_csv(csv_path, results, CSV_COLUMNS)
     write_text(out / "bench.md", render_markdown(results, meta))
-    plot(results, out / "bench.png")
+    pngs = plot(results, out / "bench.png", meta)
+    print(meta["load_line"] + (f"\n{meta['load_warning']}" if meta["load_warning"] else ""), flush=True)
     print(
         f"lra.tools.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {out / 'bench.md'}, "
-        f"{out / 'bench.png'}",
+        f"{', '.join(str(p) for p in pngs)}",
         flush=True,
     )
     return results

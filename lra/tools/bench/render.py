@@ -43,8 +43,10 @@ def render_markdown(results: list[dict], meta: dict) -> str:
         f"dropout options 0. Time = median of up to {meta.get('repeats')} calls after warm-up; memory = "
         f"{meta.get('mem_method')}, inputs and gradients included. Budgets per point: "
         f"{meta.get('time_budget_s')} s (fused baseline ×{meta.get('baseline_budget_factor')}), "
-        f"{meta.get('mem_budget_gib', 0):.1f} GiB. Load average at start/end: {meta.get('load', '?')}"
-        " (a loaded machine makes CPU timings noisy).",
+        f"{meta.get('mem_budget_gib', 0):.1f} GiB.",
+        "",
+        meta.get("load_line", "Load average: not recorded."),
+        *(["", f"**{meta['load_warning']}**"] if meta.get("load_warning") else []),
         "",
         f"Reference row: `{BASELINE}` = fused SDPA. Ratios below are *backend / fused softmax at the same n*: "
         "below 1 is faster (or smaller). `skip`/`error`/`OOM`: see the reasons at the end and in bench.csv.",
@@ -124,6 +126,20 @@ def render_markdown(results: list[dict], meta: dict) -> str:
                 continue
             seen.add(key)
             lines.append(f"- `{r['backend']}` n={r['n']}: {r['status']}: {r['reason']}")
+    backwards = []  # work grows with n: a time that falls is noise
+    for b in labels:
+        pts = sorted((n, float(r["time_ms"])) for n, r in ok.get(b, {}).items())
+        backwards += [
+            f"`{b}` n={n0}→{n1} ({t0:.3g} → {t1:.3g} ms)" for (n0, t0), (n1, t1) in zip(pts, pts[1:]) if t1 < 0.9 * t0
+        ]
+    if backwards:
+        lines += [
+            "",
+            "## Times that fall as n grows",
+            "",
+            "Work grows with n, so these are noise (the machine's load, a frequency change, a warm-up): rerun before "
+            "quoting them: " + "; ".join(backwards) + ".",
+        ]
     kern = {r["sdpa_ops"] for r in results if r["backend"] == BASELINE and r.get("sdpa_ops")}
     if kern:
         lines += ["", f"Fused softmax ran the kernel(s): {', '.join(f'`{k}`' for k in sorted(kern))}."]
@@ -142,94 +158,152 @@ def backend_names(labels) -> dict:
     return {b: _EXTRA_NAMES.get(b) or names[b] for b in labels}
 
 
-def figure(results: list[dict]):
-    """The figure of ``bench.png`` (a matplotlib ``Figure``, object API): median forward+backward time
-    and peak memory against n, log-log, one line per measured backend, legend on the right."""
-    from matplotlib import colormaps
+FEW = 6  # up to this many backends share one panel pair; more get one small panel each (colours never repeat)
+PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")  # with black and grey
+MARKERS = "osD^vP"
+
+
+def _metric(key: str, results: list[dict]) -> tuple[str, float, str]:
+    """(panel title, divisor, y label) of ``time_ms`` or ``peak_mem_bytes``."""
+    if key == "time_ms":
+        return "forward + backward time (median of the timed calls)", 1.0, "time (ms, log scale)"
+    peak = max((float(r["peak_mem_bytes"]) for r in results if r.get("status") == "ok"), default=float("nan"))
+    div, unit = mem_unit(peak)
+    return "peak memory (inputs and gradients included)", div, f"peak memory ({unit}, log scale)"
+
+
+def _log_axes(ax, lengths: list[int], ylabel: str | None, xlabel: bool = True) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off() if len(lengths) > 6 else None
+    if xlabel:
+        ax.set_xlabel("sequence length n (log scale)")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _guides(ax, base: dict, lengths: list[int], key: str, div: float) -> None:
+    """Slope guides ∝ n and ∝ n² through the reference's first point."""
+    if not base or len(lengths) < 2:
+        return
+    n0 = min(base)
+    y0 = float(base[n0][key]) / div
+    xs = [n0, lengths[-1]]
+    for power, text in ((1, "∝ n"), (2, "∝ n²")):
+        ys = [y0, y0 * (xs[1] / n0) ** power]
+        ax.plot(xs, ys, color="0.5", lw=0.9, ls=":")
+        ax.annotate(text, (xs[1], ys[1]), xytext=(4, 0), textcoords="offset points", fontsize=8, color="0.35")
+
+
+def _draw_references(ax, ok: dict, key: str, div: float, names: dict) -> None:
+    for b, kw in ((BASELINE, dict(color="black", lw=2.2)), (MATERIALIZED, dict(color="0.55", lw=1.8, ls="--"))):
+        if b in ok:
+            ns = sorted(ok[b])
+            ax.plot(ns, [float(ok[b][n][key]) / div for n in ns], marker="o", ms=3, label=names[b], **kw)
+
+
+def _title_and_notes(fig, results: list[dict], meta: dict | None, subtitle: str = "") -> None:
+    r0 = results[0] if results else {}
+    meta = meta or {}
+    fig.suptitle(
+        f"One attention layer, forward + backward: batch {r0.get('batch')}, {r0.get('heads')} heads of "
+        f"dimension {r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('device_name', '')}"
+        + (f"\n{subtitle}" if subtitle else ""),
+        fontsize=10,
+    )
+    notes = [meta["load_line"]] if meta.get("load_line") else []
+    if meta.get("load_warning"):
+        notes.append(meta["load_warning"])
+    if notes:
+        fig.supxlabel("\n".join(notes), fontsize=8, color="firebrick" if meta.get("load_warning") else "0.3")
+
+
+def figure(results: list[dict], meta: dict | None = None, key: str | None = None):
+    """The figure of ``bench.png``: median forward+backward time (and peak memory) against n, log-log.
+
+    Up to :data:`FEW` backends: one panel for time and one for memory, every backend its own colour and
+    marker beside the fused (black) and materialised (grey, dashed) softmax. More: ``key``'s small
+    multiples, one panel per backend against the same two references on shared axes, the ratio to fused
+    softmax at the largest n in the panel's corner. ``meta``'s load line (and warning) is printed below."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     ok = _ok(results)
     labels = [b for b in dict.fromkeys(r["backend"] for r in results) if ok.get(b)]
     names = backend_names(labels)
+    others = [b for b in labels if b not in (BASELINE, MATERIALIZED)]
+    lengths = sorted({int(r["n"]) for r in results})
+    base = ok.get(BASELINE, {})
+    if len(others) > FEW:
+        return _small_multiples(results, meta, key or "time_ms", ok, others, names, lengths)
     fig = Figure(figsize=(14, 6), layout="constrained")
     axes = fig.subplots(1, 2)
-    cmap = colormaps["tab20"]
-    markers = "os^D"
-    peak = max((float(r["peak_mem_bytes"]) for pts in ok.values() for r in pts.values()), default=float("nan"))
-    mem_div, mem_name = mem_unit(peak)
-    others = [b for b in labels if b not in (BASELINE, MATERIALIZED)]
-    for b in labels:
-        ns = sorted(ok[b])
-        i = others.index(b) if b in others else 0
-        kw = dict(marker=markers[(i // 20) % 4], ms=4, lw=1.2, color=cmap(i % 20), ls="-", label=names[b])
-        if b == BASELINE:
-            kw.update(color="black", lw=2.5, marker="o")
-        elif b == MATERIALIZED:
-            kw.update(color="0.45", lw=2.0, ls="--", marker="o")
-        axes[0].plot(ns, [float(ok[b][n]["time_ms"]) for n in ns], **kw)
-        axes[1].plot(ns, [float(ok[b][n]["peak_mem_bytes"]) / mem_div for n in ns], **kw)
-    lengths = sorted({int(r["n"]) for r in results})
-    r0 = results[0] if results else {}
-    base = ok.get(BASELINE, {})
-    panels = (
-        (axes[0], "forward + backward time (median of the timed calls)", "time (ms, log scale)", "time_ms", 1.0),
-        (
-            axes[1],
-            "peak memory (inputs and gradients included)",
-            f"peak memory ({mem_name}, log scale)",
-            "peak_mem_bytes",
-            mem_div,
-        ),
-    )
-    for ax, title, ylabel, key, div in panels:
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(lengths, [str(n) for n in lengths])
-        ax.set_xlabel("sequence length n (log scale)")
-        ax.set_ylabel(ylabel)
+    for ax, k in zip(axes, ("time_ms", "peak_mem_bytes")):
+        title, div, ylabel = _metric(k, results)
+        _draw_references(ax, ok, k, div, names)
+        for i, b in enumerate(others):
+            ns = sorted(ok[b])
+            ax.plot(
+                ns, [float(ok[b][n][k]) / div for n in ns], marker=MARKERS[i], ms=4, lw=1.3, color=PALETTE[i],
+                label=names[b],
+            )  # fmt: skip
+        _log_axes(ax, lengths, ylabel)
         ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        # slope guides through the reference's first point
-        if base and len(lengths) > 1:
-            n0 = min(base)
-            y0 = float(base[n0][key]) / div
-            xs = [n0, lengths[-1]]
-            for power, text in ((1, "∝ n"), (2, "∝ n²")):
-                ys = [y0, y0 * (xs[1] / n0) ** power]
-                ax.plot(xs, ys, color="0.5", lw=0.9, ls=":")
-                ax.annotate(
-                    text,
-                    (xs[1], ys[1]),
-                    xytext=(4, 0),
-                    textcoords="offset points",
-                    fontsize=8,
-                    color="0.35",
-                    va="center",
-                )
-    fig.suptitle(
-        f"One attention layer, forward + backward: batch {r0.get('batch')}, {r0.get('heads')} heads of "
-        f"dimension {r0.get('head_dim')}, {r0.get('dtype')}, {r0.get('device_name', '')}",
-        fontsize=11,
-    )
+        _guides(ax, base, lengths, k, div)
+    _title_and_notes(fig, results, meta)
     handles, labs = axes[0].get_legend_handles_labels()
     if base and len(lengths) > 1:
         handles.append(Line2D([], [], color="0.5", lw=0.9, ls=":"))
         labs.append("guides ∝ n and ∝ n² through\nthe reference's first point")
     if handles:
         fig.legend(
-            handles,
-            labs,
-            loc="outside right center",
-            fontsize=8,
-            frameon=False,
-            title="attention (reference: fused softmax)",
-            title_fontsize=8,
-        )
+            handles, labs, loc="outside right center", fontsize=8, frameon=False,
+            title="attention (reference: fused softmax)", title_fontsize=8,
+        )  # fmt: skip
     return fig
 
 
-def plot(results: list[dict], path: Path) -> None:
-    """``bench.png``: :func:`figure`, written atomically with fixed metadata."""
-    fig = figure(results)
-    write_atomic(path, lambda p: fig.savefig(p, dpi=120, format="png", metadata=PNG_META))
+def _small_multiples(results, meta, key, ok, others, names, lengths):
+    from matplotlib.figure import Figure
+
+    title, div, ylabel = _metric(key, results)
+    cols = 5
+    rows = -(-len(others) // cols)
+    fig = Figure(figsize=(3.1 * cols, 2.5 * rows + 1.2), layout="constrained")
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    base = ok.get(BASELINE, {})
+    for ax, b in zip(axes, others):
+        _draw_references(ax, ok, key, div, names)
+        ns = sorted(ok[b])
+        ax.plot(ns, [float(ok[b][n][key]) / div for n in ns], marker="o", ms=3, lw=1.6, color="tab:blue")
+        _log_axes(ax, lengths, None, xlabel=False)
+        ax.set_title(names[b], fontsize=8)
+        common = [n for n in ns if n in base]
+        if common:
+            n = common[-1]
+            ratio = float(ok[b][n][key]) / float(base[n][key])
+            ax.text(
+                0.03, 0.95, f"{_fmt_ratio(ratio)}× fused at n={n}", transform=ax.transAxes, fontsize=7, va="top",
+                color="tab:blue",
+            )  # fmt: skip
+    for ax in axes[len(others) :]:
+        ax.set_visible(False)
+    fig.supylabel(ylabel, fontsize=9)
+    refs = " and ".join(
+        f"{names[b]} ({style})" for b, style in ((BASELINE, "black"), (MATERIALIZED, "grey, dashed")) if b in ok
+    )
+    _title_and_notes(fig, results, meta, f"{title}: in every panel one backend (blue) against {refs}")
+    return fig
+
+
+def plot(results: list[dict], path: Path, meta: dict | None = None) -> list[Path]:
+    """``bench.png`` (:func:`figure`), and with more than :data:`FEW` backends ``bench_memory.png`` (the
+    memory's small multiples) beside it; written atomically with fixed metadata. Returns the files."""
+    many = len({r["backend"] for r in results if r.get("status") == "ok"} - {BASELINE, MATERIALIZED}) > FEW
+    figures = [(path, "time_ms")] + ([(path.with_name(path.stem + "_memory.png"), "peak_mem_bytes")] if many else [])
+    for target, key in figures:
+        fig = figure(results, meta, key)
+        write_atomic(target, lambda p, fig=fig: fig.savefig(p, dpi=120, format="png", metadata=PNG_META))
+    return [t for t, _ in figures]

@@ -4,7 +4,6 @@ and :func:`main_tasks`, the run that writes them with ``bench_tasks.csv``."""
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from lra.devices import device_name
 from lra.files import git_commit, write_csv, write_text
 from lra.tools.bench.rows import BASELINE, MIB
 from lra.tools.bench.tasks import CSV_COLUMNS, MODES, TaskConfig, run
+from lra.tools.meter.timing import Load
 
 
 def _ratio(x) -> str:
@@ -64,7 +64,10 @@ def render_markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"{meta['date']} · device **{meta['device_name']}** (`{meta['device']}`) · torch {torch.__version__} · "
         f"{meta['threads']} threads · git {meta['git']} · hardware={meta['hardware']}"
-        f"{' · quick preset shapes' if meta['quick'] else ''} · load {meta.get('load', '?')}",
+        f"{' · quick preset shapes' if meta['quick'] else ''}",
+        "",
+        meta.get("load_line", "Load average: not recorded."),
+        *(["", f"**{meta['load_warning']}**"] if meta.get("load_warning") else []),
         "",
         "Per task: the whole training step (forward, loss, backward, AdamW; "
         f"precision {meta['precision']}) at the micro-batch `lra.fit.plan` chooses for `hardware={meta['hardware']}`"
@@ -136,11 +139,11 @@ def main_tasks(cfg: TaskConfig, out: Path) -> list[dict]:
         f"{device_name(cfg.device)} [{cfg.device}], {cfg.threads} thread{'s' if cfg.threads != 1 else ''} → {out}"
     )
     out.mkdir(parents=True, exist_ok=True)
-    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = Load(cfg.threads, cfg.device)
     t0 = time.perf_counter()
     csv_path, md_path = out / "bench_tasks.csv", out / "bench_tasks.md"
     rows = run(cfg, log=_progress, on_row=lambda rs: write_csv(csv_path, rs, CSV_COLUMNS))
-    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load.stop()
     precisions = sorted({r["precision"] for r in rows})
     meta = {
         "kind": kind,
@@ -154,10 +157,12 @@ def main_tasks(cfg: TaskConfig, out: Path) -> list[dict]:
         "precision": ", ".join(precisions),
         "repeats": cfg.repeats,
         "max_batch": cfg.max_batch,
-        "load": f"{load0:.2f} / {load1:.2f}",
+        "load_line": load.line(),
+        "load_warning": load.warning(),
     }
     write_csv(csv_path, rows, CSV_COLUMNS)
     write_text(md_path, render_markdown(rows, meta))
     print("\n".join(ratio_tables(rows)))
+    print(meta["load_line"] + (f"\n{meta['load_warning']}" if meta["load_warning"] else ""), flush=True)
     print(f"lra.tools.bench: done in {time.perf_counter() - t0:.0f} s; wrote {csv_path}, {md_path}", flush=True)
     return rows
