@@ -207,15 +207,19 @@ def _cache_file(spec: RunSpec, per_device: int, precision: str, budget: int, top
 
 
 def _cached(path: Path | None, per_device: int, eff: int, devices: int, top: int) -> Plan | None:
+    """The cached decision at ``path``; None (estimated again) when there is none, it is for another cap, or the
+    file is damaged (one warning: not JSON, not a decision, unreadable, a folder)."""
     if path is None or not path.exists():
         return None
     try:
         d = json.loads(path.read_text())
         d["estimates"] = dict(sorted((int(k), v) for k, v in d.get("estimates", {}).items()))
         p = Plan(**{**d, "cached": True, "seconds": 0.0, "devices": devices, "effective_batch": eff})
+        if not all(type(v) is int and v > 0 for v in (p.micro_batch, p.accum_steps)):
+            raise ValueError(f"micro_batch {p.micro_batch!r} and accum_steps {p.accum_steps!r}")
         return p if p.micro_batch * p.accum_steps == per_device and p.micro_batch <= top else None
-    except (ValueError, TypeError, KeyError):
-        log.warning("ignoring unreadable fit cache %s", path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        log.warning("fit cache %s is damaged (%s: %s): estimating again", path, type(e).__name__, e)
         return None
 
 

@@ -37,3 +37,36 @@ def test_a_bad_task_key_is_one_line_naming_the_valid_keys_and_exit_2(tmp_path, m
 def test_the_command_line_is_read_by_argparse_not_sys_argv():
     tree = ast.parse((REPO_ROOT / "lra" / "data" / "__main__.py").read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "argv"]
+
+
+def _errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_data_root_that_is_a_file_is_one_line_and_exit_2(tmp_path, monkeypatch, caplog):
+    from lra.data.__main__ import main
+
+    (tmp_path / "data").write_text("not a folder")
+    monkeypatch.setenv("LRA_DATA", str(tmp_path / "data"))
+    with caplog.at_level(logging.INFO):
+        assert main(["task=listops", "preset=quick"]) == 2
+    assert _errors(caplog) == [
+        f"the data root {tmp_path / 'data'} is a file, not a folder: set LRA_DATA (or data_root=) to a folder"
+    ]
+
+
+def test_a_data_root_that_refuses_writes_is_one_line_and_exit_2(tmp_path, monkeypatch, caplog):
+    """A read-only (or full) data root: the file system's refusal as one line naming the path, not a traceback.
+    Simulated: the tests may run as root, whom a read-only folder does not stop."""
+    from lra.data import listops
+    from lra.data.__main__ import main
+
+    def refused(target, *a, **k):
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(listops, "write_dataset", refused)
+    monkeypatch.setenv("LRA_DATA", str(tmp_path))
+    with caplog.at_level(logging.INFO):
+        assert main(["task=listops", "preset=quick"]) == 2
+    (line,) = _errors(caplog)
+    assert line.startswith(f"cannot prepare the data under {tmp_path}: Permission denied: {tmp_path}/generated/")

@@ -259,3 +259,48 @@ def test_archive_missing_one_class_is_named(tmp_path):
         tf.add(src, arcname="aclImdb", filter=lambda ti: None if "/train/neg" in ti.name else ti)
     with pytest.raises(DataError, match=r"no aclImdb/train/neg/\*\.txt members"):
         tx.read_tar(arch, progress=False)
+
+
+# The fixture's sizes stand for the official ones (12,500 reviews per split and class): the check is the same,
+# without writing 50,000 files.
+AS_OFFICIAL = {f"{s}/{c}": len(files) for (s, c), files in REVIEWS.items()}
+
+
+def test_partly_unpacked_imdb_is_one_line_before_anything_is_cached(tmp_path, monkeypatch, caplog):
+    """An interrupted `tar xzf` (train/pos holding 215 of 12,500 reviews) used to train at majority 98.4 %."""
+    from lra.data.__main__ import main
+    from lra.data.official import OFFICIAL
+
+    monkeypatch.setitem(OFFICIAL, "text", AS_OFFICIAL)
+    acl = write_acl(tmp_path)
+    (acl / "train" / "pos" / "1_8.txt").unlink()
+    monkeypatch.setenv("LRA_DATA", str(tmp_path))
+    with caplog.at_level(logging.INFO):
+        assert main(["task=text"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert f"{acl}: train/pos holds 2 of 3 reviews" in errors[0] and "unpack aclImdb_v1.tar.gz again" in errors[0]
+    assert "majority class" not in caplog.text
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_partial_imdb_in_hf_form_or_in_an_old_cache_entry_is_refused(tmp_path, monkeypatch, cached):
+    """The split arrays are counted too: the HF forms, and a cache entry built from a partial set before the check."""
+    import pandas as pd
+
+    from lra.data import official
+
+    monkeypatch.setitem(official.OFFICIAL, "text", AS_OFFICIAL)
+    d = tmp_path / "imdb"
+    d.mkdir()
+    pd.DataFrame(rows("train")[1:], columns=["text", "label"]).to_parquet(d / "train-00000-of-00001.parquet")
+    pd.DataFrame(rows("test"), columns=["text", "label"]).to_parquet(d / "test-00000-of-00001.parquet")
+    if cached:
+        with monkeypatch.context() as m:  # built by a harness without the check
+            m.setattr(tx, "check_source", lambda *a, **k: None)
+            tx.load(cfg(), tmp_path, progress=False)
+    with pytest.raises(DataError, match=r"train/pos holds 2 of 3 reviews \(a partial copy of the official set\)"):
+        tx.load(cfg(), tmp_path, progress=False)
+    monkeypatch.setitem(official.OFFICIAL, "text", {k: 12_500 for k in AS_OFFICIAL})
+    tx.load(cfg(), tmp_path, progress=False)  # a set of other sizes throughout is read as it is

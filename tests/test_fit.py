@@ -317,3 +317,29 @@ def test_fit_command_line_takes_flags_between_overrides_and_refuses_bad_ones_in_
     assert lra.fit.main(["task=listops", "hardware=no_such_gpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "no_such_gpu" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "[1, 2]",
+        '"x"',
+        '{"estimates": [1]}',
+        '{"micro_batch": -4, "accum_steps": -2, "source": "x"}',
+        "dir",
+    ],
+)
+def test_damaged_fit_cache_is_one_warning_and_estimated_again(tmp_path, caplog, content):
+    """A fit cache entry damaged in any way (a list, a string, negative sizes, a folder at its name) is ignored
+    with one warning, never a traceback or a plan of negative micro-batches."""
+    from lra.fit import _cached
+
+    path = tmp_path / "entry.json"
+    if content == "dir":
+        path.mkdir()
+    else:
+        path.write_text(content)
+    with caplog.at_level("WARNING", logger="lra.fit"):
+        assert _cached(path, 8, 8, 1, 8) is None
+    assert [r.getMessage().startswith(f"fit cache {path} is damaged") for r in caplog.records] == [True]

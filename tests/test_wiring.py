@@ -516,3 +516,56 @@ def test_generated_listops_labels_follow_the_median_rule():
     rows = [r for split in lo.generate(params, workers=1, progress=False).values() for r in split]
     assert [label for _, label in rows] == [_oracle(lo.parse(src)) for src, _ in rows]
     assert sum(_half_medians(lo.parse(src)) for src, _ in rows) >= 10  # the rule was put to the test
+
+
+# ---------------------------------------------------------------------------------------------
+# The data a run trains on, as lra.loop.wire hands it to the Trainer (no training)
+
+
+def wired_batch(tmp_path, splits, *overrides):
+    """The first training batch of the run ``overrides`` on ``splits``, from the data module ``lra.loop.wire``
+    builds for it, and the run's spec."""
+    from lra.fit import Plan
+    from lra.loop import wire
+
+    spec = load([*overrides, f"runs_root={tmp_path / 'runs'}", "num_threads=1"], run_dir=tmp_path / "run")
+    w = wire(spec, Plan(4, 1, 4, "test"), splits, key=None, start=None)
+    return next(iter(w.dm.train_dataloader())), spec
+
+
+def tiny_splits(n=32, length=16, seed=0):
+    from lra.data import Split
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 3, (n, length)).astype(np.uint8)  # zeros inside, as black pixels
+    split = lambda: Split(tokens, np.full(n, length, np.int32), rng.integers(0, 2, n))  # noqa: E731
+    return {"train": split(), "val": split(), "test": split()}
+
+
+def test_each_seed_trains_on_its_own_batch_order(tmp_path):
+    """Bug caught: the data module not given the run's seed, so every seed trains on seed 0's batch order (and
+    spreads over seeds come out too narrow)."""
+    splits = tiny_splits()
+    first = {s: wired_batch(tmp_path / str(s), splits, *TINY, f"seed={s}")[0]["label"] for s in (0, 1, 2)}
+    orders = {s: tuple(v.tolist()) for s, v in first.items()}
+    assert len(set(orders.values())) == 3, orders  # labels of 4 random rows: 16 orders of 32 rows, 3 differ
+
+
+def test_pathfinder_under_paper_semantics_masks_pixel_0_and_the_record_says_so(tmp_path, monkeypatch):
+    """Bug caught: Pathfinder losing its pixel-0-is-padding mask under the public code's semantics (the
+    skeinformer_paper preset's quirks) while the record still says ``task.mask: nonzero``; and the converse."""
+    from lra.data import load_task
+    from lra.data.registry import LOADERS
+    from lra.record import new_record
+
+    monkeypatch.setitem(LOADERS, "pathfinder", lambda spec, root: tiny_splits())
+    for preset, zero_is_padding in (("skeinformer_paper", True), ("quick", False)):
+        spec = load(["task=pathfinder", f"preset={preset}"], run_dir=tmp_path / preset)
+        splits = load_task(spec.data.spec, tmp_path)  # the reader is replaced; what load_task does to it is not
+        batch, spec = wired_batch(tmp_path / preset, splits, "task=pathfinder", f"preset={preset}")
+        tokens, mask = batch["tokens"], batch["mask"]
+        assert (tokens == 0).any()
+        assert torch.equal(mask, tokens != 0) if zero_is_padding else bool(mask.all()), preset
+        said = new_record(spec).quirks.get("task.mask")
+        assert said == ("nonzero" if zero_is_padding else None), (preset, said)
+        assert spec.config["task"]["mask"] == ("nonzero" if zero_is_padding else "all")

@@ -53,7 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _sigterm_raises():
             spec = load(overrides)
-            splits = load_task(spec.data.spec, spec.data.root)
+            root = spec.data.root
+            if root.exists() and not root.is_dir():
+                raise DataError(
+                    f"the data root {root} is a file, not a folder: set LRA_DATA (or data_root=) to a folder"
+                )
+            try:
+                splits = load_task(spec.data.spec, root)
+            except OSError as e:  # the file system's refusal (read-only, full, permissions), not the harness's fault
+                raise DataError(
+                    f"cannot prepare the data under {root}: {e.strerror or e}"
+                    f"{f': {e.filename}' if e.filename else ''}; make the data root a writable folder with free "
+                    f"space, or set LRA_DATA (or data_root=) to one"
+                ) from None
     except (ConfigError, DataError) as e:
         log.error("%s", e)
         return 2

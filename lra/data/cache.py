@@ -70,22 +70,36 @@ def source_fingerprint(paths) -> list:
 
 
 def cached_splits(
-    root: Path, task: str, params: dict, build: Callable[[], dict[str, Split]], origin: Origin | None = None
+    root: Path,
+    task: str,
+    params: dict,
+    build: Callable[[], dict[str, Split]],
+    origin: Origin | None = None,
+    check: Callable[[dict[str, Split]], None] | None = None,
 ) -> dict[str, Split]:
     """Load the entry for ``params`` or build it with ``build()`` and store it atomically. A damaged entry
     (truncated ``.npy``, bad ``meta.json``, an array that fails its checksum: a full disk, a copy cut short,
     an edit) or one from before checksums is rebuilt in place with one warning. ``origin``: what the reader
     read (lra/data/provenance.py); its checksums and each split's content fingerprint are stored in
-    ``meta.json`` once, and every split returned carries its ``origin``."""
+    ``meta.json`` once, and every split returned carries its ``origin``. ``check(splits)``: raises
+    :class:`~lra.data.base.DataError` for a set that must not be used (a partial official set,
+    lra/data/official.py), on what was built before anything is written, and on an entry read from the cache
+    (one built before the check existed)."""
     key = cache_key(params)
     final = Path(root) / "cache" / f"{task}-{key}"
     if final.exists():
         try:
-            return _with_origin(final, load_entry(final), task, root, origin)
+            splits = load_entry(final)
         except DamagedEntry as e:
             log.warning("cache entry %s %s; rebuilding it", final, e)
+        else:
+            if check is not None:
+                check(splits)
+            return _with_origin(final, splits, task, root, origin)
     t0 = time.perf_counter()
     splits = build()
+    if check is not None:
+        check(splits)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lra.data.base import DataError, hf_datasets
+from lra.data.official import OFFICIAL
 from lra.data.provenance import file_sha256
 
 log = logging.getLogger(__name__)
@@ -71,25 +72,25 @@ class HubSource:
 
 
 # The one table of what is fetched. Revisions: the commits other projects pin (docs/facts.md §3.2 and
-# public code); row counts: IMDB 25k/25k, CIFAR-10 50k/10k, AAN as released (docs/facts.md §3).
+# public code); row counts: the official sets' (lra/data/official.py, docs/facts.md §3).
 SOURCES: dict[str, HubSource] = {
     "text": HubSource(
         "stanfordnlp/imdb",
         "e6281661ce1c48d982bc483cf8a173c1bbeb5d31",
         "hf-stanfordnlp-imdb",
-        {"train": 25_000, "test": 25_000},
+        {s: sum(n for k, n in OFFICIAL["text"].items() if k.startswith(s)) for s in ("train", "test")},
     ),
     "image": HubSource(
         "uoft-cs/cifar10",
         "0b2714987fa478483af9968de7c934580d0bb9a2",
         "hf-uoft-cs-cifar10",
-        {"train": 50_000, "test": 10_000},
+        OFFICIAL["image"],
     ),
     "retrieval": HubSource(
         "OpenNLPLab/lra",
         "6cb133c44f406da743661488df9e977b87d98775",
         "hf-OpenNLPLab-lra-aan",
-        {"train": 147_086, "val": 18_090, "test": 17_437},
+        OFFICIAL["retrieval"],
         {
             "train": "data/aan/new_aan_pairs.train.tsv",
             "val": "data/aan/new_aan_pairs.eval.tsv",

@@ -38,6 +38,7 @@ import numpy as np
 from lra.data import download
 from lra.data.base import DataError, Split, hf_datasets
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.official import check_whole, split_sizes
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
@@ -326,6 +327,12 @@ def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]
         return {"train": full(gtr[:cut], ytr[:cut]), "val": full(gtr[cut:], ytr[cut:]), "test": full(gte, yte)}
 
     kinds = {"pickles": "release", "tar": "archive", "parquet": "hf", "hf_disk": "hf"}
+    fix = (
+        f"download it again ({CIFAR_URL})"
+        if kind in ("pickles", "tar")
+        else "delete the folder and download it again (task.download=true)"
+    )
+    sizes = lambda sp: split_sizes(sp, {"train": ("train", "val")})  # noqa: E731 - val is train's end
     return cached_splits(
         root,
         "image",
@@ -338,4 +345,5 @@ def load(spec: ImageSpec, root: Path, progress: bool = True) -> dict[str, Split]
             files,
             downloaded=downloaded_stamp(where, root),
         ),
+        check=lambda sp: check_whole("image", sizes(sp), where, "images", fix),
     )

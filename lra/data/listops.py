@@ -46,6 +46,7 @@ import numpy as np
 
 from lra.data.base import GENERATED_DIR, DataError, Split, data_workers, progress_bar, worker_pool
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.official import check_whole, split_sizes
 from lra.data.provenance import Origin, generator_fields, relative_path
 from lra.data.registry import register_task
 from lra.data.release import explicit_path
@@ -500,7 +501,13 @@ def load(spec: ListOpsSpec, root: Path) -> dict[str, Split]:
             out[s] = tokenize_split(rows, p, spec.max_length, spec.seq_len, data_workers(), spec.tokenizer)
         return out
 
-    return cached_splits(root, "listops", key, build, origin(folder, root, list(paths.values())))
+    release = recorded is None and explicit_path(spec.path) is None  # generated sets: their GENERATED.json
+    check = lambda sp: check_whole(  # noqa: E731
+        "listops", split_sizes(sp), folder, "rows", "copy or unpack listops-1000/ again from the LRA release"
+    )
+    return cached_splits(
+        root, "listops", key, build, origin(folder, root, list(paths.values())), check=check if release else None
+    )
 
 
 def origin(folder: Path, root: Path, files: list[Path]) -> Origin:

@@ -33,6 +33,7 @@ import numpy as np
 from lra.data import download
 from lra.data.base import DataError, Split, progress_bar
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.official import check_whole, split_sizes
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
 from lra.data.release import RELEASE_URL, explicit_path, is_archive, iter_tar, release_archives, walk
@@ -197,10 +198,16 @@ def load(spec: RetrievalSpec, root: Path, progress: bool = True) -> dict[str, Sp
 
     downloaded = downloaded_stamp(where, root)  # task.download's copy of the HF mirror
     data_kind = "archive" if kind == "archive" else "hf" if downloaded else "release"
+    fix = (
+        "delete the folder and download it again (task.download=true)"
+        if downloaded
+        else f"copy or unpack the files again from {RELEASE_URL}"
+    )
     return cached_splits(
         root,
         "retrieval",
         key,
         build,
         Origin(data_kind, kind, f"AAN pairs, {kind} {relative_path(where, root)}", files, downloaded=downloaded),
+        check=lambda sp: check_whole("retrieval", split_sizes(sp), where, "pairs", fix),
     )

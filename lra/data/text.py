@@ -37,6 +37,7 @@ import numpy as np
 from lra.data import download
 from lra.data.base import DataError, Split, hf_datasets, progress_bar
 from lra.data.cache import cached_splits, source_fingerprint
+from lra.data.official import check_whole, class_sizes
 from lra.data.provenance import Origin, downloaded_stamp, relative_path
 from lra.data.registry import register_task
 from lra.data.release import explicit_path, is_archive, iter_tar, walk
@@ -178,6 +179,26 @@ def _check_label(label, where) -> int:
     if lab not in (0, 1):
         raise DataError(f"{where}: label must be 0 (neg) or 1 (pos), got {label!r}")
     return lab
+
+
+FIXES = {
+    "folder": f"unpack aclImdb_v1.tar.gz again (or delete the folder and put the archive, {IMDB_URL}, in the "
+    f"data root: it is read without unpacking)",
+    "tar": f"download it again ({IMDB_URL})",
+}
+HF_FIX = "delete the folder and download it again (task.download=true, or as docs/data.md says)"
+
+
+def folder_counts(folder: Path) -> dict[str, int]:
+    """Reviews (``*.txt``) per ``<split>/<class>`` folder of an unpacked release."""
+    return {f"{s}/{c}": sum(n.endswith(".txt") for n in os.listdir(folder / s / c)) for s in SPLITS for c in CLASSES}
+
+
+def check_source(src: Source, splits: dict[str, Split]) -> None:
+    """The reviews per split and class of the official IMDB (lra/data/official.py), counted on the splits
+    before the carve's validation is taken back into train; ``val`` aliasing ``test`` is not built yet."""
+    merged = {"train": ("train", "val"), "test": ("test",)}
+    check_whole("text", class_sizes(splits, merged, CLASSES), src.path, "reviews", FIXES.get(src.kind, HF_FIX))
 
 
 def read_folder(folder: Path, progress: bool = True) -> Rows:
@@ -339,6 +360,8 @@ def load(spec: TextSpec, root: Path, progress: bool = True) -> dict[str, Split]:
         src, notes = locate(root, explicit)
     if src is None:
         raise missing_error(root, explicit, notes)
+    if src.kind == "folder":  # counted before anything is read: an interrupted unpacking is the common case
+        check_whole("text", folder_counts(src.path), src.path, "reviews", FIXES["folder"])
     max_length, seq_len = spec.max_length, spec.seq_len
     key = {
         "task": "text",
@@ -357,7 +380,7 @@ def load(spec: TextSpec, root: Path, progress: bool = True) -> dict[str, Split]:
         log.info("IMDB: %s", ", ".join(f"{s} {len(rows[s])} reviews" for s in SPLITS))
         return build_splits(rows, max_length, seq_len, dev_split, key["val_fraction"] or 0.0, key["split_seed"])
 
-    splits = cached_splits(root, "text", key, build, origin(src, root))
+    splits = cached_splits(root, "text", key, build, origin(src, root), check=lambda sp: check_source(src, sp))
     if dev_split == "test":
         splits["val"] = splits["test"]
     return {s: splits[s] for s in ("train", "val", "test")}
