@@ -216,6 +216,7 @@ def _run(tmp_path, name, monkeypatch, stop_at=None, stopper=None):
     from lra.config import load
 
     stopper = stopper or (_StopAt(stop_at) if stop_at is not None else None)
+    monkeypatch.delenv("LRA_DATA", raising=False)  # it would win over data_root= below (lra.files.data_root)
     monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if stopper is None else [stopper])
     spec = load(
         [
