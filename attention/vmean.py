@@ -31,5 +31,5 @@ class VMeanAttention(AttentionBackend):
 
     def forward(self, q, k, v, mask=None):
         real = key_mask(full_mask(q, mask)).to(v.dtype)  # (b, n)
-        weights = (real / real.sum(-1, keepdim=True))[:, None, None, :]  # (b, 1, 1, n): 1/m on real keys
-        return (weights @ v).expand_as(v).clone()  # one weighted sum per row of heads, not a masked copy of v
+        weights = (real / real.sum(-1, keepdim=True))[:, None, :, None]  # (b, 1, n, 1): 1/m on real keys
+        return (v * weights).sum(-2, keepdim=True).expand_as(v).clone()  # a weighted sum, not a masked copy of v
