@@ -331,7 +331,10 @@ class SkeinformerAttention(AttentionBackend):
             n_rest = m.to(q.dtype)[:, None, None, None] - d_real  # unselected real columns, m - d
             # the draw is without replacement, so the selected real values are distinct rows of v
             v_rest = v.sum(-2, keepdim=True) - (v_s * valid).sum(-2, keepdim=True)  # (b,h,1,p)
-            out = (e @ v_s + g * v_rest) / (e.sum(-1, keepdim=True) + n_rest * g)
+            # Σ_{J'} e_ij rides as a column of ones beside V_{J'}: one GEMM gives numerator and row sum, and e
+            # gets one gradient (a separate e.sum would add a second (n, d) gradient into it)
+            both = e @ torch.cat([v_s, torch.ones_like(v_s[..., :1])], dim=-1)
+            out = (both[..., :-1] + g * v_rest) / (both[..., -1:] + n_rest * g)
         elif o.row_norm == "simple":
             out = s.softmax(-1) @ v_s
         else:  # "exact": D⁻¹ A S Sᵀ V, Horvitz-Thompson weights of the without-replacement sample or none

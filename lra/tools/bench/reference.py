@@ -251,7 +251,8 @@ def render(rows: list[dict], meta: dict) -> str:
         "",
         f"{meta['device']} · torch {meta['torch']} · {meta['threads']} thread(s) · batch {SHAPE['batch']}, "
         f"{SHAPE['heads']} heads, head dim {SHAPE['head_dim']}, last {PAD:.0%} padding · forward + backward · "
-        f"median of {meta['repeats']} interleaved calls each · commit {meta['commit']}",
+        f"median of {meta['repeats']} interleaved samples each (a sample: at least {MIN_SAMPLE_S * 1e3:.0f} ms of "
+        f"calls) · commit {meta['commit']}",
         "",
         f"{meta['load_line']}",
         "",
@@ -306,7 +307,7 @@ def _run(cfg: ReferenceConfig, out: Path) -> list[dict]:
         "torch": torch.__version__,
         "threads": cfg.threads,
         "repeats": cfg.repeats,
-        "commit": git_commit() or "unknown",
+        "commit": git_commit(short=True) or "unknown",
         "load_line": load_.line(),
         "load_warning": load_.warning(),
     }
