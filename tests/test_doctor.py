@@ -197,6 +197,31 @@ def test_a_check_whose_item_would_run_for_ever_ends_within_its_budget_plus_grace
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)  # the timer's handler gone
 
 
+def test_an_item_stopped_past_the_budget_keeps_its_line_and_the_items_after_it_are_skipped(monkeypatch):
+    """A check of several items (backends, fit, compile, cost): the one the timer stops is a skip line of
+    its own, the rest skips, so the report still lists every item asked for."""
+
+    def one(task, backend):
+        if backend == "slow":
+            while True:
+                time.sleep(0.01)
+        yield checks.Result("cost", f"{task}/{backend}", "pass", "1 ms")
+
+    def three(opts, budget):
+        yield from checks._each("cost", [("listops", "a"), ("listops", "slow"), ("listops", "c")], budget, one)
+
+    monkeypatch.setitem(checks.CHECK_FUNCTIONS, "cost", three)
+    _, results = run(
+        Options(checks=("cost",), quick=True, budget_s=0.2), say=lambda line: None, environment={"device": "cpu"} | _ENV
+    )
+    assert [(r.item, r.status) for r in results] == [
+        ("listops/a", "pass"),
+        ("listops/slow", "skip"),
+        ("listops/c", "skip"),
+    ]
+    assert "did not finish" in results[1].detail and "past the check's time budget" in results[2].detail
+
+
 class _Trainer:
     def __init__(self, max_steps):
         self.global_step, self.max_steps, self.should_stop = 0, max_steps, False

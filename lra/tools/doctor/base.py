@@ -106,7 +106,7 @@ class Budget:
             "(cut)",
             "skip",
             detail=f"stopped at {self.elapsed():.0f} s, past the check's time budget of {self.seconds:g} s "
-            f"(+{self.grace:.1f} s grace): the item in flight and the check's remaining items did not run (--budget-s)",
+            f"(+{self.grace:.1f} s grace): the item in flight did not finish (--budget-s)",
         )
 
 

@@ -20,7 +20,7 @@ from lra.fit import plan, train_step_peak
 from lra.tools.bench import tasks as bench
 from lra.tools.doctor import overhead as overhead_check
 from lra.tools.doctor import resume as resume_check
-from lra.tools.doctor.base import Budget, Options, Result, one_line
+from lra.tools.doctor.base import Budget, Options, OverBudget, Result, one_line
 from lra.tools.doctor.env import load_average
 from lra.tools.meter import MIB
 from lra.tools.meter.step import step_peak
@@ -108,9 +108,16 @@ def _row_result(check: str, r: dict) -> Result:
 def _each(
     check: str, items: list[tuple[str, str]], budget: Budget, one: Callable[[str, str], Iterator[Result]]
 ) -> Iterator[Result]:
-    """``one(task, backend)``'s results for each item while the check's budget lasts; a skip for the rest."""
+    """``one(task, backend)``'s results for each item while the check's budget lasts; a skip for the rest,
+    and for the item the watchdog stopped past the budget (every item keeps its line)."""
     for task, backend in items:
-        yield from one(task, backend) if budget.left() else [budget.skip(check, f"{task}/{backend}")]
+        if not budget.left():
+            yield budget.skip(check, f"{task}/{backend}")
+            continue
+        try:
+            yield from one(task, backend)
+        except OverBudget:
+            yield Result(check, f"{task}/{backend}", "skip", detail=budget.cut_result(check).detail)
 
 
 def _names(opts: Options, wanted: tuple, fallback: int) -> tuple:
