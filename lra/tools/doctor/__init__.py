@@ -111,7 +111,7 @@ def state_line(state: dict) -> str:
     """Where the doctor is: complete, running a check, or stopped during one (report.md's second line)."""
     if state.get("complete"):
         return "Complete: every check ran."
-    doing = f"check `{state['during']}`" if state.get("during") else "the start"
+    doing = f"check `{state['during']}`" if state.get("during") else "a pause between checks"
     rest = f"; not run: {', '.join(state['not_run'])}" if state.get("not_run") else ""
     if state.get("stopped"):
         return (

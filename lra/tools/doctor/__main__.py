@@ -1,8 +1,9 @@
 """``python -m lra.tools.doctor`` (``lra-doctor``, ``make doctor``): does the harness work here, how fast, at what cost.
 
 Prints the environment, then one line per item of each check with its status and figure, and writes
-report.md and report.json under ``doctor/<time>/`` of the runs root. Exit code 0 when nothing failed
-(warnings included), 1 when an item failed, 2 for bad input.
+report.md and report.json under ``doctor/<time>/`` of the runs root, rewritten after each result. Exit
+code 0 when nothing failed (warnings included), 1 when an item failed, 2 for bad input, 130/143 when
+stopped by Ctrl-C/SIGTERM (the report then says where).
 """
 
 from __future__ import annotations
