@@ -3,6 +3,9 @@ the time budget each check runs under."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,17 +64,78 @@ class Options:
         return [f"hardware={self.hardware}", *self.device_overrides]
 
 
+class OverBudget(BaseException):
+    """Raised in the main thread when a check runs past its budget plus grace (:func:`watchdog`). A
+    BaseException, so the checks' own ``except Exception`` (a failing item is named and the rest go on)
+    does not take it for the item's failure."""
+
+
+def grace_s(seconds: float) -> float:
+    """What a check may run past its budget to end the item in flight: 10% of it, 0.5 to 15 s."""
+    return min(15.0, max(0.5, 0.1 * seconds))
+
+
 class Budget:
-    """A check's time budget: ``left()`` says whether another item may start."""
+    """A check's time budget: ``left()`` says whether another item may start, ``share(n)`` what one of
+    ``n`` remaining items may spend; :func:`watchdog` stops the check ``grace`` past its end."""
 
     def __init__(self, seconds: float):
         self.seconds, self.t0 = seconds, time.perf_counter()
+        self.grace = grace_s(seconds)
+        self.cut = False  # the watchdog fired: what failed after it was cut, not broken
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def remaining(self) -> float:
+        return max(0.0, self.seconds - self.elapsed())
 
     def left(self) -> bool:
-        return time.perf_counter() - self.t0 < self.seconds
+        return self.elapsed() < self.seconds
+
+    def share(self, items: int) -> float:
+        """Seconds one of ``items`` items still to run may take: an equal share of what is left."""
+        return self.remaining() / max(1, items)
 
     def skip(self, check: str, item: str) -> Result:
-        return Result(check, item, "skip", detail=f"past the check's time budget of {self.seconds:.0f} s (--budget-s)")
+        return Result(check, item, "skip", detail=f"past the check's time budget of {self.seconds:g} s (--budget-s)")
+
+    def cut_result(self, check: str) -> Result:
+        return Result(
+            check,
+            "(cut)",
+            "skip",
+            detail=f"stopped at {self.elapsed():.0f} s, past the check's time budget of {self.seconds:g} s "
+            f"(+{self.grace:.1f} s grace): the item in flight did not finish (--budget-s)",
+        )
+
+
+_armed: list[Budget] = []  # the budget the watchdog guards now (at most one)
+
+
+def _alarm(signum, frame):
+    if _armed:
+        _armed[0].cut = True
+        raise OverBudget(f"past the check's time budget of {_armed[0].seconds:g} s")
+
+
+@contextlib.contextmanager
+def watchdog(budget: Budget):
+    """Raise :class:`OverBudget` in the main thread ``budget.grace`` after the budget ends, and again each
+    second (or grace) after (a ``finally`` or a library that swallows it gets it again), until the block is left.
+    Only where a timer signal can be set (the main thread on a POSIX system); elsewhere a no-op."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, _alarm)
+    _armed[:] = [budget]
+    signal.setitimer(signal.ITIMER_REAL, max(budget.remaining() + budget.grace, 0.001), min(1.0, budget.grace))
+    try:
+        yield
+    finally:
+        _armed.clear()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def one_line(err: BaseException) -> str:

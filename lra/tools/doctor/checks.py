@@ -20,7 +20,7 @@ from lra.fit import plan, train_step_peak
 from lra.tools.bench import tasks as bench
 from lra.tools.doctor import overhead as overhead_check
 from lra.tools.doctor import resume as resume_check
-from lra.tools.doctor.base import Budget, Options, Result, one_line
+from lra.tools.doctor.base import Budget, Options, OverBudget, Result, one_line
 from lra.tools.doctor.env import load_average
 from lra.tools.meter import MIB
 from lra.tools.meter.step import step_peak
@@ -108,9 +108,16 @@ def _row_result(check: str, r: dict) -> Result:
 def _each(
     check: str, items: list[tuple[str, str]], budget: Budget, one: Callable[[str, str], Iterator[Result]]
 ) -> Iterator[Result]:
-    """``one(task, backend)``'s results for each item while the check's budget lasts; a skip for the rest."""
+    """``one(task, backend)``'s results for each item while the check's budget lasts; a skip for the rest,
+    and for the item the watchdog stopped past the budget (every item keeps its line)."""
     for task, backend in items:
-        yield from one(task, backend) if budget.left() else [budget.skip(check, f"{task}/{backend}")]
+        if not budget.left():
+            yield budget.skip(check, f"{task}/{backend}")
+            continue
+        try:
+            yield from one(task, backend)
+        except OverBudget:
+            yield Result(check, f"{task}/{backend}", "skip", detail=budget.cut_result(check).detail)
 
 
 def _names(opts: Options, wanted: tuple, fallback: int) -> tuple:
@@ -187,41 +194,58 @@ def fit(opts: Options, budget: Budget) -> Iterator[Result]:
 
 
 # ----------------------------------------------------------------------------- 3. harness overhead
+def overhead_figure(o: overhead_check.Overhead) -> str:
+    """The ratio and the two times it is the quotient of (the median pair's), the host work their difference."""
+    return (
+        f"{o.ratio:.3f}x a bare loop, {o.host_ms:+.2f} ms of host work per step "
+        f"({o.harness_ms:.2f} vs {o.bare_ms:.2f} ms)"
+    )
+
+
+def overhead_detail(o: overhead_check.Overhead, status: str, cut: str) -> str:
+    return (
+        f"the median of {o.blocks} interleaved pairs of blocks of {o.block} steps, micro-batch {o.micro_batch} x "
+        f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
+        + (f"; {cut}" if o.cut else "")
+        + (
+            ""
+            if o.ratio <= overhead_check.TARGET
+            else f"; above {overhead_check.TARGET}, with the machine's load "
+            f"average at {load_average():.1f} on {default_threads()} cores: "
+            "measure again on a calm machine if it is busy"
+        )
+    )
+
+
 def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
     # quick ListOps shapes on a CPU (a paper-shaped step takes seconds there); the preset's on a GPU
     preset = "quick" if opts.quick or not _cuda(opts) else opts.preset
     sizes = dict(blocks=8, block=12, warmup=8) if opts.quick else dict(blocks=10, block=25, warmup=10)
 
+    items = [("listops", b) for b in _names(opts, PAIR, 1)]
+    started = []
+
     def one(task: str, backend: str) -> Iterator[Result]:
         item = f"{task}/{backend} ({preset} shapes)"
+        started.append(item)
+        share = budget.share(len(items) - len(started) + 1)  # this item's part of what is left
         try:
             o = overhead_check.measure(
                 [f"task={task}", *bench.backend_overrides(backend), f"preset={preset}", *opts.run_overrides],
                 **sizes,
+                budget_s=share,
             )
         except Exception as e:  # noqa: BLE001
             yield Result("overhead", item, "fail", detail=one_line(e))
             return
-        status = "pass" if o.ratio <= overhead_check.TARGET else "warn"
-        yield Result(
-            "overhead",
-            item,
-            status,
-            f"{o.ratio:.3f}x a bare loop, {o.host_ms:+.2f} ms of host work per step "
-            f"({o.harness_ms:.2f} vs {o.bare_ms:.2f} ms)",
-            f"median of {o.blocks} interleaved blocks of {o.block} steps, micro-batch {o.micro_batch} x "
-            f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
-            + (
-                ""
-                if status == "pass"
-                else f"; above {overhead_check.TARGET}, with the machine's load "
-                f"average at {load_average():.1f} on {default_threads()} cores: "
-                "measure again on a calm machine if it is busy"
-            ),
-            data=o.as_dict(),
-        )
+        cut = f"cut short at its share of the time budget ({share:.0f} s): {o.blocks} of {sizes['blocks']} blocks"
+        if not o.blocks:
+            yield Result("overhead", item, "skip", detail=cut + " (no pair timed)", data=o.as_dict())
+            return
+        status = "pass" if o.ratio <= overhead_check.TARGET and not o.cut else "warn"  # cut: too few pairs to pass
+        yield Result("overhead", item, status, overhead_figure(o), overhead_detail(o, status, cut), data=o.as_dict())
 
-    yield from _each("overhead", [("listops", b) for b in _names(opts, PAIR, 1)], budget, one)
+    yield from _each("overhead", items, budget, one)
 
 
 # ----------------------------------------------------------------------------- 4. compiled vs eager

@@ -7,18 +7,23 @@ of the model, AdamW, the same schedule, clipping and precision, batches already 
 both see the same machine, load and clock. Evaluation is out of the window (``eval_every`` past the
 last step) as it is out of ``time_per_1k_steps_s``; so are compilation and the first ``warmup`` steps.
 
-The ratio is the median over the pairs (a harness block, the bare block that follows it) of their
-ratio, so a slow minute of a shared machine weighs on both sides of a pair; the host work per step is
-the median of their differences, in milliseconds.
+The first bare block runs before any timed harness block (it warms the bare loop) and is not counted:
+harness block i is paired with bare block i + 1, the one that follows it (:func:`warm_pairs`). The
+figures are those of the median pair, the pair whose ratio is the median (the lower middle one of an
+even count; :func:`median_pair`), so a slow minute of a shared machine weighs on both sides of a pair
+and the printed times give the printed ratio: ratio = harness / bare, host work = harness - bare.
+
+Given ``budget_s``, the timing loop looks at the clock at every optimizer step and stops the run when
+it is spent: the figures are then those of the pairs timed until then, ``cut`` says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +38,7 @@ from lra.config import RunSpec, load
 from lra.data import Split
 from lra.devices import sync
 from lra.fit import Plan, plan
+from lra.interrupts import Interrupted
 from lra.loop import wire
 from lra.model import build_model
 from lra.module import warmup_linear_decay
@@ -78,8 +84,10 @@ class BareLoop:
 class Interleave(L.Callback):
     """Times the Trainer's optimizer steps in blocks and runs a block of the bare loop between them."""
 
-    def __init__(self, block: int, warmup: int):
+    def __init__(self, block: int, warmup: int, deadline: float | None = None):
         self.block, self.warmup = block, warmup
+        self.deadline = deadline  # time.perf_counter() past which the run is stopped (None: never)
+        self.cut = False  # stopped at the deadline before its last block
         self.bare: Callable[[], None] | None = None  # one bare optimizer step, set before training starts
         self.device = torch.device("cpu")  # where both loops run (synchronised around each block on CUDA)
         self.harness_s: list[float] = []
@@ -92,13 +100,15 @@ class Interleave(L.Callback):
         if step == self._step:
             return  # inside an optimizer step (accumulating)
         self._step = step
-        if step < self.warmup or (step - self.warmup) % self.block:
-            return
-        sync(self.device)
-        if self._t0 is not None:
-            self.harness_s.append((time.perf_counter() - self._t0) / self.block)
-        self.bare_s.append(timed(self._bare_block, self.device) / self.block)
-        self._t0 = time.perf_counter()
+        if step >= self.warmup and not (step - self.warmup) % self.block:
+            sync(self.device)
+            if self._t0 is not None:
+                self.harness_s.append((time.perf_counter() - self._t0) / self.block)
+            self.bare_s.append(timed(self._bare_block, self.device) / self.block)
+            self._t0 = time.perf_counter()
+        if self.deadline is not None and time.perf_counter() >= self.deadline and step < trainer.max_steps:
+            self.cut = True  # the block in flight is dropped; the pairs timed so far stand
+            trainer.should_stop = True
 
     def _bare_block(self) -> None:
         for _ in range(self.block):
@@ -125,10 +135,12 @@ def quiet():
 
 def fit_interruptible(w) -> None:
     """``trainer.fit`` where Ctrl-C stays a KeyboardInterrupt: Lightning answers it with its own shutdown,
-    ``sys.exit(1)``, and SIGINT ignored from then on."""
+    ``sys.exit(1)``, and SIGINT ignored from then on. A SIGTERM (:class:`Interrupted`) stays itself."""
     handler = signal.getsignal(signal.SIGINT)
     try:
         w.trainer.fit(w.lit, datamodule=w.dm)
+    except Interrupted:
+        raise
     except SystemExit:
         if w.trainer.interrupted:
             raise KeyboardInterrupt from None
@@ -137,18 +149,39 @@ def fit_interruptible(w) -> None:
         signal.signal(signal.SIGINT, handler)
 
 
+def warm_pairs(harness_s: list[float], bare_s: list[float]) -> list[tuple[float, float]]:
+    """(harness block i, bare block i + 1): each harness block with the bare block that runs right after
+    it. ``bare_s[0]`` ran before any timed harness block, on a cold bare loop: it is in no pair."""
+    return list(zip(harness_s, bare_s[1:]))
+
+
+def median_pair(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The pair whose harness / bare ratio is the median (the lower middle one of an even count)."""
+    ranked = sorted(pairs, key=lambda p: p[0] / p[1])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def summarize(harness_s: list[float], bare_s: list[float]) -> dict:
+    """The figures of :class:`Overhead` from the blocks' times per step (seconds, in the order timed):
+    those of the median warm pair, so that ratio = harness_ms / bare_ms and host_ms = their difference."""
+    pairs = warm_pairs(harness_s, bare_s)
+    h, b = median_pair(pairs) if pairs else (math.nan, math.nan)
+    return dict(ratio=h / b, host_ms=(h - b) * 1e3, harness_ms=h * 1e3, bare_ms=b * 1e3, blocks=len(pairs))
+
+
 @dataclass
 class Overhead:
-    ratio: float  # median over the block pairs of harness / bare
-    host_ms: float  # median over the block pairs of harness - bare, per optimizer step
-    harness_ms: float  # median harness time per optimizer step
-    bare_ms: float  # median bare-loop time per optimizer step
-    blocks: int
+    ratio: float  # harness_ms / bare_ms: the median pair's ratio (NaN: no pair timed)
+    host_ms: float  # harness_ms - bare_ms, per optimizer step
+    harness_ms: float  # the median pair's harness time per optimizer step
+    bare_ms: float  # the median pair's bare-loop time per optimizer step
+    blocks: int  # the pairs timed
     block: int
     micro_batch: int
     accum_steps: int
     precision: str
     compiled: bool
+    cut: bool = False  # stopped at its time budget before the blocks asked for
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -162,6 +195,7 @@ def measure(
     warmup: int = 10,
     seed: int = 0,
     workdir: Path | None = None,
+    budget_s: float | None = None,
 ) -> Overhead:
     """The harness against the bare loop for the run ``overrides`` describe (e.g. ``task=listops
     attn=softmax preset=quick``), on random data of the task's shapes.
@@ -170,6 +204,8 @@ def measure(
         overrides: Hydra overrides as ``lra.train`` takes them.
         blocks: timed blocks of each loop; block: optimizer steps per block; warmup: untimed first steps.
         workdir: where the timed run writes (checkpoints, metrics.csv); a temporary folder if None.
+        budget_s: seconds from the call after which the timing loop stops, the pairs timed so far kept
+            (``cut`` True); None: no limit.
 
     Returns:
         :class:`Overhead` with the medians per optimizer step, their ratio and difference.
@@ -178,6 +214,7 @@ def measure(
         >>> o = measure(["task=listops", "attn=softmax", "preset=quick"])  # doctest: +SKIP
         >>> print(f"{o.ratio:.3f} ({o.host_ms:.2f} ms of host work per step)")  # doctest: +SKIP
     """
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     steps = warmup + blocks * block
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         args = [
@@ -196,22 +233,18 @@ def measure(
         n = max(n, spec.train.batch_size)
         splits = synthetic_splits(spec, n, p.micro_batch, seed)
         L.seed_everything(seed, workers=True, verbose=False)
-        timer = Interleave(block, warmup)
+        timer = Interleave(block, warmup, deadline)
         with quiet():
             w = wire(spec, p, splits, key=None, start=None, extra=(timer,))
             timer.device = w.trainer.strategy.root_device  # the harness's device: the bare loop runs there too
             timer.bare = BareLoop(spec, p, timer.device, spec.hardware.precision, spec.hardware.compile, seed)
             fit_interruptible(w)
-    pairs = list(zip(timer.harness_s, timer.bare_s[1:]))  # bare block i + 1 runs right after harness block i
     return Overhead(
-        statistics.median(h / b for h, b in pairs),
-        statistics.median((h - b) * 1e3 for h, b in pairs),
-        statistics.median(timer.harness_s) * 1e3,
-        statistics.median(timer.bare_s[1:]) * 1e3,
-        len(pairs),
-        block,
-        p.micro_batch,
-        p.accum_steps,
-        spec.hardware.precision,
-        spec.hardware.compile,
+        **summarize(timer.harness_s, timer.bare_s),
+        block=block,
+        micro_batch=p.micro_batch,
+        accum_steps=p.accum_steps,
+        precision=spec.hardware.precision,
+        compiled=spec.hardware.compile,
+        cut=timer.cut,
     )

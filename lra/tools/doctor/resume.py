@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -70,14 +71,26 @@ def _start(scratch: Path, name: str, extra: list[str], procs: list) -> subproces
     return proc
 
 
-def _checkpoint_step(runs: Path) -> int | None:
-    last = next(runs.rglob("last.ckpt"), None) if runs.exists() else None
-    if last is None:
-        return None
+class NotData(Exception):
+    """A checkpoint that ``torch.load(weights_only=True)`` refuses: it holds more than tensors and plain
+    values, and a runs folder from elsewhere is data, never code, so it is not unpickled another way."""
+
+
+def read_step(path: Path) -> int | None:
+    """The ``global_step`` a checkpoint holds, read as data (``weights_only=True``); None while it is being
+    written (truncated); :class:`NotData`, in one line naming the file, where it cannot be read as data."""
     try:
-        return int(torch.load(last, map_location="cpu", weights_only=False)["global_step"])
+        return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NotData(f"{path}: refused, it cannot be read as data (torch.load weights_only=True: {first})") from None
     except Exception:  # noqa: BLE001 - being replaced right now
         return None
+
+
+def _checkpoint_step(runs: Path) -> int | None:
+    last = next(runs.rglob("last.ckpt"), None) if runs.exists() else None
+    return None if last is None else read_step(last)
 
 
 def _kill_after_checkpoint(proc: subprocess.Popen, runs: Path, deadline: float) -> int | None:
@@ -94,7 +107,7 @@ def _kill_after_checkpoint(proc: subprocess.Popen, runs: Path, deadline: float) 
 
 def _finish(proc: subprocess.Popen, deadline: float) -> tuple[int, str]:
     try:
-        out, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
+        out, _ = proc.communicate(timeout=max(0.2, deadline - time.time()))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
@@ -127,25 +140,44 @@ def compare(ref: dict, resumed: dict, ref_curve: list, curve: list) -> tuple[lis
     return diffs, max(nums, default=0.0)
 
 
+def _past(item: str, budget: Budget) -> Result:
+    return Result(
+        "resume", item, "skip", detail=f"its runs were stopped at the check's time budget of {budget.seconds:g} s"
+    )
+
+
 def check(opts: Options, budget: Budget) -> Iterator[Result]:
     item = "listops/softmax tiny run, SIGKILL at a checkpoint, resumed"
     extra = opts.run_overrides
     scratch = Path(tempfile.mkdtemp(prefix="lra-doctor-resume-", dir=opts.out))
-    deadline = time.time() + max(60.0, budget.seconds)
+    deadline = time.time() + budget.remaining()  # every wait below ends there; the watchdog backs it
     procs: list[subprocess.Popen] = []
     try:
         ref_proc = _start(scratch, "ref", extra, procs)
         killed = _start(scratch, "killed", extra, procs)
-        step = _kill_after_checkpoint(killed, scratch / "killed", deadline)
+        try:
+            step = _kill_after_checkpoint(killed, scratch / "killed", deadline)
+        except NotData as e:
+            yield Result("resume", item, "fail", detail=str(e)[:300])
+            return
         rc, out = _finish(ref_proc, deadline)
+        if time.time() >= deadline:
+            yield _past(item, budget)
+            return
         if rc != 0:
             yield Result("resume", item, "fail", detail=f"the uninterrupted run exited {rc}: {out.strip()[-300:]}")
             return
         if step is None:
             _finish(killed, deadline)
+            if time.time() >= deadline:
+                yield _past(item, budget)
+                return
             yield Result("resume", item, "fail", detail=f"no checkpoint at step >= {KILL_AT} to kill the run at")
             return
         rc, out = _finish(_start(scratch, "killed", extra, procs), deadline)
+        if time.time() >= deadline:
+            yield _past(item, budget)
+            return
         if rc != 0 or "resuming from" not in out:
             yield Result(
                 "resume",
