@@ -35,11 +35,18 @@ def scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | 
         >>> scores(q, k, 0.5, key_bias(keep[:, None, None, :], q.dtype))[0, 0, 0]
         tensor([2., 2., -inf])
     """
+    *batch, n, _ = q.shape
+    return flat_scores(q, k, scale, bias).view(*batch, n, k.shape[-2])
+
+
+def flat_scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`scores` with the batch dims flattened, (B, n, m): the GEMM's own output, not a view of it, so a
+    caller may go on in place (``s.sub_(c).exp_()``) where autograd would copy a view's whole base back."""
     *batch, n, p = q.shape
     m = k.shape[-2]
     qf, kt = q.reshape(-1, n, p), k.reshape(-1, m, p).transpose(1, 2)
     if bias is None:  # beta=0: the input is ignored (the scaling still happens inside the GEMM)
-        return torch.baddbmm(qf.new_zeros(1, 1, 1), qf, kt, beta=0.0, alpha=scale).view(*batch, n, m)
+        return torch.baddbmm(qf.new_zeros(1, 1, 1), qf, kt, beta=0.0, alpha=scale)
     rows, cols = bias.shape[-2:]
     bias = bias.expand(*batch, rows, cols).reshape(-1, rows, cols)
-    return torch.baddbmm(bias, qf, kt, alpha=scale).view(*batch, n, m)
+    return torch.baddbmm(bias, qf, kt, alpha=scale)

@@ -92,7 +92,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attention._scores import key_bias, scores
+from attention._scores import flat_scores, key_bias, scores
 from attention.registry import (
     AttentionBackend,
     Capabilities,
@@ -316,13 +316,15 @@ class SkeinformerAttention(AttentionBackend):
             if slot is not None:
                 col_valid = col_valid & slot
         k_s, v_s = _gather_rows(k, cols), _gather_rows(v, cols)
-        if o.row_norm != "exact":  # ("exact" reads its selected entries off the full matrix below)
+        if o.row_norm == "simple":
             s = scores(q, k_s, scale, key_bias(col_valid[:, :, None, :], q.dtype))  # (b,h,n,d), -inf off J'
 
         # 3. row normalisation
-        if o.row_norm == "adaptive":  # eq. (6)
+        if o.row_norm == "adaptive":  # eq. (6), on (b·h, n, d) matrices: the GEMM's output, changed in place
+            s = flat_scores(q, k_s, scale, key_bias(col_valid[:, :, None, :], q.dtype))  # -inf off J'
             c = s.amax(-1, keepdim=True).detach()
-            e = torch.exp(s - c)  # a_ij / e^{c_i} on J', 0 on invalid columns
+            e = s.sub_(c).exp_()  # a_ij / e^{c_i} on J', 0 on invalid columns
+            c = c.view(b, h, n, 1)
             valid = col_valid.to(q.dtype)[..., None]  # (b,h,d,1)
             d_real = valid.sum(-2, keepdim=True)  # selected real columns (b,h,1,1)
             # Σ_{J'} log a_ij = q_i · Σ_{J'} k_j · scale: one matrix-vector product, not a pass over (n, d)
@@ -333,7 +335,8 @@ class SkeinformerAttention(AttentionBackend):
             v_rest = v.sum(-2, keepdim=True) - (v_s * valid).sum(-2, keepdim=True)  # (b,h,1,p)
             # Σ_{J'} e_ij rides as a column of ones beside V_{J'}: one GEMM gives numerator and row sum, and e
             # gets one gradient (a separate e.sum would add a second (n, d) gradient into it)
-            both = e @ torch.cat([v_s, torch.ones_like(v_s[..., :1])], dim=-1)
+            both = torch.bmm(e, torch.cat([v_s, torch.ones_like(v_s[..., :1])], dim=-1).view(b * h, -1, p + 1))
+            both = both.view(b, h, n, p + 1)
             out = (both[..., :-1] + g * v_rest) / (both[..., -1:] + n_rest * g)
         elif o.row_norm == "simple":
             out = s.softmax(-1) @ v_s
