@@ -287,6 +287,7 @@ def _small_multiples(results, meta, key, ok, others, names, lengths):
             ax.text(
                 0.03, 0.95, f"{_fmt_ratio(ratio)}× fused at n={n}", transform=ax.transAxes, fontsize=7, va="top",
                 color="tab:blue",
+                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1},
             )  # fmt: skip
     for ax in axes[len(others) :]:
         ax.set_visible(False)
