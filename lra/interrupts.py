@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 
 
 class Interrupted(SystemExit):
@@ -27,3 +29,18 @@ def signal_of(e: BaseException) -> int:
 def raise_interrupted(signum, frame):
     """A signal handler: the signal becomes :class:`Interrupted` where the main thread was."""
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises :class:`Interrupted` inside the block (as Ctrl-C raises KeyboardInterrupt), so every
+    ``finally`` runs (temporary files go) and the command ends with one line; the handler it replaced is put
+    back on leaving. Yields whether it is in place: only the main thread can set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    old = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield True
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -49,7 +49,7 @@ from lra.data import DataError, Split, data_record, fingerprint, load_task
 from lra.devices import LoadMeter, check_devices, limit_gpu_memory
 from lra.fit import FitError, Plan, plan
 from lra.hydra_glue import run_dir_of, run_in_folder
-from lra.interrupts import Interrupted, raise_interrupted
+from lra.interrupts import Interrupted, raise_interrupted, sigterm_raises
 from lra.loggers import check_loggers
 from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
@@ -616,12 +616,9 @@ def main() -> None:
             _hydra_main()
             return
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
-        previous = signal.signal(signal.SIGTERM, raise_interrupted)  # as Ctrl-C: the data's temporary folders go
-        try:
+        with sigterm_raises():  # as Ctrl-C: the data's temporary folders go
             cfg, spec, splits = check_before_run(args)
             check_lockable(spec.run_dir)  # a file system without flock: one line before Hydra makes the folder
-        finally:
-            signal.signal(signal.SIGTERM, previous)
         run_in_folder(cfg, lambda task_cfg: run_task(task_cfg, spec, splits), job_name="train")  # composed once
     except BaseException as e:  # before the run started (its own exits are run_task's)
         end = ending(e)

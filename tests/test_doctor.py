@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from attention import AttentionBackend, Capabilities
+from lra.interrupts import raise_interrupted
 from lra.tools.doctor import Options, checks, overhead, resume, run
-from lra.tools.doctor import __main__ as doctor_main
 from lra.tools.doctor.__main__ import main
 from lra.tools.doctor.base import Budget, grace_s
 
@@ -166,7 +166,7 @@ def test_the_report_is_written_as_the_doctor_goes_and_a_sigterm_leaves_it_comple
     md = (tmp_path / "report.md").read_text()
     assert "Incomplete: stopped by SIGTERM during check `overhead`" in md and "not run: cost" in md
     assert "## fit" in md and "1.010x" in md and "## cost" not in md
-    assert signal.getsignal(signal.SIGTERM) is not doctor_main.raise_interrupted  # handlers given back
+    assert signal.getsignal(signal.SIGTERM) is not raise_interrupted  # handlers given back
 
 
 # ----------------------------------------------------------------------------- the time budget

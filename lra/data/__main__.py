@@ -8,17 +8,15 @@ same overrides as ``lra.train`` (e.g. ``preset=quick`` prepares the quick data).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import signal
 import sys
-import threading
 import time
 
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.data import DataError, data_record, load_task
-from lra.interrupts import Interrupted, raise_interrupted, signal_of
+from lra.interrupts import Interrupted, signal_of, sigterm_raises
 
 USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
 ABOUT = "Prepare (generate, tokenise, cache) a task's data under the data root ($LRA_DATA or data/)."
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("lra.data")
     t0 = time.perf_counter()
     try:
-        with _sigterm_raises():
+        with sigterm_raises():
             spec = load(overrides)
             root = spec.data.root
             if root.exists() and not root.is_dir():
@@ -90,18 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     log.info("data id %s (%s): %s", data["id"], data["kind"], data["description"])
     log.info("ready in %.1f s under %s", time.perf_counter() - t0, spec.data.root)
     return 0
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-    if threading.current_thread() is not threading.main_thread():  # signals can only be set there
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, raise_interrupted)  # every ``finally`` runs before the one line
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

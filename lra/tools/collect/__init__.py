@@ -42,7 +42,7 @@ import pandas as pd
 
 from lra.cli import Parser
 from lra.files import runs_root, write_text
-from lra.interrupts import Interrupted, raise_interrupted, signal_of
+from lra.interrupts import Interrupted, signal_of, sigterm_raises
 from lra.tools.collect.escape import console, md, md_code
 from lra.tools.collect.page import page_html
 from lra.tools.collect.plots import plot_preset
@@ -277,20 +277,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 SHOW_SKIPPED = 20  # skipped records printed one line each; the rest in issues.md
 
 
-@contextlib.contextmanager
-def _signals_raise():
-    """SIGTERM raises :class:`Interrupted` while collecting, so the file being written is removed (every
-    ``finally`` runs) and the command ends with one line; as the other commands do (lra/interrupts.py)."""
-    if threading.current_thread() is not threading.main_thread():  # signals can only be set there
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, raise_interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.drop_empty:
@@ -313,7 +299,7 @@ def main(argv=None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        with _signals_raise():
+        with sigterm_raises():
             res = collect(
                 root,
                 out,

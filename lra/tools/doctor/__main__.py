@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ import attention
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.files import runs_root
-from lra.interrupts import Interrupted, raise_interrupted, signal_of
+from lra.interrupts import Interrupted, signal_of, sigterm_raises
 from lra.tasks import TASK_NAMES
 from lra.tools.bench.cli import positive, whole
 from lra.tools.bench.tasks import check_names
@@ -147,29 +146,34 @@ def main(argv: list[str] | None = None) -> int:
         write_report(folder, environment, results, opts, state)
 
     write_report(folder, environment, results, opts, state)
-    old = _sigterm_raises()
-    old_int = signal.getsignal(signal.SIGINT) if old is not None else None
-    try:
-        run(opts, say=lambda line: print(line, flush=True), results=results, environment=environment, progress=progress)
-    except (KeyboardInterrupt, Interrupted) as e:  # what was found so far is still worth a report
-        if old is not None:  # a second Ctrl-C or SIGTERM must not cut the report short
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        sig = signal.Signals(signal_of(e))
-        state["stopped"] = {signal.SIGINT: "Ctrl-C (SIGINT)"}.get(sig, sig.name)
-        write_report(folder, environment, results, opts, state)
-        print(
-            f"lra.tools.doctor: stopped by {state['stopped']}"
-            + (f" during check {state['during']}" if state["during"] else "")
-            + f" after {len(results)} results; partial report: {folder / 'report.md'}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 128 + int(sig)
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-            signal.signal(signal.SIGINT, old_int)
+    with sigterm_raises() as handled:
+        old_int = signal.getsignal(signal.SIGINT)
+        try:
+            run(
+                opts,
+                say=lambda line: print(line, flush=True),
+                results=results,
+                environment=environment,
+                progress=progress,
+            )
+        except (KeyboardInterrupt, Interrupted) as e:  # what was found so far is still worth a report
+            if handled:  # a second Ctrl-C or SIGTERM must not cut the report short
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            sig = signal.Signals(signal_of(e))
+            state["stopped"] = {signal.SIGINT: "Ctrl-C (SIGINT)"}.get(sig, sig.name)
+            write_report(folder, environment, results, opts, state)
+            print(
+                f"lra.tools.doctor: stopped by {state['stopped']}"
+                + (f" during check {state['during']}" if state["during"] else "")
+                + f" after {len(results)} results; partial report: {folder / 'report.md'}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 128 + int(sig)
+        finally:
+            if handled:
+                signal.signal(signal.SIGINT, old_int)
     state.update(complete=True, during=None, not_run=[])
     write_report(folder, environment, results, opts, state)
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
@@ -178,14 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 1 if counts["fail"] else 0
-
-
-def _sigterm_raises():
-    """SIGTERM becomes :class:`Interrupted` where the main thread is, so the checks' ``finally`` (the resume
-    check's runs) and the partial report happen; the handler it replaced (None: not the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, raise_interrupted)
 
 
 if __name__ == "__main__":
