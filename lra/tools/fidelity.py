@@ -236,22 +236,30 @@ def public_code(folder: Path, performer_copy: Path | None = None) -> Iterator[No
         sys.modules.update(saved_modules)
 
 
+def performer_copy(repo: str, roots: dict[str, Path]) -> Path | None:
+    """Only the Nyström code imports pip performer_pytorch's FastAttention; the Skeinformer checkout ships a copy."""
+    if repo != "nystromformer" or "skeinformer" not in roots:
+        return None
+    return roots["skeinformer"] / "src/models/performer.py"
+
+
+def their_config(repo: str, task: str, attn_type: str) -> dict:
+    """Their model config for ``task`` with ``attn_type``'s extra settings, as their entry points read it (a
+    copy; call inside :func:`public_code`)."""
+    if repo == "nystromformer":
+        cfg = copy.deepcopy(importlib.import_module("lra_config").config[task])
+    else:
+        cfg = copy.deepcopy(importlib.import_module("config").Config["lra-" + task])
+    model = cfg["model"]
+    model.update(cfg["extra_attn_config"].get(attn_type, {}))
+    return model
+
+
 def their_model(row: Row, roots: dict[str, Path]) -> nn.Module:
     """Their ModelForSC for the row, configured as their entry points do, on CPU in float32."""
     repo, task = REPOS[row.repo], row.task.split("-")[0]
-    # only the Nyström code imports pip performer_pytorch's FastAttention; the Skeinformer repo ships a copy
-    performer_copy = (
-        roots["skeinformer"] / "src/models/performer.py"
-        if row.repo == "nystromformer" and "skeinformer" in roots
-        else None
-    )
-    with public_code(roots[row.repo] / repo.code, performer_copy):
-        if row.repo == "nystromformer":
-            cfg = copy.deepcopy(importlib.import_module("lra_config").config[task])
-        else:
-            cfg = copy.deepcopy(importlib.import_module("config").Config["lra-" + task])
-        model = cfg["model"]
-        model.update(cfg["extra_attn_config"].get(row.theirs, {}))
+    with public_code(roots[row.repo] / repo.code, performer_copy(row.repo, roots)):
+        model = their_config(row.repo, task, row.theirs)
         model.update(
             attn_type=row.theirs, mixed_precision=False, max_seq_len=2 ** math.ceil(math.log2(model["max_seq_len"]))
         )  # their entry points round up

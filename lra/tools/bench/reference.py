@@ -16,7 +16,6 @@ ours / theirs, with the machine's load.
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import math
@@ -32,7 +31,7 @@ import attention
 from lra.config import load
 from lra.devices import device_name
 from lra.files import git_commit, write_csv, write_text
-from lra.tools.fidelity import REPOS, ROWS, public_code
+from lra.tools.fidelity import REPOS, ROWS, performer_copy, public_code, their_config
 from lra.tools.meter.timing import Load
 
 LENGTHS = (1024, 2048, 4096)
@@ -119,19 +118,9 @@ def ours(pair: Pair, n: int) -> torch.nn.Module:
 def theirs(pair: Pair, n: int, roots: dict[str, Path]) -> torch.nn.Module:
     """Their attention module (the ``attn`` of their ``Attention`` block), configured as their entry points
     configure ListOps with the pair's ``attn_type``, at max_seq_len = n and attention dropout 0."""
-    repo = REPOS[pair.repo]
-    # only the Nystromformer code imports pip performer_pytorch; the Skeinformer checkout ships a copy
-    copy_ = roots.get("skeinformer")
-    performer = copy_ / "src/models/performer.py" if pair.repo == "nystromformer" and copy_ else None
-    with public_code(roots[pair.repo] / repo.code, performer):
-        if pair.repo == "nystromformer":
-            cfg = copy.deepcopy(importlib.import_module("lra_config").config["listops"])
-            block = importlib.import_module("attention").Attention
-        else:
-            cfg = copy.deepcopy(importlib.import_module("config").Config["lra-listops"])
-            block = importlib.import_module("models.attention").Attention
-        model = cfg["model"]
-        model.update(cfg["extra_attn_config"].get(pair.theirs, {}))
+    with public_code(roots[pair.repo] / REPOS[pair.repo].code, performer_copy(pair.repo, roots)):
+        block = importlib.import_module("attention" if pair.repo == "nystromformer" else "models.attention").Attention
+        model = their_config(pair.repo, "listops", pair.theirs)
         model.update(
             attn_type=pair.theirs,
             max_seq_len=n,
