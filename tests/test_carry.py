@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,7 +158,7 @@ def carried(tmp_path_factory):
 
 def _resume_from_pack(folder: Path, runs: str, capsys) -> dict:
     code, out, _ = cli(capsys, "unpack", folder / "pack", "--runs", folder / runs)
-    assert code == 0 and f"unpacked {REL}: interrupted, 10 steps, last.ckpt yes" in out and "resume: " in out
+    assert code == 0 and f"unpacked {REL}: interrupted, last.ckpt at step 10" in out and "resume: " in out
     resumed = _train(folder, runs)
     assert resumed["resumed_from_step"] == 10
     return resumed
@@ -453,3 +454,35 @@ def test_export_names_this_machines_folders_by_their_variables_never_by_path(tmp
     # exporting again is a no-op, not a clash with the published copy
     code, printed, _ = cli(capsys, "export", root, "--to", tmp_path / "results")
     assert code == 0 and "0 runs exported, 1 already there" in printed
+
+
+FIRST_WINDOW = Path(__file__).resolve().parent.parent / "carry" / "skeinformer_paper-listops-seed0"
+
+
+def test_the_first_windows_pack_restores_its_five_runs_ready_to_resume(tmp_path, capsys):
+    """The tracked pack of the first GPU window, as a fresh clone holds it: it unpacks to the runs its README
+    lists, each at the step the README says, and each checkpoint's resume key is the one this harness computes
+    for that run today (its overrides, the memory fit's micro-batch, the generated data's fingerprint that the
+    README names): the window's command continues them instead of refusing or starting over. A change to the
+    config, the fit or the key that would strand them fails here, not on the next GPU."""
+    from lra.config import load
+    from lra.fit import plan
+    from lra.train import read_checkpoint
+
+    readme = (FIRST_WINDOW / "README.md").read_text()
+    rows = re.findall(r"^\| [^|]+ \| (\w+) \| (\d+) \|", readme, flags=re.M)
+    data = re.search(r"data fingerprint `([0-9a-f]{16})`", readme).group(1)
+    assert len(rows) == 5
+    code, out, _ = cli(capsys, "unpack", FIRST_WINDOW, "--runs", tmp_path / "runs")
+    assert code == 0 and "5 runs into" in out
+    for attn, step in rows:
+        rel = f"skeinformer_paper/paper/listops/{attn}/seed0"
+        run = tmp_path / "runs" / rel
+        assert f"unpacked {rel}: interrupted, last.ckpt at step {step}" in out
+        saved = read_checkpoint(run / "checkpoints" / "last.ckpt")
+        overrides = [ln[2:] for ln in (run / ".hydra" / "overrides.yaml").read_text().splitlines()]
+        # as on the GPU they go back to: the precision it resolves (16-mixed) is in the key
+        spec = load([*overrides, f"runs_root={tmp_path / 'runs'}", "trainer.accelerator=gpu"], run_dir=run)
+        p = plan(spec)
+        assert saved["global_step"] == int(step)
+        assert spec.resume_key(p.micro_batch, p.accum_steps, data) == saved["resume_key"], attn

@@ -34,6 +34,7 @@ from lra.record import read_record
 from lra.runlock import holder_pid
 from lra.tools.sweep.base import FINISHED
 from lra.tools.sweep.cost import COST_DIR, device_slug
+from lra.tools.sweep.jobs import carried
 
 PROG = "python -m lra.tools.carry"
 TARBALL, CHECKSUM, INFO = "runs.tar.gz", "runs.sha256", "pack.json"
@@ -122,12 +123,12 @@ def _folder(path: Path, what: str) -> None:
 
 
 def _unfinished(tree: Tree) -> dict[str, dict]:
-    """The runs to carry: a record that is not finished, or no record but a last.ckpt to resume from."""
+    """The runs to carry (:func:`lra.tools.sweep.jobs.carried`, what a budgeted sweep reports it carries)."""
     out = {}
     for run in tree.runs:
-        info = _record(tree.root / run)
-        if info["status"] in FINISHED or (info["status"] == "no record" and not (tree.root / run / LAST).is_file()):
+        if not carried(tree.root / run):
             continue
+        info = _record(tree.root / run)
         pid = holder_pid(tree.root / run)
         if pid is not None:
             raise Refusal(
@@ -288,8 +289,7 @@ def _place(tree: Tree, runs_root: Path) -> int:
         for f in files:
             _move(tree.root / f, runs_root / f)
         placed.append(run)
-        last = "yes" if (dest / LAST).is_file() else "no"
-        print(f"unpacked {run}: {info['status']}, {info['steps']} steps, last.ckpt {last}")
+        print(f"unpacked {run}: {info['status']}, {_resumes_at(dest / LAST)}")
     for f in tree.sweeps:
         if (runs_root / f).exists():
             print(f"kept the existing {f}: not replaced")
@@ -304,6 +304,19 @@ def _place(tree: Tree, runs_root: Path) -> int:
     if resumable:
         print("(or re-run the same sweep command; each run resumes from its checkpoints/last.ckpt)")
     return 0
+
+
+def _resumes_at(last: Path) -> str:
+    """Where the run continues: its ``last.ckpt``'s optimizer step, read as data (a record written before the
+    record counted an interrupted run's steps says 0, so the checkpoint is the one to ask)."""
+    if not last.is_file():
+        return "no last.ckpt: starts over"
+    from lra.train import RunError, read_checkpoint  # torch and lightning: only when a checkpoint is there
+
+    try:
+        return f"last.ckpt at step {int(read_checkpoint(last).get('global_step', 0))}"
+    except RunError as e:
+        return f"last.ckpt unreadable ({e})"
 
 
 def _resume_command(runs_root: Path, run: str) -> str:
