@@ -236,8 +236,9 @@ def test_interrupted_sweep_prints_one_line_and_leaves_its_manifest_true(runs, mo
     assert m["invocations"][-1]["interrupted"] == signal.Signals(sig).name
 
 
-def _holder(run_dir: Path, on_sigterm_status: str = "interrupted") -> subprocess.Popen:
-    """A stand-in for lra.train holding its run folder (lra/runlock.py's flock on .lock with its pid)."""
+def _holder(run_dir: Path, on_sigterm_status: str | None = "interrupted") -> subprocess.Popen:
+    """A stand-in for lra.train holding its run folder (lra/runlock.py's flock on .lock with its pid); with
+    ``on_sigterm_status`` None, one that ignores SIGTERM (a run stuck where no signal reaches it)."""
     code = f"""
 import fcntl, json, os, signal, socket, sys, time
 d = {str(run_dir)!r}
@@ -247,7 +248,7 @@ os.pwrite(fd, json.dumps({{"pid": os.getpid(), "host": socket.gethostname()}}).e
 def stop(s, f):
     open(os.path.join(d, "result.json"), "w").write(json.dumps({{"status": {on_sigterm_status!r}}}))
     sys.exit(128 + s)
-signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGTERM, stop if {on_sigterm_status!r} else signal.SIG_IGN)
 open(os.path.join(d, "ready"), "w").close()
 time.sleep(60)
 """
@@ -499,6 +500,7 @@ def test_bad_sweep_input_is_one_line_and_exit_code_2(runs, monkeypatch, capsys):
         ["grid=quick", "parallel=0"],
         ["grid=quick", "task=listops", "dry_run=ture"],
         ["grid=quick", "progress=nan"],
+        ["grid=quick", "task=listops", "budget=5s"],  # too short for any run to start
         ["grid=search_quick", "n_trials=0"],
     ):
         with pytest.raises(SystemExit) as e:

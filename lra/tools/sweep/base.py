@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
+import time
+from pathlib import Path
 
 from lra import CONF_DIR
 from lra.interrupts import Interrupted, signal_of  # noqa: F401 - the sweep's names for them
@@ -30,6 +33,10 @@ SWEEP_OPTIONS = (
 MANIFEST_VERSION = 2  # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
 LEGACY_MANIFEST = "manifest.json"  # a version-1 manifest: read as it is, never rewritten or deleted
 STOP_GRACE_S = 10.0  # an interrupted sweep's jobs get this long to end on their own signal
+# A budget: the runs still training at its end get SIGTERM and STOP_WAIT_S to write their record (seconds here),
+# then SIGKILL; the sweep ends at most BUDGET_SLACK_S after its budget (the rest: the manifest and the summary).
+STOP_WAIT_S, BUDGET_SLACK_S = 15.0, 20.0
+MIN_START_S = 15.0  # a run needs this long to start and write its first record: no job starts closer to the end
 
 
 class Refusal(SystemExit):
@@ -41,6 +48,16 @@ class Refusal(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+def process_start() -> float:
+    """When this process started (Linux's /proc; elsewhere: now): a budget counts from the command's start, its
+    seconds of imports included."""
+    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        ticks = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return time.time()
 
 
 class BudgetReached(Interrupted):

@@ -9,20 +9,32 @@ import os
 import time
 from pathlib import Path
 
-from lra.tools.sweep.base import FINISHED
-from lra.tools.sweep.cost import PROBE_STEPS, Estimator, device_name, fmt_h, plan_budget
-from lra.tools.sweep.jobs import assign_gpus
+from lra.tools.sweep.base import FINISHED, MIN_START_S
+from lra.tools.sweep.cost import MIN_PROBE_S, PROBE_STEPS, Estimator, device_name, fmt_h, plan_budget
+from lra.tools.sweep.jobs import assign_gpus, carried
+
+PROBE_SHARE = 0.25  # of a budget, at most, for probes: the rest is the jobs'
 
 
 def estimates(
-    todo: list, root: Path, gpus: list[str], batch: int, parallel: int, jobs_per_gpu, probe: bool, jobs=()
+    todo: list, root: Path, gpus: list[str], batch: int, parallel: int, jobs_per_gpu, probe: bool, jobs=(), end=None
 ) -> tuple[Estimator, dict]:
     """(the estimator, {id(job): seconds or None}) for the jobs to run, probing each kind not measured yet
     unless ``probe`` is false, ``batch`` at a time (the launcher's batch: how many jobs share the machine).
-    ``jobs``: the whole grid (its finished runs measure their kinds)."""
+    ``jobs``: the whole grid (its finished runs measure their kinds). ``end``: a budget's end (time.time()):
+    the probes get :data:`PROBE_SHARE` of what is left, none if a probe does not fit in that."""
     est = Estimator(root, device_name(gpus), batch)
     est.learn_from(list(jobs) or todo)
     missing = est.unmeasured(todo) if probe else []
+    until = None if end is None else time.time() + PROBE_SHARE * (end - time.time())
+    if missing and until is not None and until - time.time() < MIN_PROBE_S:
+        print(
+            f"no probe: {len(missing)} kind(s) of job not measured on {est.device}, and a probe takes about "
+            f"{fmt_h(MIN_PROBE_S)}, more than the {PROBE_SHARE:.0%} of the budget probes may take; their jobs "
+            "start in the grid's order without an estimate (stopped at the budget and carried if they do not finish)",
+            flush=True,
+        )
+        missing = []
     if missing:
         print(
             f"measuring {len(missing)} kind(s) of job on {est.device}: a probe of {PROBE_STEPS} steps and one "
@@ -42,7 +54,7 @@ def estimates(
             )
             return env, assign_gpus(env, slot, job.cfg)
 
-        spent = est.probe(missing, env_of)
+        spent = est.probe(missing, env_of, until=until)
         print(f"probes took {fmt_h(spent)}", flush=True)
     return est, {id(j): est.estimate(j)[0] for j in todo}
 
@@ -85,11 +97,13 @@ def plan(todo: list, est_by_job: dict, batch: int, left_s: float, carry: bool) -
     """(the jobs to start, the jobs left, the line that says so) for ``left_s`` seconds of budget."""
     slots, left = plan_budget(todo, est_by_job, batch, left_s, carry)
     finish = [s for s in slots if s.finishes]
-    carried = [s for s in slots if not s.finishes]
+    stop = [s for s in slots if s.finishes is False]
+    unknown = [s for s in slots if s.finishes is None]
     line = (
         f"budget: {fmt_h(max(left_s, 0))} left: starting {len(slots)} of {len(todo)} jobs, {len(finish)} expected "
         f"to finish"
-        + (f", {len(carried)} to stop at the budget and carry" if carried else "")
+        + (f", {len(stop)} to stop at the budget and carry" if stop else "")
+        + (f", {len(unknown)} without an estimate (carried if they do not finish)" if unknown else "")
         + f"; {len(left)} left for a later window"
         + ("" if carry or not left else " (carry=true also starts jobs that cannot finish, to carry them)")
     )
@@ -110,7 +124,7 @@ def run_on_budget(todo, jobs, est, batch, end, carry, run_batch, started: list, 
             inv["plan"] = line
             print(line, flush=True)
         nxt = chosen[:batch]
-        if not nxt:
+        if not nxt or end - now() < MIN_START_S:  # a run started now would be stopped before its first record
             return
         inv["estimates_s"].update({j.rel: by_job.get(id(j)) for j in nxt})
         for j in nxt:
@@ -136,18 +150,26 @@ def with_checkpoints(job, rate) -> None:
 
 
 def report(jobs: list, started: list, left: list, reached: bool, command: str, root: Path) -> list[str]:
-    """What a budgeted sweep did: finished, carried (stopped, resumable), left; and how to go on."""
+    """What a budgeted sweep did: finished, carried (what ``lra.tools.carry pack`` takes: resumable, or at least
+    a record), started but stopped before its first record (nothing to carry), left; and how to go on."""
     done = [j for j in started if j.status in FINISHED]
-    carried = [j for j in jobs if not j.error and j.status not in FINISHED and j.status != "pending"]
-    not_started = [j for j in jobs if not j.error and j.status == "pending"]
+    carry = [j for j in jobs if not j.error and j.status not in FINISHED and carried(j.run_dir)]
+    seen = {id(j) for j in carry}
+    lost = [j for j in started if j.status not in FINISHED and id(j) not in seen]
+    seen |= {id(j) for j in started}
+    not_started = [j for j in jobs if not j.error and j.status not in FINISHED and id(j) not in seen]
     lines = [
         ("budget reached: the runs still training were stopped with SIGTERM" if reached else "budget not reached")
-        + f"; {len(done)} finished this time, {len(carried)} to carry (resume from last.ckpt), "
-        f"{len(not_started)} not started"
+        + f"; {len(done)} finished this time, {len(carry)} to carry (python -m lra.tools.carry pack takes them), "
+        + (f"{len(lost)} stopped before their first record (nothing to carry: they start over), " if lost else "")
+        + f"{len(not_started)} not started"
     ]
     lines += [f"  finished {j.rel}" for j in done]
-    lines += [f"  carry    {j.rel} ({j.status}, step {j.record.get('steps') or 0})" for j in carried]
-    if carried or not_started:
+    for j in carry:
+        ckpt = "resume from last.ckpt" if (Path(j.run_dir) / "checkpoints" / "last.ckpt").is_file() else "no checkpoint"
+        lines.append(f"  carry    {j.rel} ({j.status}, step {j.record.get('steps') or 0}, {ckpt})")
+    lines += [f"  restart  {j.rel} (stopped before its first record)" for j in lost]
+    if carry or lost or not_started:
         lines.append(
             f"next window: python -m lra.tools.carry pack {root} --out <folder> (what is left, and what finished), then"
         )

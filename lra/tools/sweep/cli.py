@@ -8,13 +8,14 @@ join every job. A refusal is one line on stderr and exit code 2 (75: the sweep i
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import sys
 
 from lra.cli import Parser
 from lra.config import ConfigError, renamed_overrides
-from lra.tools.sweep.base import Interrupted, Refusal, signal_of
+from lra.tools.sweep.base import Interrupted, Refusal, process_start, signal_of
 from lra.tools.sweep.driver import run_grid
 from lra.tools.sweep.grid import apply_cli, available_grids, load_grid
 
@@ -33,8 +34,9 @@ EPILOG = """options (key=value; any other key=value joins every job, and key=a,b
                         auto: the k make share-bench measured fastest on this device
   dry_run=true          the jobs, their run folders and estimates on this device (a search: the study and its
                         space); nothing runs (probe=true: measure the kinds of job not measured yet first)
-  budget=T              start, in the grid's order, only the jobs expected to finish within T (600, 90s, 10m,
-                        1.5h; probes of unmeasured jobs count); at T the runs still training get SIGTERM
+  budget=T              start, in the grid's order, the jobs expected to finish within T (600, 90s, 10m, 1.5h;
+                        at least 15s) and those without an estimate; data and probes (at most T/4) count; at
+                        T the runs still training get SIGTERM, SIGKILL 15 s later: the sweep ends by T + 20 s
   carry=true            with budget: also start jobs that cannot finish, to stop at T and carry (lra.tools.carry)
   probe=false           with budget: estimate from measured runs only (no probe)
   progress=S            seconds between progress lines (0: on changes only)
@@ -70,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv).overrides  # --help exits here: nothing read or written
     if not any(a.startswith("grid=") for a in args):
         p.error("no grid=<name>")
-    return command(args, grid_or_search)
+    return command(args, functools.partial(grid_or_search, t0=process_start()))  # a budget counts the imports too
 
 
-def grid_or_search(grid, opts: dict, hydra_ovs: list[str]) -> int:
-    """A grid runs through :func:`lra.tools.sweep.driver.run_grid`; a grid with a search block through
-    :func:`lra.tools.sweep.search.run_search` (optuna is the ``sweep`` extra: grids run without it)."""
+def grid_or_search(grid, opts: dict, hydra_ovs: list[str], t0: float | None = None) -> int:
+    """A grid runs through :func:`lra.tools.sweep.driver.run_grid` (``t0``: the command's start); a grid with a
+    search block through :func:`lra.tools.sweep.search.run_search` (optuna is the ``sweep`` extra)."""
     if grid.search is None:
-        return run_grid(grid, opts, hydra_ovs)
+        return run_grid(grid, opts, hydra_ovs, t0)
     given = [k for k in ("budget", "carry", "probe") if opts.get(k) not in (None, False)]
     if given:
         raise SystemExit(

@@ -45,6 +45,7 @@ log = logging.getLogger("lra.tools.sweep")
 PROBE_STEPS = 40  # optimizer steps a probe trains: past the first steps' warm-up, seconds on a CPU
 PROBE_LOG_EVERY = 10  # its throughput rows: the pace of steps 20-40 (the first twenty are one-off, in fixed: the
 PROBE_SKIP_ROWS = 2  # probes beside it may still be starting, which a run's long middle does not see)
+MIN_PROBE_S = 60.0  # what a probe takes at least, start-up to record (33-72 s on a 2-core CPU): a budget's cap
 COST_DIR = ".cost"
 NOT_A_KIND = ("seed", "run_tag", "force", "name", "train.ckpt_every_steps")  # they do not change what a job costs
 
@@ -248,14 +249,20 @@ class Estimator:
                 out[k] = j
         return list(out.values())
 
-    def probe(self, jobs: list, env_of=None, steps: int = PROBE_STEPS) -> float:
+    def probe(self, jobs: list, env_of=None, steps: int = PROBE_STEPS, until: float | None = None) -> float:
         """Run a probe of each of ``jobs`` (one per kind), ``parallel`` at a time; returns the seconds spent.
-        A probe that fails leaves its kind without an estimate (its job still runs, reported as usual)."""
+        A probe that fails leaves its kind without an estimate (its job still runs, reported as usual). With
+        ``until`` (a time.time()), a batch starts only if it can end by then (as long as the longest batch so far,
+        :data:`MIN_PROBE_S` for the first) and is killed there: its kinds stay unmeasured."""
         t0 = time.time()
         scratch = Path(tempfile.mkdtemp(prefix="lra-probe-"))
         procs: list = []
+        longest = None
         try:
             for start in range(0, len(jobs), self.parallel):
+                if until is not None and time.time() + (longest or MIN_PROBE_S) > until:
+                    break
+                t_batch = time.time()
                 batch = jobs[start : start + self.parallel]
                 # fill idle slots with repeats so each probe shares the machine as the jobs will
                 slots = [batch[i % len(batch)] for i in range(self.parallel)] if len(batch) < self.parallel else batch
@@ -283,7 +290,12 @@ class Estimator:
                     proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
                     procs.append((j, run_dir, time.time(), proc, log_file))
                 for j, run_dir, t, p, log_file in procs:
-                    p.wait()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(None if until is None else max(until - time.time(), 0.01))
+                    cut = p.poll() is None
+                    if cut:  # at its deadline
+                        p.kill()
+                        p.wait()
                     log_file.close()
                     wall = time.time() - t
                     rec = read_json(run_dir / "result.json") or {}
@@ -293,12 +305,14 @@ class Estimator:
                         r.fixed_s += (r.step_s - steady) * int(rec["steps"])
                         r.step_s = steady
                     if r is None:
-                        log.warning("probe of %s failed (exit %s): no estimate for its kind", j.rel, p.returncode)
+                        why = "cut at its deadline" if cut else f"failed (exit {p.returncode})"
+                        log.warning("probe of %s %s: no estimate for its kind", j.rel, why)
                     elif kind_of(j.overrides) not in self.rates or self.rates[kind_of(j.overrides)].source == "probe":
                         if r.device and r.device != self.device:
                             log.warning("probe of %s ran on %s, not %s", j.rel, r.device, self.device)
                         r.device = self.device
                         self.save(kind_of(j.overrides), r)
+                longest = max(longest or 0.0, time.time() - t_batch)
         finally:  # interrupted: no probe outlives the sweep
             for *_, p, log_file in procs:
                 if p.poll() is None:
@@ -315,32 +329,37 @@ class Slot:
     job: object
     estimate_s: float | None
     start_s: float  # from now, in the plan
-    finishes: bool  # expected to finish inside the budget
+    finishes: bool | None  # expected to finish inside the budget (None: no estimate, it may)
 
 
 def plan_budget(todo: list, estimates: dict, batch: int, budget_s: float, carry: bool) -> tuple[list[Slot], list]:
     """Which jobs of ``todo`` (in order) to start within ``budget_s``: the launcher runs them in batches of
     ``batch`` and starts a batch when the one before has ended, so a batch lasts as long as its longest job.
-    A job joins the current batch when it is expected to finish inside the budget; with ``carry``, the slots
-    left in the last batch that can start take jobs that will not finish (stopped at the budget, carried).
-    Returns (the jobs to start, as planned, in launch order; the jobs left for a later window)."""
+    A job joins the current batch when it is expected to finish inside the budget, or has no estimate (it may:
+    it starts in the grid's order, its batch may last to the budget, and it is carried if it does not finish);
+    with ``carry``, the slots left in the last batch that can start take jobs that will not finish (stopped at
+    the budget, carried). Returns (the jobs to start, as planned, in launch order; the jobs left for later)."""
     chosen: list[Slot] = []
     left = []
     t, current = 0.0, []
+
+    def length(slots) -> float:  # a batch with a job of unknown length may take what is left of the budget
+        return max(budget_s - t if s.estimate_s is None else s.estimate_s for s in slots)
+
     for j in todo:
         est = estimates.get(id(j))
-        if est is not None and t + est <= budget_s:
-            current.append(Slot(j, est, t, True))
+        if t < budget_s and (est is None or t + est <= budget_s):
+            current.append(Slot(j, est, t, None if est is None else True))
             if len(current) == batch:
                 chosen += current
-                t += max(s.estimate_s for s in current)
+                t += length(current)
                 current = []
         else:
             left.append(j)
     start = t  # when the last, unfilled batch starts
     chosen += current
     if current:
-        t += max(s.estimate_s for s in current)
+        t += length(current)
     if carry and left:  # the slots that can still start, filled in order with jobs to carry
         open_slots = batch - len(current) if current else (batch if t < budget_s else 0)
         chosen += [Slot(j, estimates.get(id(j)), start, False) for j in left[:open_slots]]

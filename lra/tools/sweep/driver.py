@@ -19,8 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from lra.hydra_glue import Composer
 from lra.tools.sweep import budget as clock
 from lra.tools.sweep.base import (
+    BUDGET_SLACK_S,
     FINISHED,
     LEGACY_MANIFEST,
+    STOP_WAIT_S,
     BudgetReached,
     Interrupted,
     deadline,
@@ -103,8 +105,9 @@ def plain_hydra_command(grid: Grid, hydra_ovs: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in ["python", "-m", "lra.train", "-m", *fixed, *axes, *hydra_ovs])
 
 
-def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
-    t0 = time.time()
+def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str], t0: float | None = None) -> int:
+    """``t0``: when the sweep started (a budget counts from it; default: now)."""
+    t0 = time.time() if t0 is None else t0
     if grid.launcher and not any(o.startswith("hydra/launcher=") for o in hydra_ovs):
         hydra_ovs = [f"hydra/launcher={grid.launcher}"] + hydra_ovs
     k = opts.get("jobs_per_gpu") or grid.jobs_per_gpu
@@ -180,7 +183,7 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                 + f"; manifest {manifest}",
                 flush=True,
             )
-            stopped, reached, started, budget_inv = None, False, [], {}
+            stopped, started, budget_inv = None, [], {}
             go = functools.partial(
                 launch,
                 composer,
@@ -198,29 +201,31 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                 jobs_per_gpu=k,
                 gpus=gpus,
             )
-            try:
-                if todo and (kind == "slurm" or (kind == "local" and parallel > 1) or opts["budget"] is not None):
-                    prepare_data(todo)
-                if opts["budget"] is None:
-                    started = todo
-                    if todo:
-                        go(todo)
-                else:  # the probes and the plan count against the budget
-                    est, by_job = clock.estimates(
-                        todo, root, gpus, batch, parallel, k, opts["probe"] is not False, jobs
-                    )
-                    print(clock.totals(todo, by_job, batch, est.device), flush=True)
-                    budget_inv = {"budget_s": opts["budget"], "device": est.device, "estimates_s": {}}
-                    end = t0 + opts["budget"]
-                    with deadline(end - time.time()):
+            end = None if opts["budget"] is None else t0 + opts["budget"]
+            if end is not None:
+                budget_inv = {"budget_s": opts["budget"], "estimates_s": {}}
+                print(f"budget {clock.fmt_h(opts['budget'])}: ends at most {BUDGET_SLACK_S:.0f} s after it", flush=True)
+            try:  # a budget counts everything: the data, the probes, the plan, the jobs
+                with deadline(None if end is None else end - time.time()):
+                    if todo and (kind == "slurm" or (kind == "local" and parallel > 1) or end is not None):
+                        prepare_data(todo)
+                    if end is None:
+                        started = todo
+                        if todo:
+                            go(todo)
+                    else:
+                        probe = opts["probe"] is not False
+                        est, by_job = clock.estimates(todo, root, gpus, batch, parallel, k, probe, jobs, end)
+                        print(clock.totals(todo, by_job, batch, est.device), flush=True)
+                        budget_inv["device"] = est.device
                         clock.run_on_budget(todo, jobs, est, batch, end, opts["carry"], go, started, budget_inv)
-            except BudgetReached:  # only the runs were told: no grace for them to end by themselves
-                reached = True
-                stop_jobs([j.run_dir for j in started], signal.SIGTERM, grace_s=0.0)
+            except BudgetReached:  # only the runs were told: no grace, and SIGKILL for a run that does not stop
+                stop_jobs([j.run_dir for j in started], signal.SIGTERM, grace_s=0.0, wait_s=STOP_WAIT_S, kill=True)
             except (KeyboardInterrupt, Interrupted) as e:
                 # SIGINT or SIGTERM (interruptible): stop the jobs, then the truth
                 stopped = signal_of(e)
                 stop_jobs([j.run_dir for j in started], stopped)
+            reached = end is not None and time.time() >= end  # spent, whether or not a run was still training
             left = [j for j in todo if j not in started]
             for j in jobs:  # each job's status as its folder says now, whatever the launcher reported
                 j.refresh()

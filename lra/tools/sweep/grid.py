@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from lra.config import ConfigError
 from lra.naming import run_tag
-from lra.tools.sweep.base import GRID_DIR, SWEEP_OPTIONS
+from lra.tools.sweep.base import GRID_DIR, MIN_START_S, SWEEP_OPTIONS
 
 log = logging.getLogger("lra.tools.sweep")
 
@@ -259,6 +259,11 @@ def parse_budget(value: str) -> float:
     x = float(m.group(1)) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)] if m else 0.0
     if not (x > 0 and math.isfinite(x)):
         raise SystemExit(f"lra.tools.sweep: budget={value}: give a time such as 600, 90s, 10m or 1.5h")
+    if x < MIN_START_S:  # no job would start: nothing to do but refuse
+        raise SystemExit(
+            f"lra.tools.sweep: budget={value}: too short to do anything: a run needs about {MIN_START_S:.0f} s to "
+            f"start and write its first record; give at least {MIN_START_S:.0f}s"
+        )
     return x
 
 

@@ -24,7 +24,7 @@ from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
 from lra.record import Record, read_record
 from lra.runlock import LOCK_ENV, holder_pid
-from lra.tools.sweep.base import FINISHED, MARKER, STOP_GRACE_S
+from lra.tools.sweep.base import FINISHED, MARKER, STOP_GRACE_S, STOP_WAIT_S, BudgetReached
 from lra.tools.sweep.grid import quote
 from lra.tools.sweep.share import (
     describe,
@@ -85,13 +85,14 @@ def run_job(cfg: DictConfig) -> float | None:
         write_json(marker, info)
     try:
         rc = proc.wait()
-    except BaseException:  # Ctrl-C, a scheduler's signal: let lra.train write its "interrupted" record
+    except BaseException as e:  # Ctrl-C, a scheduler's signal, the budget: let lra.train write its "interrupted" record
+        budget = isinstance(e, BudgetReached)  # the driver's own clock told nobody else, and its end is bounded
         with contextlib.suppress(Exception):
-            proc.wait(timeout=5)  # a Ctrl-C reached it too
+            proc.wait(timeout=0 if budget else 5)  # a Ctrl-C reached it too
         with contextlib.suppress(Exception):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
+                proc.wait(timeout=STOP_WAIT_S if budget else 60)
         if proc.poll() is None:
             proc.kill()
         raise
@@ -213,13 +214,20 @@ def alive(info: dict | None) -> bool:
 
 
 def stop_jobs(
-    run_dirs: list[Path], signum: int, grace_s: float | None = None, wait_s: float = 60.0, poll_s: float = 0.2
+    run_dirs: list[Path],
+    signum: int,
+    grace_s: float | None = None,
+    wait_s: float = 60.0,
+    poll_s: float = 0.2,
+    kill: bool = False,
 ) -> list[int]:
     """After the driver was interrupted: give the runs still holding their folders ``grace_s`` to end by
     themselves (a Ctrl-C, ``timeout`` or a scheduler signals the whole process group: each lra.train
     writes its ``interrupted`` record), then send ``signum`` to those still there (the driver alone was
-    signalled) and wait up to ``wait_s``. Returns the pids signalled. Runs on other hosts (SLURM) are
-    left to the scheduler; a second signal to a run busy writing its record is what the grace avoids."""
+    signalled) and wait up to ``wait_s``; with ``kill``, SIGKILL what is still there (runs and their job
+    processes: a record left ``running`` reads as interrupted). Returns the pids signalled. Runs on other
+    hosts (SLURM) are left to the scheduler; a second signal to a run busy writing its record is what the
+    grace avoids."""
     run_dirs = [Path(d) for d in run_dirs if d is not None]
     grace_s = STOP_GRACE_S if grace_s is None else grace_s
 
@@ -251,6 +259,15 @@ def stop_jobs(
     deadline = time.monotonic() + wait_s
     while busy() and time.monotonic() < deadline:
         time.sleep(poll_s)
+    if kill and busy():
+        jobs = [int(i["pid"]) for d in run_dirs if _job_here(i := read_json(d / MARKER))]
+        for pid in [*holders().values(), *(p for p in jobs if p != os.getpid())]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                log.warning("pid %d did not stop within %.0f s: killed", pid, wait_s)
+        deadline = time.monotonic() + 2.0  # the kernel reaps them: the folders' status is read next
+        while bool(holders()) and time.monotonic() < deadline:
+            time.sleep(poll_s)
     return sent
 
 
@@ -265,6 +282,16 @@ def _alive_pid(pid: int) -> bool:
 def _job_here(info: dict | None) -> bool:
     """A job process on this host that has not marked its folder finished (SLURM jobs: not waited for)."""
     return bool(info) and not info.get("finished") and not info.get("slurm_job") and alive(info)
+
+
+def carried(run_dir: Path) -> bool:
+    """Does ``python -m lra.tools.carry pack`` take this run folder: a record that is not finished (or does not
+    read), or none but a ``checkpoints/last.ckpt``. A run stopped before both has nothing to resume."""
+    try:
+        rec = read_record(run_dir)
+    except (OSError, ValueError):
+        return True
+    return (Path(run_dir) / "checkpoints" / "last.ckpt").is_file() if rec is None else rec.get("status") not in FINISHED
 
 
 def run_status(run_dir: Path) -> tuple[str, dict]:
