@@ -109,6 +109,57 @@ def test_a_carried_run_no_sweep_started_is_estimated_from_its_own_pace(tmp_path)
     assert secs == pytest.approx((20000 - 2300) * 380 / 2300 + (40 - 4) * 40 / 4)
 
 
+def _window1_run(tmp_path, attn, ckpt_step, ms_per_step, best_step, val_every=500):
+    """A run as the first GPU window left it: a record written before records counted an interrupted run's
+    steps (steps 0, no times), its pace only in metrics.csv (training seconds so far at each validation, rows
+    counting steps from 0) and its step only in last.ckpt."""
+    j = _job(
+        tmp_path,
+        "interrupted",
+        steps=0,
+        seed=hash(attn) % 1000,
+        max_steps=20000,
+        eval_every=val_every,
+        patience=10,
+        ckpt=True,
+    )
+    j.record = {"steps": 0, "device": "NVIDIA H100 80GB HBM3"}
+    j.rel = attn
+    rows = ["step,time/train_s,val/loss"]
+    for s in range(val_every, ckpt_step + 1, val_every):
+        rows.append(f"{s - 1},{s * ms_per_step / 1000},{2.0 - (s if s <= best_step else best_step) / 10000}")
+    (j.run_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
+    return j
+
+
+def test_a_window_starts_the_carried_runs_that_can_finish_soonest_first(tmp_path, monkeypatch):
+    """The first window's five ListOps runs (steps, best validations and paces as it left them): each is
+    estimated from its own metrics, its least work is to its early stop (best validation + 10 x 500 steps),
+    and the budget starts them soonest to finish first, whatever the grid's order."""
+    monkeypatch.setattr(cost, "_checkpoint_step", lambda last: steps[last.parent.parent.name])
+    spec = {  # attn: (last.ckpt step, ms per step with five on the GPU, best validation step)
+        "softmax": (700, 537, 500),
+        "skeinformer": (2300, 165, 2000),
+        "performer": (3600, 122, 3500),
+        "nystrom": (2300, 161, 2000),
+        "linformer": (5200, 93, 5000),
+    }
+    jobs = [_window1_run(tmp_path, a, *v) for a, v in spec.items()]
+    steps = {j.run_dir.name: spec[j.rel][0] for j in jobs}
+    est = Estimator(tmp_path / "runs", "NVIDIA H100 80GB HBM3", parallel=1)
+    for j in jobs:
+        secs, rate, work = est.estimate(j)
+        done, ms, best = spec[j.rel]
+        assert work.done == done and work.least_left == best + 10 * 500 - done, j.rel
+        assert rate.step_s == pytest.approx(ms / 1000) and rate.source.startswith("own metrics"), j.rel
+        assert secs == pytest.approx((20000 - done) * ms / 1000), j.rel  # the upper bound: max_steps
+    order = sorted(jobs, key=lambda j: budget.soonest(est, j))
+    assert [j.rel for j in order] == ["linformer", "performer", "nystrom", "skeinformer", "softmax"]
+    started = []
+    budget.run_on_budget(jobs, jobs, est, 1, time.time() + 3600, True, lambda nxt: None, started, {"estimates_s": {}})
+    assert [j.rel for j in started][:2] == ["linformer", "performer"]
+
+
 # ----------------------------------------------------------------------------- which jobs a budget starts
 def _plan(estimates, batch, budget, carry=False):
     jobs = [f"j{i}" for i in range(len(estimates))]

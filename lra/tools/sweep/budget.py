@@ -119,6 +119,7 @@ def run_on_budget(todo, jobs, est, batch, end, carry, run_batch, started: list, 
     while remaining:
         est.learn_from(jobs)
         by_job = {id(j): est.estimate(j)[0] for j in remaining}
+        remaining.sort(key=lambda j: soonest(est, j))  # a window finishes cells: the soonest to end go first
         chosen, _, line = plan(remaining, by_job, batch, end - now(), carry)
         if "plan" not in inv:
             inv["plan"] = line
@@ -134,6 +135,16 @@ def run_on_budget(todo, jobs, est, batch, end, carry, run_batch, started: list, 
         run_batch(nxt)
         for j in nxt:
             j.refresh()
+
+
+def soonest(est: Estimator, job) -> tuple:
+    """Sort key: the least time ``job`` can still take here (to its early stop if no validation improves), jobs
+    without an estimate after those with one; the grid's order breaks ties (a stable sort)."""
+    _, rate, work = est.estimate(job)
+    if rate is None or work is None:
+        return (1, 0.0)
+    left = work.least_left
+    return (0, rate.fixed_s + left * rate.step_s + left // max(work.eval_every, 1) * rate.eval_s)
 
 
 CKPT_EVERY_S = 30.0  # a run stopped at the budget loses at most about this much training

@@ -102,6 +102,7 @@ class Work:
     eval_every: int
     early_stop: bool  # patience set: the run may end sooner, the estimate is an upper bound
     done: int = 0  # steps an earlier window trained (resumed from last.ckpt)
+    least_end: int | None = None  # the earliest step early stopping can end it (its best validation + patience)
 
     @property
     def steps_left(self) -> int:
@@ -112,18 +113,51 @@ class Work:
         every = max(self.eval_every, 1)
         return max(self.max_steps // every - self.done // every, 0)
 
+    @property
+    def least_left(self) -> int:
+        """The fewest steps it can still take: to its early stop if no validation improves, else to max_steps."""
+        end = self.max_steps if self.least_end is None else min(self.least_end, self.max_steps)
+        return max(end - self.done, 0)
+
 
 def work_of(job) -> Work | None:
     """The steps and validations ``job`` has left (None: an invalid job). A finished job has none; a job an
     earlier window stopped resumes from its ``checkpoints/last.ckpt``, at the step its record says."""
     if job.train is None:
         return None
-    w = Work(int(job.train["max_steps"]), int(job.train["eval_every"]), bool(job.train.get("patience")))
+    patience = int(job.train.get("patience") or 0)
+    w = Work(int(job.train["max_steps"]), int(job.train["eval_every"]), bool(patience))
+    last = None if job.run_dir is None else Path(job.run_dir) / "checkpoints" / "last.ckpt"
     if job.status in FINISHED:
         w.done = w.max_steps
-    elif job.run_dir is not None and (Path(job.run_dir) / "checkpoints" / "last.ckpt").exists():
-        w.done = min(int(job.record.get("steps") or 0), w.max_steps)
+    elif last is not None and last.exists():
+        w.done = min(int(job.record.get("steps") or _checkpoint_step(last)), w.max_steps)
+        best = _best_val_step(Path(job.run_dir) / "metrics.csv") if patience else None
+        if best is not None:
+            w.least_end = best + patience * w.eval_every
     return w
+
+
+def _checkpoint_step(last: Path) -> int:
+    """The step ``last.ckpt`` continues from: a record written before records counted an interrupted run's
+    steps says 0, the checkpoint knows (read as data)."""
+    from lra.train import RunError, read_checkpoint  # lightning: only for such a record
+
+    try:
+        return int(read_checkpoint(last).get("global_step", 0))
+    except RunError:
+        return 0
+
+
+def _best_val_step(metrics: Path) -> int | None:
+    """The optimizer step of the lowest validation loss so far (what early stopping watches), from metrics.csv
+    (its rows count steps from 0: the validation after step 500 is row 499)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, csv.Error):
+        with open(metrics, newline="") as f:
+            vals = [(float(r["val/loss"]), int(r["step"]) + 1) for r in csv.DictReader(f) if r.get("val/loss")]
+        if vals:
+            return min(vals, key=lambda v: (v[0], v[1]))[1]  # the first of equal losses: a tie is no improvement
+    return None
 
 
 def seconds(work: Work, rate: Rate) -> float:
@@ -149,6 +183,19 @@ def rate_of_record(rec: dict, eval_every: int, wall_s: float | None, source: str
         device=str(rec.get("device") or ""),
         parallel=parallel,
     )
+
+
+def rate_of_metrics(metrics: Path, parallel: int) -> Rate | None:
+    """A run's pace from its metrics.csv where its record has none (a record written before records counted an
+    interrupted run's steps): training seconds over steps at its last validation (``time/train_s`` adds up
+    over every stretch); its validations are not timed there, so they count as none."""
+    with contextlib.suppress(OSError, ValueError, KeyError, csv.Error):
+        with open(metrics, newline="") as f:
+            timed = [(int(r["step"]) + 1, float(r["time/train_s"])) for r in csv.DictReader(f) if r.get("time/train_s")]
+        if timed and timed[-1][0] > 0 and timed[-1][1] > 0:
+            steps, train_s = timed[-1]
+            return Rate(float("nan"), train_s / steps, 0.0, "own metrics (validations not timed)", "", parallel)
+    return None
 
 
 def steady_step_s(metrics: Path, effective_batch) -> float | None:
@@ -216,13 +263,15 @@ class Estimator:
             own = rate_of_record(job.record, job.train["eval_every"], wall, "own record", self.parallel)
             if own is not None and own.device not in ("", self.device):
                 own = None
+        if own is None and job.run_dir and str(job.record.get("device") or "") == self.device:
+            own = rate_of_metrics(Path(job.run_dir) / "metrics.csv", self.parallel)
         if own is None:
             return base
-        fixed, source = base.fixed_s if base is not None else own.fixed_s, "own record"
+        fixed, source = base.fixed_s if base is not None else own.fixed_s, own.source
         if math.isnan(fixed):
             fixed = self.typical_fixed()
         if fixed is None:  # its pace is known, its start-up not (a run no sweep launched): counted as none
-            fixed, source = 0.0, "own record, start-up not measured"
+            fixed, source = 0.0, f"{source}, start-up not measured"
         return Rate(fixed, own.step_s, own.eval_s, source, self.device, self.parallel)
 
     def typical_fixed(self) -> float | None:
