@@ -1,7 +1,10 @@
 """ListOps: evaluator on hand-made expressions, generator statistics (docs/facts.md §3.3), tokenizer, reader errors."""
 
+import csv
+import io
 import json
 import random
+import re
 import statistics
 from collections import Counter
 from dataclasses import replace
@@ -88,6 +91,10 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
     b = lo.write_dataset(tmp_path / "b", params, workers=2, progress=False)
     for split in lo.SPLITS:
         assert (a / f"basic_{split}.tsv").read_bytes() == (b / f"basic_{split}.tsv").read_bytes()
+    rows = lo.read_tsv(a / "basic_train.tsv")  # the bytes csv.writer wrote before the generator wrote them itself
+    buf = io.StringIO()
+    csv.writer(buf, delimiter="\t", lineterminator="\n").writerows([("Source", "Target"), *rows])
+    assert (a / "basic_train.tsv").read_bytes() == buf.getvalue().encode()
     c = lo.write_dataset(
         tmp_path / "c", lo.GeneratorParams(**{**lo.asdict(params), "seed": 6}), workers=1, progress=False
     )
@@ -95,6 +102,47 @@ def test_same_seed_same_files_any_worker_count(tmp_path):
     lines = (a / "basic_val.tsv").read_text().splitlines()
     assert lines[0] == "Source\tTarget" and len(lines) == 31
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_tokenising_in_blocks_gives_the_same_arrays_any_worker_count_and_names_the_bad_line(sample, tmp_path):
+    rows = sample[1]["train"]  # 2500 rows: above the 2000 a pool is started for
+    one = lo.tokenize_split(rows, tmp_path / "t.tsv", 1000, 2048, workers=1, tokenizer="alnum")
+    two = lo.tokenize_split(rows, tmp_path / "t.tsv", 1000, 2048, workers=2, tokenizer="alnum")
+    for f in ("tokens", "lengths", "labels"):
+        assert np.array_equal(getattr(one, f), getattr(two, f)) and getattr(one, f).dtype == getattr(two, f).dtype
+    assert one.lengths.max() == 1000 and one.tokens[:, 1000:].max() == 0 and one.tokens[:, 999].max() > 0  # cut
+    bad = list(rows)
+    bad[2222] = ("[MAX 2 [FOO 1 ] ]", 1)  # in the last of 8 blocks: its line is counted from the file's start
+    with pytest.raises(DataError, match=r"t\.tsv:2224: unknown ListOps symbol '\[FOO'"):
+        lo.tokenize_split(bad, tmp_path / "t.tsv", 1000, 2048, workers=2)
+
+
+def test_data_workers_are_the_cores_this_process_may_use_unless_the_user_sets_them(monkeypatch):
+    from lra.data import base
+
+    monkeypatch.delenv(base.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(base.os, "cpu_count", lambda: 64)  # the host's count: not ours to use
+    assert base.data_workers() == 16  # no cap of 8: a 16-core GPU node generates on all 16
+    monkeypatch.setenv(base.WORKERS_ENV, "3")
+    assert base.data_workers() == 3
+    for raw in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(base.WORKERS_ENV, raw)
+        with pytest.raises(DataError, match=rf"^LRA_DATA_WORKERS='{re.escape(raw)}' is not allowed: an integer >= 1"):
+            base.data_workers()
+
+
+def test_a_bad_worker_count_is_one_line_and_exit_2_before_any_work(tmp_path, monkeypatch, caplog):
+    from lra.data import __main__ as data_main
+
+    monkeypatch.setenv("LRA_DATA", str(tmp_path))
+    monkeypatch.setenv("LRA_DATA_WORKERS", "lots")
+    with caplog.at_level("INFO"):
+        assert data_main.main(["task=listops", "preset=quick"]) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "LRA_DATA_WORKERS='lots' is not allowed: an integer >= 1 (processes that prepare data)"
+    ]
+    assert not any(tmp_path.iterdir())
 
 
 def _node(dirname="listops-1000", **gen):

@@ -16,6 +16,7 @@ import time
 from lra.cli import Parser
 from lra.config import ConfigError, load
 from lra.data import DataError, data_record, load_task
+from lra.data.base import data_workers
 from lra.interrupts import Interrupted, signal_of, sigterm_raises
 
 USAGE = "%(prog)s task=<task> [hydra overrides ...]   (make data task=<task>)"
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_raises():
             spec = load(overrides)
+            data_workers()  # a bad LRA_DATA_WORKERS is refused here, before any work
             root = spec.data.root
             if root.exists() and not root.is_dir():
                 raise DataError(

@@ -20,9 +20,19 @@ class DataError(RuntimeError):
     """Missing, partial or malformed data. The message says where we looked and what to do."""
 
 
+WORKERS_ENV = "LRA_DATA_WORKERS"
+
+
 def data_workers() -> int:
-    """Processes for generating and tokenising data: the machine's cores, at most 8."""
-    return max(1, min(os.cpu_count() or 1, 8))
+    """Processes for generating and tokenising data: every core this process may run on (its CPU affinity: a
+    container's or ``taskset``'s share, not the host's count), or ``$LRA_DATA_WORKERS`` when the user sets it.
+    The output does not depend on it (the generators seed fixed chunks; tokenising keeps row order)."""
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise DataError(f"{WORKERS_ENV}={raw!r} is not allowed: an integer >= 1 (processes that prepare data)")
+        return int(raw)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass
