@@ -16,6 +16,7 @@ import datetime
 import logging
 import math
 import os
+import pickle
 import sys
 import time
 from dataclasses import dataclass
@@ -381,7 +382,44 @@ class RunGuard(L.Callback):
 
 
 # ---------------------------------------------------------------------------------------------
+# Checkpoints, read as data (lra.train resumes from them; lra.tools.carry and the sweep read their step)
+
+
+class RunError(RuntimeError):
+    """The run cannot go on until the user acts (a damaged record or checkpoint, another config)."""
+
+
+_TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.load")  # around its reason
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint of this harness, read as data (``torch.load(weights_only=True)``: tensors, numbers, strings,
+    containers): a runs folder from elsewhere is never run as code. Raises a one-line RunError naming the file:
+    damaged, or holding objects that would run code when loaded (not loaded, so nothing in it ran)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - one line naming the file, not the zip's or the unpickler's error
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        code = next((ln for ln in lines if "GLOBAL" in ln), None)  # what weights_only refuses: a callable to call
+        if isinstance(e, pickle.UnpicklingError) and code is not None:
+            raise RunError(
+                f"{path} holds objects that would run code when loaded ({code.rstrip('.')[:160]}), so it was not "
+                f"loaded (this harness's checkpoints, callbacks= included, hold only tensors, numbers and strings); "
+                f"pass force=true to discard the run's checkpoints and start again"
+            ) from None
+        said = next((ln for ln in lines if not ln.startswith(_TORCH_ADVICE)), "").split(". This is an internal")[0]
+        raise RunError(
+            f"{path} cannot be read ({type(e).__name__}: {said[:160]}); it is damaged: pass force=true to discard "
+            f"the run's checkpoints and start again"
+        ) from None
+    if not isinstance(saved, dict):
+        raise RunError(f"{path} is not a checkpoint; pass force=true to discard the run's checkpoints and start again")
+    return saved
+
+
+# ---------------------------------------------------------------------------------------------
 # A run's callbacks and its outcome
+
 
 FINISHED = ("completed", "stopped_early", "stuck")  # statuses a rerun of the same command skips
 

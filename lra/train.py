@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import pickle
 import shlex
 import shutil
 import signal
@@ -54,7 +53,7 @@ from lra.loggers import check_loggers
 from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
 from lra.naming import run_tag
-from lra.protocol import FINISHED, BestCheckpoint, Callbacks, measured, moved, outcome
+from lra.protocol import FINISHED, BestCheckpoint, Callbacks, RunError, measured, moved, outcome, read_checkpoint
 from lra.record import Record, carry_over, new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
 from lra.wandb_extras import log_record
@@ -142,10 +141,6 @@ def _fit(spec: RunSpec, w: Wired, p: Plan, rec: Record, resume_from: Path | None
 
 # ---------------------------------------------------------------------------------------------
 # Failure policy: whatever ends a run short of SIGKILL leaves a record that says why
-
-
-class RunError(RuntimeError):
-    """The run cannot go on until the user acts (a damaged record or checkpoint, another config)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,34 +316,6 @@ def _load_data(spec: RunSpec, rec: Record, splits: dict[str, Split] | None) -> d
     rec.split_sizes = {k: len(v) for k, v in splits.items()}
     rec.data = data_record(splits)  # what was read: id, kind, description (lra/data/provenance.py)
     return splits
-
-
-_TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.load")  # around its reason
-
-
-def read_checkpoint(path: Path) -> dict:
-    """A checkpoint of this harness, read as data (``torch.load(weights_only=True)``: tensors, numbers, strings,
-    containers): a runs folder from elsewhere is never run as code. Raises a one-line RunError naming the file:
-    damaged, or holding objects that would run code when loaded (not loaded, so nothing in it ran)."""
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - one line naming the file, not the zip's or the unpickler's error
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        code = next((ln for ln in lines if "GLOBAL" in ln), None)  # what weights_only refuses: a callable to call
-        if isinstance(e, pickle.UnpicklingError) and code is not None:
-            raise RunError(
-                f"{path} holds objects that would run code when loaded ({code.rstrip('.')[:160]}), so it was not "
-                f"loaded (this harness's checkpoints, callbacks= included, hold only tensors, numbers and strings); "
-                f"pass force=true to discard the run's checkpoints and start again"
-            ) from None
-        said = next((ln for ln in lines if not ln.startswith(_TORCH_ADVICE)), "").split(". This is an internal")[0]
-        raise RunError(
-            f"{path} cannot be read ({type(e).__name__}: {said[:160]}); it is damaged: pass force=true to discard "
-            f"the run's checkpoints and start again"
-        ) from None
-    if not isinstance(saved, dict):
-        raise RunError(f"{path} is not a checkpoint; pass force=true to discard the run's checkpoints and start again")
-    return saved
 
 
 def resume_step(last: Path, key: str) -> int | None:

@@ -467,7 +467,7 @@ def test_the_first_windows_pack_restores_its_five_runs_ready_to_resume(tmp_path,
     config, the fit or the key that would strand them fails here, not on the next GPU."""
     from lra.config import load
     from lra.fit import plan
-    from lra.train import read_checkpoint
+    from lra.protocol import read_checkpoint
 
     readme = (FIRST_WINDOW / "README.md").read_text()
     rows = re.findall(r"^\| [^|]+ \| (\w+) \| (\d+) \|", readme, flags=re.M)

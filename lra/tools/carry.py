@@ -311,7 +311,7 @@ def _resumes_at(last: Path) -> str:
     record counted an interrupted run's steps says 0, so the checkpoint is the one to ask)."""
     if not last.is_file():
         return "no last.ckpt: starts over"
-    from lra.train import RunError, read_checkpoint  # torch and lightning: only when a checkpoint is there
+    from lra.protocol import RunError, read_checkpoint  # torch and lightning: only when a checkpoint is there
 
     try:
         return f"last.ckpt at step {int(read_checkpoint(last).get('global_step', 0))}"

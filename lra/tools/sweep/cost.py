@@ -141,7 +141,7 @@ def work_of(job) -> Work | None:
 def _checkpoint_step(last: Path) -> int:
     """The step ``last.ckpt`` continues from: a record written before records counted an interrupted run's
     steps says 0, the checkpoint knows (read as data)."""
-    from lra.train import RunError, read_checkpoint  # lightning: only for such a record
+    from lra.protocol import RunError, read_checkpoint  # lightning: only for such a record
 
     try:
         return int(read_checkpoint(last).get("global_step", 0))
