@@ -58,6 +58,11 @@ class Parser(argparse.ArgumentParser):
         self.add_argument("overrides", nargs="*", metavar="key=value", help=what)
 
 
+def typed(argv: list[str] | None = None) -> list[str]:
+    """The arguments as the user typed them (``sys.argv[1:]`` when ``argv`` is None), for an output to record."""
+    return list(sys.argv[1:] if argv is None else argv)
+
+
 def hydra_args(argv: list[str] | None = None) -> list[str]:
     """The command line of a Hydra entry point (``sys.argv[1:]`` when ``argv`` is None), without what only the
     harness sets (``run_tag=``). Raises :class:`UsageError` for a ``--flag`` neither we nor Hydra know."""

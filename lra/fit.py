@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -135,11 +136,13 @@ def train_step_peak(
     lr: float = 1e-4,
     eps: float = 1e-6,
     weight_decay: float = 0.0,
+    swap: Callable[[nn.Module], object] | None = None,
 ) -> int:
     """Peak tensor bytes of one training iteration (optimizer states present) at ``micro_batch``.
 
     ``fake=False`` runs the same iteration on real CPU tensors (for checking the fake estimate);
-    ``cuda_sdpa`` routes fused SDPA to the CUDA memory-efficient kernel (fake tensors only).
+    ``cuda_sdpa`` routes fused SDPA to the CUDA memory-efficient kernel (fake tensors only); ``swap``
+    changes the built model in place first (e.g. another code's attention block in place of ours).
     The global RNG is left untouched, so estimating never changes a run's initialisation.
     """
     if micro_batch < 1:
@@ -150,6 +153,8 @@ def train_step_peak(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = build_model(spec)  # real and small (parameters only); made fake below
+        if swap is not None:
+            swap(model)
         model.train()
         mode = fake_tensor_mode() if fake else None
         if fake:
@@ -336,12 +341,14 @@ def _progress_line(row: dict, i: int, total: int, elapsed: float) -> str:
     return f"{what} [{i}/{total}, {elapsed:.0f} s]"
 
 
-def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress=True) -> list[dict]:
+FUSED = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]  # a row no attention config names
+
+
+def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress=True, extra=FUSED) -> list[dict]:
     """One row per (attention config, task): micro-batch, accumulation, estimate, or why it was skipped.
-    ``progress``: a line per decision on stderr (:func:`_progress_line`)."""
+    ``progress``: a line per decision on stderr (:func:`_progress_line`); ``extra``: (label, overrides) rows."""
     rows = []
     attns = list(attns or attn_configs())
-    extra = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]
     cells = [(label, ov, task) for label, ov in [(a, [f"attn={a}"]) for a in attns] + extra for task in tasks]
     if progress:
         print(
@@ -365,6 +372,7 @@ def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress
                 seconds=p.seconds,
                 cached=p.cached,
                 impl=spec.attn.options.get("impl"),
+                capped="train.chunks" in p.source,  # the public code's chunks, not the memory, set it
             )
         except FitError as e:
             row.update(error="micro-batch 1 does not fit", detail=str(e))

@@ -271,6 +271,21 @@ def their_model(row: Row, roots: dict[str, Path]) -> nn.Module:
         return importlib.import_module(repo.module).ModelForSC(model).eval()
 
 
+def their_blocks(root: Path, task: str, attn_type: str, n: int, layers: int, attn_class: str = "", **changes):
+    """``layers`` of the Skeinformer code's ``Attention`` block (projections, attention, output projection,
+    checkpointed where theirs is) for ``task`` at length ``n``, configured as their entry point does with
+    ``changes``; ``attn_class`` ("module.Class") replaces the attention their attn_selector would pick."""
+    with public_code(root / REPOS["skeinformer"].code):
+        model = their_config("skeinformer", task, attn_type)
+        model.update(attn_type=attn_type, max_seq_len=n, device="cpu", **changes)
+        blocks = [importlib.import_module("models.attention").Attention(model) for _ in range(layers)]
+        if attn_class:
+            module, name = attn_class.rsplit(".", 1)
+            for b in blocks:
+                b.attn = getattr(importlib.import_module(module), name)(model)
+        return blocks
+
+
 def their_logits(theirs: nn.Module, toks: torch.Tensor) -> torch.Tensor:
     """Their forward returns loss and accuracy only: the logits are read off the head."""
     out = {}

@@ -8,6 +8,8 @@
   :mod:`lra.tools.bench.measure` (a point, the sweep), :mod:`lra.tools.bench.flops`, :mod:`lra.tools.bench.analyse`
   (ratios, crossover, growth), :mod:`lra.tools.bench.render` (``bench.md``, ``bench.png``) and
   :mod:`lra.tools.bench.layer` (its command line and outputs).
+* Cost mode (``--cost skeinformer``): the paper's Tables 4 and 2 (micro-batch x accumulation, minutes per 1k
+  steps) measured on a GPU under a V100's memory, beside its values: :mod:`lra.tools.bench.cost`.
 * Reference mode: each attention module against the module of the papers' public code (a checkout the user
   fetched), side by side, interleaved: :mod:`lra.tools.bench.reference`.
 * :mod:`lra.tools.bench.cli`: the command line of all three.

@@ -1,10 +1,12 @@
 """``python -m lra.tools.bench`` (``make bench``): which benchmark runs, and its command line.
 
 Three modes. ``--tasks``: the whole training step and the attention layer at each LRA task's real
-shape (:mod:`lra.tools.bench.tasks`), the default on CUDA. ``--layer``: one attention layer at batch 2
-against n (:mod:`lra.tools.bench.layer`), the default on a CPU. ``--reference``: each attention module against
-the module of the papers' public code, side by side (:mod:`lra.tools.bench.reference`). Bad input is one line
-before any work.
+shape (:mod:`lra.tools.bench.tasks`), the default on CUDA; with ``--cost PAPER`` the paper's rows x tasks, the
+step alone, eager, under the hardware profile's memory cap, beside its cost tables (:mod:`lra.tools.bench.cost`;
+``--predict``: the fit's decisions beside them, on any CPU).
+``--layer``: one attention layer at batch 2 against n (:mod:`lra.tools.bench.layer`), the default on a CPU.
+``--reference``: each attention module against the module of the papers' public code, side by side
+(:mod:`lra.tools.bench.reference`). Bad input is one line before any work.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from lra.cli import Parser
+from lra.cli import Parser, typed
 from lra.devices import default_threads
 from lra.files import runs_root
-from lra.tools.bench import layer, reference, rows, task_report, tasks
+from lra.tools.bench import cost, layer, reference, rows, task_report, tasks
 
 # layer-mode options (None = not given): naming one in task mode is an error, not silently ignored
 LAYER_ONLY = {
@@ -32,7 +34,19 @@ LAYER_ONLY = {
     "no_mask": False,
     "overrides": None,
 }
-TASK_ONLY = {"hardware": "v100_16gb", "max_batch": None, "compile": False, "spec_overrides": None}
+TASK_ONLY = {
+    "hardware": "v100_16gb",
+    "max_batch": None,
+    "compile": False,
+    "spec_overrides": None,
+    "cost": None,
+    "budget_s": None,
+    "plans": None,
+    "predict": False,
+}
+COST_ONLY = ("budget_s", "plans", "predict")
+# what --predict has no use for (nothing is measured): naming one is an error, not silently ignored
+MEASURED_ONLY = ("plans", "budget_s", "compile", "max_batch", "repeats", "warmup", "threads", "device", "quick")
 REFERENCE_ONLY = ("skeinformer", "skyformer", "nystromformer")  # the public code's checkouts
 
 
@@ -70,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n  python -m lra.tools.bench --quick                      # CPU: one layer vs n, batch 2\n"
         "  python -m lra.tools.bench --tasks --quick              # the tasks' training step, tiny shapes\n"
         "  python -m lra.tools.bench --tasks listops text --compile --hardware v100_16gb   # on a GPU\n"
+        "  python -m lra.tools.bench --cost skeinformer --predict --out results/cpu/fit/skeinformer_table4  # any CPU\n"
+        "  python -m lra.tools.bench --cost skeinformer --plans results/cpu/fit/skeinformer_table4.csv --out OUT"
+        "   # a GPU\n"
         "  python -m lra.tools.bench --backends skeinformer nystrom --lengths 1024 4096 "
         "--set nystrom.options.landmarks=128\n"
         "  python -m lra.tools.bench --reference --skeinformer ~/src/Skeinformer --skyformer ~/src/Skyformer "
@@ -120,6 +137,32 @@ def parser() -> argparse.ArgumentParser:
         help="measure min(fitted micro-batch, N) without accumulation (quick: 4; default: the fit's choice)",
     )
     t.add_argument("--compile", action="store_true", help="also torch.compile on a CPU (always on CUDA; slow)")
+    t.add_argument(
+        "--cost",
+        choices=tuple(cost.PAPERS),
+        help="the paper's cost tables measured (Table 4 bz x accu, Table 2 minutes per 1k steps): its rows "
+        "(--backends: some) x tasks (--tasks: some), one eager step each at the fitted micro-batch under the "
+        "--hardware profile's memory cap, 3 timed; a GPU's work (a CPU rehearsal: --device cpu --quick)",
+    )
+    t.add_argument(
+        "--budget-s",
+        type=positive,
+        help="with --cost: cells not started this many seconds after the first are skipped (default 270)",
+    )
+    t.add_argument(
+        "--predict",
+        action="store_true",
+        help="with --cost: no GPU, nothing measured: the fit's decisions (lra.fit, on this CPU) beside the paper, "
+        "the agreement counted; --out PATH writes PATH.md, .csv, .tex (and .theirs.csv with --skeinformer DIR: "
+        "the differing ListOps and Text cells estimated again with that checkout's attention block)",
+    )
+    t.add_argument(
+        "--plans",
+        type=Path,
+        metavar="CSV",
+        help="with --cost: measure each cell at the micro-batch of CSV (a --predict output), forced "
+        "(hardware.micro_batch): no memory fit runs here",
+    )
     t.add_argument(
         "--override",
         dest="spec_overrides",
@@ -179,7 +222,7 @@ def _device(args) -> str:
 def task_mode(args, device: str) -> bool:
     """``--tasks`` or ``--layer`` as asked; otherwise the tasks' shapes on CUDA (batch 2 is launch-bound
     there) and the layer micro-benchmark on a CPU."""
-    return args.tasks is not None or (not args.layer and device == "cuda")
+    return args.tasks is not None or (not args.layer and (args.cost is not None or device == "cuda"))
 
 
 def task_config(args, device: str) -> tasks.TaskConfig:
@@ -189,6 +232,11 @@ def task_config(args, device: str) -> tasks.TaskConfig:
             f"--{given[0].replace('_', '-')} belongs to the layer micro-benchmark; add --layer "
             f"(task mode takes its shapes from the task configs and lra.fit.plan)"
         )
+    if args.cost:
+        return cost_config(args, device)
+    given = [k for k in COST_ONLY if getattr(args, k) not in (None, False)]
+    if given:
+        raise ValueError(f"--{given[0].replace('_', '-')} belongs to --cost")
     names = args.backends or (tasks.QUICK_BACKENDS if args.quick else tasks.DEFAULT_BACKENDS)
     backends = tuple(dict.fromkeys([rows.BASELINE, *names]))  # ratios need the fused baseline, first
     cuda = device == "cuda"
@@ -210,6 +258,64 @@ def task_config(args, device: str) -> tasks.TaskConfig:
     )
     tasks.validate(cfg)
     return cfg
+
+
+def cost_config(args, device: str) -> tasks.TaskConfig:
+    """--cost: the paper's rows x tasks as their runs, the step alone, eager. A GPU's work: a CPU runs it only
+    as a rehearsal asked for by name (--device cpu --quick); --predict: the fit's decisions, any machine."""
+    paper_rows, paper_tasks = cost.PAPERS[args.cost]
+    bad = [b for b in args.backends or () if b not in paper_rows]
+    if bad:
+        raise ValueError(f"--cost {args.cost}: {bad} are not rows of its tables; its rows: {', '.join(paper_rows)}")
+    picked = tuple(dict.fromkeys(args.tasks or paper_tasks)), tuple(dict.fromkeys(args.backends or paper_rows))
+    if args.predict:
+        return predict_config(args, *picked)
+    if device == "cpu" and args.device is None:
+        raise ValueError(
+            "--cost measures on a GPU and torch sees none here; a CPU rehearsal at the quick preset's shapes: "
+            "add --device cpu --quick"
+        )
+    if device == "cpu" and not args.quick:
+        raise ValueError("--cost --device cpu runs only as a rehearsal at the quick preset's shapes: add --quick")
+    if args.compile or args.max_batch:
+        raise ValueError(
+            "--cost measures the eager step (the papers' 2021 PyTorch code had no torch.compile) at the fitted "
+            "micro-batch (Table 4's bz): drop --compile and --max-batch"
+        )
+    cfg = tasks.TaskConfig(
+        tasks=picked[0],
+        backends=picked[1],
+        hardware=args.hardware or TASK_ONLY["hardware"],
+        device=device,
+        quick=args.quick,
+        repeats=args.repeats or 3,
+        warmup=args.warmup or 0,  # the first step (not timed) warms up: 80 cells in 5 GPU-minutes
+        threads=int(args.threads or (1 if args.quick else default_threads())),
+        seed=args.seed,
+        # its preset, so Standard is its materialised softmax (the quick rehearsal's preset is quick)
+        overrides=(*(() if args.quick else (f"preset={cost.PAPER_PRESET[args.cost]}",)), *(args.spec_overrides or ())),
+        parts=("step",),
+        modes=("eager",),
+        memory=device == "cuda",  # the peak under the cap; a CPU has no cap and its meter is slow
+        cost=args.cost,
+        budget_s=args.budget_s or 270.0,  # with start-up and the last cell: 5 minutes
+        plans=args.plans,
+        micro_batches=cost.read_plans(args.plans, *picked) if args.plans else None,
+    )
+    tasks.validate(cfg)
+    return cfg
+
+
+def predict_config(args, task_names: tuple, backends: tuple) -> cost.Predict:
+    """--cost --predict: the paper's rows x tasks as the fit decides them; nothing measured, so no device."""
+    given = [k for k in MEASURED_ONLY if getattr(args, k) not in (None, False)]
+    if given:
+        raise ValueError(f"--{given[0].replace('_', '-')} belongs to the measured --cost; --predict measures nothing")
+    if args.skeinformer is not None:
+        reference.check_roots({"skeinformer": args.skeinformer.expanduser()})
+    hardware = [f"hardware={args.hardware}"] if args.hardware else []
+    overrides = (*hardware, *(args.spec_overrides or ()))
+    return cost.Predict(args.cost, backends, task_names, overrides, args.skeinformer and args.skeinformer.expanduser())
 
 
 def reference_config(args) -> reference.ReferenceConfig:
@@ -259,6 +365,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     try:
         given = [k for k in REFERENCE_ONLY if getattr(args, k) is not None]
+        if given == ["skeinformer"] and args.predict:  # the cost mode's comparison with its code
+            given = []
         if given and not args.reference:
             raise ValueError(f"--{given[0]} belongs to the reference mode: add --reference")
         if args.reference:
@@ -270,6 +378,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = args.out or runs_root() / "bench"  # LRA_RUNS moves it, as it moves the runs
     if args.reference:
         return reference.run_reference(rcfg, out)
+    if isinstance(cfg, cost.Predict):
+        return cost.main_predict(cfg, args.out or out / f"predicted_{cfg.paper}", typed(argv))
+    if tasks_run and cfg.cost:
+        return cost.main_cost(cfg, out)
     if tasks_run:
         return task_report.main_tasks(cfg, out)
     return layer.run_layer(*cfg, out)

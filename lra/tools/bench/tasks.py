@@ -38,6 +38,7 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -112,12 +113,19 @@ class TaskConfig:
     parts: tuple = PARTS  # what to time: the whole step, the attention layer alone
     modes: tuple | None = None  # None: eager, and compiled with --compile or on CUDA
     memory: bool = True  # measure the peak (one more step; on a CPU under a dispatch mode, slow)
+    cost: str | None = None  # --cost PAPER: rows built as their runs (no fused baseline, no ratios), 2x probe
+    budget_s: float | None = None  # --cost: cells not started this many seconds after the first are skipped
+    plans: Path | None = None  # --cost --plans: the file micro_batches came from
+    micro_batches: dict | None = None  # {(task, backend): micro-batch} forced (hardware.micro_batch): no fit runs
 
 
 # ----------------------------------------------------------------------------- specs and plans
-def backend_overrides(label: str) -> list[str]:
+def backend_overrides(label: str, as_run: bool = False) -> list[str]:
     """The config overrides of a benchmark row. The fused baseline is never recomputed in backward
-    (an O(n) kernel gains nothing from it); every other row is built as its run would be."""
+    (an O(n) kernel gains nothing from it); every other row is built as its run would be. ``as_run``: every
+    row as its run (--cost: the paper's Standard is the preset's softmax, materialised and recomputed)."""
+    if as_run:
+        return [f"attn={label}"]
     if label == BASELINE:
         return ["attn=softmax", "attn.options.impl=fused", "attn_checkpointing=[]"]
     if label == MATERIALIZED:
@@ -144,7 +152,10 @@ def check_names(tasks, backends) -> None:
 
 def spec_for(cfg: TaskConfig, task: str, backend: str) -> RunSpec:
     quick = ["preset=quick"] if cfg.quick else []
-    return load([f"task={task}", *backend_overrides(backend), f"hardware={cfg.hardware}", *quick, *cfg.overrides])
+    attn = backend_overrides(backend, as_run=cfg.cost is not None)
+    forced = (cfg.micro_batches or {}).get((task, backend))
+    forced = [f"hardware.micro_batch={forced}"] if forced else []  # last: the plan's micro-batch wins
+    return load([f"task={task}", *attn, f"hardware={cfg.hardware}", *quick, *cfg.overrides, *forced])
 
 
 def precision_on(spec: RunSpec, device: str) -> str:
@@ -223,7 +234,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
     # the fit can take seconds per backend (memory estimates): say what it decided and what it cost
     log(
         f"fit {task}/{backend}: micro-batch {p.micro_batch} x {p.accum_steps} "
-        f"({'cached' if p.cached else f'{p.seconds or 0:.1f} s'})"
+        f"({'cached' if p.cached else p.source if p.seconds is None else f'{p.seconds:.1f} s'})"
         + (f"; measured at {micro} x {accum} (--max-batch {cfg.max_batch})" if cfg.max_batch is not None else "")
     )
     for r in rows:
@@ -241,7 +252,10 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
     train = TrainStep(model, spec, accum, precision, cfg.device)
     pool = make_batches(spec, micro, min(accum, 4) + 1, cfg.device, cfg.seed)
     attn = next(m for m in model.modules() if isinstance(m, MultiHeadAttention)).attn
-    q, k, v, amask, dout = attention_inputs(spec, micro, cfg.device, cfg.seed)
+    # only when timed: on --cost's capped GPU they would take memory a run does not have (1 GiB for text)
+    q, k, v, amask, dout = (
+        attention_inputs(spec, micro, cfg.device, cfg.seed) if "attention" in cfg.parts else [None] * 5
+    )
 
     def step_call(net):
         def call(i):
@@ -288,11 +302,26 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
         mem = f", peak {r['peak_mem_bytes'] / MIB:.1f} MiB" if r["peak_mem_bytes"] != "" else ""
         comp = f", first call {r['first_call_s']:.1f} s" if compiled else ""
         log(f"{tag}: {r['time_ms']:.2f} ms (median of {r['repeats']}){mem}{comp}")
+        if cfg.cost and r["part"] == "step" and accum % 2 == 0:
+            r.update(double_micro_batch=2 * micro, double_status=double_probe(train, model, spec, 2 * micro, cfg))
+            log(f"{task}/{backend}: one step at micro-batch {2 * micro} (2x): {r['double_status']}")
     model = train = attn = pool = None  # release them (the closures above share these cells) before empty_cache
     gc.collect()
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return rows
+
+
+def double_probe(train: TrainStep, model, spec: RunSpec, micro: int, cfg: TaskConfig) -> str:
+    """One optimizer step of one micro-batch of ``micro``: ``fits`` or ``oom`` (under --cost's cap, an OOM at
+    twice the fit's micro-batch shows the fit chose the largest), or the error."""
+    try:
+        train(model, make_batches(spec, micro, 1, cfg.device, cfg.seed))
+        return "fits"
+    except Exception as err:  # noqa: BLE001 - a probe that fails is a finding, not the end of the table
+        return "oom" if is_oom(err) else " ".join(f"error: {type(err).__name__}: {err}".split())[:200]
+    finally:
+        train.opt.zero_grad(set_to_none=True)
 
 
 def add_ratios(rows: list[dict]) -> list[dict]:
@@ -309,6 +338,12 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def _unmeasured(task: str, backend: str, status: str, reason: str) -> dict:
+    """The row of a (task, backend) not measured: skipped, or failed before its parts ran."""
+    why = " ".join(reason.split())[:300]
+    return {"task": task, "backend": backend, "part": "step", "mode": "eager", "status": status, "reason": why}
+
+
 def run(
     cfg: TaskConfig, log: Callable[[str], None] = print, on_row: Callable[[list[dict]], None] | None = None
 ) -> list[dict]:
@@ -323,8 +358,21 @@ def run(
         def counted(text: str, i: int = i) -> None:
             log(f"{text} [{i}/{len(items)}, {time.perf_counter() - t0:.0f} s]")
 
-        rows += measure_backend(cfg, task, backend, counted)
-        add_ratios(rows)
+        if cfg.budget_s is not None and time.perf_counter() - t0 > cfg.budget_s:
+            rows.append(_unmeasured(task, backend, "skipped", f"not started within --budget-s {cfg.budget_s:g}"))
+            counted(f"{task}/{backend}: {rows[-1]['reason']}")
+        else:
+            try:
+                rows += measure_backend(cfg, task, backend, counted)
+            except Exception as err:  # noqa: BLE001 - its spec, fit or model failing is one line; the table goes on
+                why = f"{type(err).__name__}: {err}"
+                rows.append(_unmeasured(task, backend, "oom" if is_oom(err) else "error", why))
+                counted(f"{task}/{backend}: {rows[-1]['status']} ({rows[-1]['reason']})")
+                gc.collect()
+                if cfg.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        if cfg.cost is None:  # --cost has no fused baseline: its Standard is the paper's, materialised
+            add_ratios(rows)
         if on_row is not None:
             on_row(rows)
     return rows
