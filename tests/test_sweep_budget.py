@@ -158,6 +158,10 @@ def test_a_window_starts_the_carried_runs_that_can_finish_soonest_first(tmp_path
     started = []
     budget.run_on_budget(jobs, jobs, est, 1, time.time() + 3600, True, lambda nxt: None, started, {"estimates_s": {}})
     assert [j.rel for j in started][:2] == ["linformer", "performer"]
+    # on another card (an H200 window) their paces there still order them: not the grid's order
+    elsewhere = Estimator(tmp_path / "runs", "NVIDIA H200", parallel=1)
+    assert all(elsewhere.estimate(j)[0] is None for j in jobs)
+    assert [j.rel for j in sorted(jobs, key=lambda j: budget.soonest(elsewhere, j))] == [j.rel for j in order]
 
 
 # ----------------------------------------------------------------------------- which jobs a budget starts

@@ -5,12 +5,13 @@ machine). The estimates: :mod:`lra.tools.sweep.cost`."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
 
 from lra.tools.sweep.base import FINISHED, MIN_START_S
-from lra.tools.sweep.cost import MIN_PROBE_S, PROBE_STEPS, Estimator, device_name, fmt_h, plan_budget
+from lra.tools.sweep.cost import MIN_PROBE_S, PROBE_STEPS, Estimator, device_name, fmt_h, plan_budget, rate_of_metrics
 from lra.tools.sweep.jobs import assign_gpus, carried
 
 PROBE_SHARE = 0.25  # of a budget, at most, for probes: the rest is the jobs'
@@ -139,12 +140,15 @@ def run_on_budget(todo, jobs, est, batch, end, carry, run_batch, started: list, 
 
 def soonest(est: Estimator, job) -> tuple:
     """Sort key: the least time ``job`` can still take here (to its early stop if no validation improves), jobs
-    without an estimate after those with one; the grid's order breaks ties (a stable sort)."""
+    without an estimate after those with one; the grid's order breaks ties (a stable sort). A run carried from
+    another card is ordered at its pace there: it is slower or faster here, but so are the others."""
     _, rate, work = est.estimate(job)
+    if rate is None and work is not None and job.run_dir is not None and work.done:
+        rate = rate_of_metrics(Path(job.run_dir) / "metrics.csv", est.parallel)
     if rate is None or work is None:
         return (1, 0.0)
-    left = work.least_left
-    return (0, rate.fixed_s + left * rate.step_s + left // max(work.eval_every, 1) * rate.eval_s)
+    left, fixed = work.least_left, 0.0 if math.isnan(rate.fixed_s) else rate.fixed_s
+    return (0, fixed + left * rate.step_s + left // max(work.eval_every, 1) * rate.eval_s)
 
 
 CKPT_EVERY_S = 30.0  # a run stopped at the budget loses at most about this much training
