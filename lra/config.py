@@ -48,6 +48,7 @@ from lra.conf_nodes import (  # noqa: F401  (registered on import; re-exported)
     container,
     register_resolvers,
 )
+from lra.execution import EXECUTIONS, fast, fast_profile
 from lra.files import data_root
 from lra.quirks import code_quirks, paper_chunks, preset_code, quirks_on  # noqa: F401  (re-exported)
 from lra.tasks import TaskSpec, task_spec
@@ -422,9 +423,13 @@ class RunSpec:
     quirks: dict = field(default_factory=dict)  # the public code's quirks this run has on: {"model.pooling": ..}
     name: str | None = None  # name=: the display name in tables; a label, not in the folder or resume key
     debug: DebugSpec | None = None  # debug=<name>: a short check in its own folder, never in a table
+    execution: str = "paper"  # what runs: paper (the preset's memory plan) | fast (docs/protocol.md)
+    execution_note: str | None = None  # why this run executes otherwise than execution= asked
+    other: RunSpec | None = field(default=None, repr=False, compare=False)  # a fast run's paper execution
 
     def __post_init__(self):
         _choice("semantics", self.semantics, SEMANTICS)
+        _choice("execution", self.execution, EXECUTIONS)
         _check(
             self.name is None or (isinstance(self.name, str) and NAME.fullmatch(self.name) is not None),
             "name",
@@ -506,6 +511,8 @@ class RunSpec:
             "accum_steps": accum_steps,
             "devices": self.hardware.devices,
             "precision": self.hardware.precision,
+            # a fast checkpoint never continues as paper, even without its record; paper keys stay as they were
+            **({"execution": "fast"} if self.execution == "fast" else {}),
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -572,8 +579,9 @@ def _compile(setting, on_cuda: bool, backend: str) -> tuple[bool, str | None]:
     return wanted, None
 
 
-def _hardware(cfg: DictConfig) -> HardwareSpec:
-    hw, tr = cfg.hardware, cfg.trainer
+def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
+    """The run's hardware: the memory profile ``hw`` (default: ``cfg.hardware``) and the Trainer's settings."""
+    hw, tr = cfg.hardware if hw is None else hw, cfg.trainer
     total = hw.get("total_gib")
     if total is not None:
         _num("hardware.total_gib", total, 0.0, open_lo=True)
@@ -685,13 +693,16 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         train_node["chunks"] = paper_chunks(cfg, attn)
     train = build(TrainSpec, "train", train_node, monitor=str(cfg.trainer.monitor))
     config = container(cfg)
+    config.pop("execution", None)  # how the run executes, not what it computes: no folder level (the record says it)
     config["train"] = {**config["train"], "chunks": train.chunks}
     config["attn"] = {**config["attn"], "options": attn.options}
     if not config.get("callbacks"):  # no user callbacks: the record reads as it did before the group existed
         config.pop("callbacks", None)
     fit = cfg.get("fit") or {}
     semantics = cfg.get("semantics", "clean")  # derived from quirks (conf/config.yaml); checked by RunSpec
-    return RunSpec(
+    asked = cfg.get("execution", "paper")  # a record's config has none: it is the record's own field
+    _choice("execution", asked, EXECUTIONS)
+    spec = RunSpec(
         preset=str(cfg.preset),
         seed=cfg.seed,
         model=model,
@@ -714,3 +725,6 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         name=cfg.get("name"),
         debug=build(DebugSpec, "debug", container(cfg.debug)) if cfg.get("debug") is not None else None,
     )
+    if asked == "paper":  # resolved alone: fast's profile reads the card (CUDA), which a paper run must not
+        return spec
+    return dataclasses.replace(fast(spec, _hardware(cfg, fast_profile(cfg))), other=spec)  # lra/execution.py

@@ -113,6 +113,8 @@ class Record:
     # the model and where it ran
     num_params: int = ABSENT
     hardware: str = ABSENT
+    execution: str = ABSENT  # paper | fast: how it ran (docs/protocol.md); absent in older records: paper
+    execution_note: str | None = ABSENT  # why it ran otherwise than execution= asked
     attn_options: dict = ABSENT
     attn_impl: str | None = ABSENT
     attn_checkpointing: bool = ABSENT
@@ -211,6 +213,8 @@ def new_record(spec: RunSpec) -> Record:
         accum_steps=None,
         effective_batch=spec.train.batch_size,
         hardware=spec.hardware.name,
+        execution=spec.execution,
+        execution_note=spec.execution_note,
         attn_options=dict(spec.attn.options),
         attn_impl=spec.attn.options.get("impl"),
         attn_checkpointing=spec.attn.checkpointing,

@@ -46,6 +46,7 @@ from lra.cli import HARNESS_OVERRIDES, UsageError, hand_to_hydra, hydra_args, wa
 from lra.config import ConfigError, RunSpec, compose_checked, renamed_overrides, resolve, without_hydra
 from lra.data import DataError, Split, data_record, fingerprint, load_task
 from lra.devices import LoadMeter, check_devices, limit_gpu_memory
+from lra.execution import as_execution
 from lra.fit import FitError, Plan, plan
 from lra.hydra_glue import run_dir_of, run_in_folder
 from lra.interrupts import Interrupted, raise_interrupted, sigterm_raises
@@ -70,6 +71,9 @@ def run(spec: RunSpec, splits: dict[str, Split] | None = None) -> Record:
         if old is not None:
             return old
         _prepare(spec, ckpt_dir)
+        spec = _started_execution(spec, ckpt_dir / "last.ckpt")
+        if spec.execution_note:
+            log.warning("%s", spec.execution_note)
         rec = new_record(spec)
         trainer = _train_and_test(spec, splits, rec, ckpt_dir)
         _finish(spec, rec, trainer)
@@ -276,6 +280,8 @@ def _finished_record(spec: RunSpec) -> Record | None:
             if old.get("name") != spec.name
             else ""
         )
+        if old.get("execution", "paper") != spec.execution:  # the same function: its result stands
+            renamed += f"; it ran under execution={old.get('execution', 'paper')}"
         log.info(
             "%s already holds a finished run (%s, test_acc %s)%s; pass force=true to run it again",
             spec.run_dir,
@@ -351,6 +357,28 @@ def _best_of(saved: dict, ckpt_dir: Path) -> Path | None:
             here = moved(state, str(old), str(ckpt_dir)) if old else state
             return Path(here["best_model_path"])
     return None
+
+
+def _started_execution(spec: RunSpec, last: Path) -> RunSpec:
+    """An unfinished run continues under the execution it started with (its record's; a record from before
+    ``execution=`` existed: paper): asked to run fast, a paper run continues as paper with a note saying so; a
+    fast one asked for paper is refused in one line. ``force=true`` starts it over under the one asked for. No
+    record: the resume key alone decides (a fast key never matches a paper one)."""
+    before = _unfinished_record(spec.run_dir, last)
+    started = before.get("execution", "paper")
+    if "status" not in before or started == spec.execution:
+        return spec
+    note = (
+        f"execution={spec.execution}: {last} continues under execution={started}, the execution it started with "
+        f"(force=true starts it over under execution={spec.execution})"
+    )
+    switched = as_execution(spec, started, note)
+    if switched.execution != started:
+        raise RunError(
+            f"{last} was trained under execution={started}, which this command does not run: add execution={started} "
+            f"to resume it, or pass force=true to start it over under execution={spec.execution}"
+        )
+    return switched
 
 
 def _unfinished_record(run_dir: Path, last: Path) -> Record:
