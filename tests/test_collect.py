@@ -380,6 +380,31 @@ def test_latex_booktabs_bold_best_per_column(tmp_path):
     assert "**35.00 (1)**" in md
 
 
+def test_a_fast_execution_run_counts_in_table1_and_never_in_the_cost_tables(tmp_path):
+    """execution=fast computes the paper's function (accuracy, steps) on another memory plan: its accuracy is a
+    Table 1 value, its micro-batch, accumulation, time and memory are no Table 2/4 value (lra/execution.py)."""
+    make_record(tmp_path, "softmax", 0, test_acc=0.30, time_per_1k_steps_s=600.0, micro_batch=16, accum_steps=2)
+    make_record(
+        tmp_path, "softmax", 1, test_acc=0.40, time_per_1k_steps_s=60.0, micro_batch=32, accum_steps=1, execution="fast"
+    )
+    runs, _ = load_runs(tmp_path)
+    t1 = build(SPEC["skeinformer_table1"], runs, "quick")
+    assert next(r for r in t1.rows if r.key == "softmax").cells[1].values == (30.0, 40.0)
+    t2 = build(SPEC["skeinformer_table2"], runs, "quick")
+    cells = {
+        c.metric: cell
+        for c, cell in zip(t2.columns, next(r for r in t2.rows if r.key == "softmax").cells)
+        if c.task == "listops"
+    }
+    assert cells["steps_k"].values == (0.6,) and cells["steps_k"].n == 2  # steps: the same function's
+    assert cells["min_per_1k"].values == (10.0,) and cells["accum"].values == (2.0,)
+    t4 = build(SPEC["skeinformer_table4"], runs, "quick")
+    cells = [
+        cell for c, cell in zip(t4.columns, next(r for r in t4.rows if r.key == "softmax").cells) if c.task == "listops"
+    ]
+    assert [c.values for c in cells] == [(16.0,), (2.0,)]
+
+
 def test_compare_adds_paper_value_and_delta(tmp_path):
     P = "skeinformer_paper"
     for seed, acc in enumerate((0.40, 0.42, 0.44)):

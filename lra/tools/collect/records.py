@@ -86,7 +86,7 @@ EXPECTED = (
     "accum_steps",
     "peak_mem_bytes",
 )
-TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit")
+TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit", "execution")
 # what identifies a row beyond task and attention (lra/tools/collect/rows.py), and what the tables say about it
 CONTEXT = (
     "tag",
@@ -119,6 +119,7 @@ COLUMNS = (
     "hardware",
     "device",
     "git_commit",
+    "execution",
     *CONTEXT,
     *CONTEXT_NUMERIC,
     "loaded",
