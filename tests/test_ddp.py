@@ -9,6 +9,7 @@ from test_sweep import TINY, manifest, run_sweep
 from lra.config import compose
 
 
+@pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_ddp_two_cpu_processes_keep_the_effective_batch(tmp_path):
     out = run_sweep(
         tmp_path,

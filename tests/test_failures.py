@@ -109,6 +109,7 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
     assert "run_tag" not in out.split("resume with the same command:")[1].splitlines()[0]
 
 
+@pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
     log = open(tmp_path / "first.log", "w")  # not a pipe: nobody reads it while the second command runs
     first = subprocess.Popen(
@@ -197,6 +198,7 @@ def _cli(tmp_path, *extra):
     )
 
 
+@pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_damaged_record_and_checkpoint_are_one_line_errors(tmp_path):
     assert _cli(tmp_path, "train.max_steps=40", "train.eval_every=5").returncode == 0
     run_dir = next((tmp_path / "runs").rglob("result.json")).parent

@@ -256,6 +256,7 @@ def test_paper_classifier_is_the_public_model(preset):
     assert (ours - ref)[1:].abs().max() > 1e-3 and (ours - ref)[0].abs().max() < 1e-6  # padded rows differ
 
 
+@pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_paper_run_records_semantics_and_its_folder(quick_run, tmp_path):
     """A real (tiny) run with the public code's semantics: alnum ListOps, padded-mean pooling, the run
     folder and the record keep it apart from the clean run of the same command."""

@@ -169,6 +169,7 @@ def test_unknown_grid_lists_available():
 
 
 # ----------------------------------------------------------------------------- runs
+@pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_quick_grid_local_multirun_two_jobs_in_parallel(tmp_path):
     """grid=quick on tiny ListOps (two of its backends, one seed) with its own launcher (submitit_local), two jobs at
     a time."""
