@@ -393,6 +393,7 @@ def test_config_keys():
     )
 
 
+@pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_end_to_end_quick_run_on_a_tiny_generated_set(tmp_path):
     env = {
         **os.environ,

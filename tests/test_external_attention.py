@@ -107,6 +107,7 @@ def test_bad_targets_are_one_line(user_package):
         load(["preset=quick", "attn=external", "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=0"])
 
 
+@pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_external_backend_trains_and_appears_in_the_tables(tmp_path, user_package):
     env = _env(tmp_path, user_package)
     run = subprocess.run(

@@ -98,6 +98,7 @@ def test_worker_count_does_not_change_the_run(tmp_path):
         assert runs[0][k] == runs[2][k], k
 
 
+@pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_sigint_to_process_group_is_interrupted_130(tmp_path):
     rc, out = _signal_group_at_checkpoint(
         tmp_path, "runs", _popen(tmp_path, "runs", "trainer.num_workers=2"), signal.SIGINT

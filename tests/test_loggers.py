@@ -73,6 +73,7 @@ def _eval_lines(run_dir):
     return [m.groups() for m in EVAL_LINE.finditer((run_dir / "train.log").read_text())]
 
 
+@pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_wandb_and_tensorboard_beside_metrics_csv(tmp_path):
     """One run with both: metrics.csv, the W&B record and history tables, TensorBoard events agree;
     train.log has a line per evaluation; no Lightning tip or LeafSpec warning anywhere (~10 s)."""

@@ -46,6 +46,7 @@ def test_a_bad_name_is_one_line_exit_2_and_no_folder(quick_run, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_a_finished_run_keeps_its_name_and_says_so(quick_run, tmp_path):
     """Bug caught: the same run under another name retrained (the name in its folder), or silently kept the
     old name with nothing telling the user why the table shows it."""
