@@ -456,12 +456,30 @@ def test_export_names_this_machines_folders_by_their_variables_never_by_path(tmp
     assert code == 0 and "0 runs exported, 1 already there" in printed
 
 
-FIRST_WINDOW = Path(__file__).resolve().parent.parent / "carry" / "skeinformer_paper-listops-seed0"
+REPO = Path(__file__).resolve().parent.parent
+FIRST_WINDOW = REPO / "carry" / "skeinformer_paper-listops-seed0"
+PACK_COMMIT = "007b0e3"  # whose history holds the first window's pack (its README's restore command)
+
+
+def _first_window_pack(to: Path) -> Path:
+    """The first window's pack as its README restores it: the parts from the history of PACK_COMMIT, the
+    tracked checksum beside them (a shallow clone without that commit skips the test: nothing to restore)."""
+    rel = FIRST_WINDOW.relative_to(REPO).as_posix()
+    git = ["git", "-C", str(REPO)]
+    names = subprocess.run([*git, "show", "--name-only", "--format=", PACK_COMMIT, "--", rel], capture_output=True)
+    if names.returncode != 0:
+        pytest.skip(f"this clone does not hold commit {PACK_COMMIT} (shallow?): the pack cannot be restored")
+    to.mkdir()
+    for name in [n for n in names.stdout.decode().split() if ".part" in n]:
+        blob = subprocess.run([*git, "show", f"{PACK_COMMIT}:{name}"], capture_output=True, check=True).stdout
+        (to / Path(name).name).write_bytes(blob)
+    (to / "runs.sha256").write_bytes((FIRST_WINDOW / "runs.sha256").read_bytes())
+    return to
 
 
 def test_the_first_windows_pack_restores_its_five_runs_ready_to_resume(tmp_path, capsys):
-    """The tracked pack of the first GPU window, as a fresh clone holds it: it unpacks to the runs its README
-    lists, each at the step the README says, and each checkpoint's resume key is the one this harness computes
+    """The first GPU window's pack, restored as its README says in a fresh clone: it unpacks to the runs its
+    README lists, each at the step the README says, and each checkpoint's resume key is the one this harness computes
     for that run today (its overrides, the memory fit's micro-batch, the generated data's fingerprint that the
     README names): the window's command continues them instead of refusing or starting over. A change to the
     config, the fit or the key that would strand them fails here, not on the next GPU."""
@@ -473,7 +491,7 @@ def test_the_first_windows_pack_restores_its_five_runs_ready_to_resume(tmp_path,
     rows = re.findall(r"^\| [^|]+ \| (\w+) \| (\d+) \|", readme, flags=re.M)
     data = re.search(r"data fingerprint `([0-9a-f]{16})`", readme).group(1)
     assert len(rows) == 5
-    code, out, _ = cli(capsys, "unpack", FIRST_WINDOW, "--runs", tmp_path / "runs")
+    code, out, _ = cli(capsys, "unpack", _first_window_pack(tmp_path / "pack"), "--runs", tmp_path / "runs")
     assert code == 0 and "5 runs into" in out
     for attn, step in rows:
         rel = f"skeinformer_paper/paper/listops/{attn}/seed0"

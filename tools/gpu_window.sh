@@ -5,7 +5,7 @@
 #     bash tools/gpu_window.sh grid=skeinformer_table1 task=listops seed=0 [overrides]
 #
 # Everything below counts against BUDGET_S, from this script's start:
-# 1. CARRY: the pack an earlier window left (tracked under carry/: it travels with the checkout), checked and
+# 1. CARRY: the pack an earlier window left (carry/<name>/, restored from git history as its README says), checked and
 #    unpacked into the runs root (python -m lra.tools.carry unpack; a run already there is kept).
 # 2. COST (default skeinformer; COST= skips it): the cost tables, measured at the micro-batches the CPU predicted
 #    (python -m lra.tools.bench --cost skeinformer --plans results/cpu/fit/skeinformer_table4.csv), every row x
