@@ -55,6 +55,7 @@ from lra.tasks import TaskSpec, task_spec
 
 RESUME_KEY_VERSION = 2  # 2: typed run spec, data fingerprint, precision and devices in the key
 NAME = re.compile(r"[A-Za-z0-9_.+-](?:[A-Za-z0-9 _.+-]{0,38}[A-Za-z0-9_.+-])?")  # name=: a table row's label
+LABEL = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,63}")  # attn.label: a folder level, never a path (no / nor ..)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,6 +186,12 @@ class AttnSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "label", self.label or self.name)
+        _check(
+            isinstance(self.label, str) and LABEL.fullmatch(self.label) is not None,
+            "attn.label",
+            self.label,
+            "1-64 letters, digits and -_.+, not starting with a dot (it names the run's folder)",
+        )
         try:  # fills in the defaults and checks every value against the backend's Options
             opts = attention.make_options(self.name, **self.options)
         except (attention.InvalidOption, ValueError) as e:

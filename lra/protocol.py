@@ -417,11 +417,24 @@ def read_checkpoint(path: Path) -> dict:
     return saved
 
 
+def resumes_at(last: Path) -> str:
+    """What ``last.ckpt`` holds for a resume, in words: its optimizer step, read as data (a record written before
+    records counted an interrupted run's steps says 0, so the checkpoint is the one to ask)."""
+    if not last.is_file():
+        return "no last.ckpt: the run starts over"
+    try:
+        step = read_checkpoint(last).get("global_step", 0)
+    except RunError:
+        return "an unreadable last.ckpt"
+    return f"last.ckpt at step {step}" if type(step) is int else "a last.ckpt that holds no step"
+
+
 # ---------------------------------------------------------------------------------------------
 # A run's callbacks and its outcome
 
 
 FINISHED = ("completed", "stopped_early", "stuck")  # statuses a rerun of the same command skips
+STATUSES = (*FINISHED, "running", "failed", "interrupted")  # what this version writes; another is not trained over
 
 
 def label_entropy(labels) -> float:

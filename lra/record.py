@@ -60,7 +60,7 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
-@dataclass
+@dataclass(slots=True)  # a misspelt field (rec.tset_acc = ...) is an error, not an attribute off the record
 class Record:
     """One ``result.json``, field for field (docs/protocol.md says what each means)."""
 

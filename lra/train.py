@@ -54,7 +54,18 @@ from lra.loggers import check_loggers
 from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
 from lra.naming import run_tag
-from lra.protocol import FINISHED, BestCheckpoint, Callbacks, RunError, measured, moved, outcome, read_checkpoint
+from lra.protocol import (
+    FINISHED,
+    STATUSES,
+    BestCheckpoint,
+    Callbacks,
+    RunError,
+    measured,
+    moved,
+    outcome,
+    read_checkpoint,
+    resumes_at,
+)
 from lra.record import Record, carry_over, new_record, read_record, write_record
 from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
 from lra.wandb_extras import log_record
@@ -167,12 +178,13 @@ _EXITS = (
     ((OSError,), 1, "{name}: {e} (the run's record says where it stopped)"),  # disk full: the environment's
 )
 # Before it started (nothing is written): a bad command line or value.
-_EXITS_BEFORE = (((UsageError, ConfigError, DataError), 2, "error: {e}"),)
+_EXITS_BEFORE = (((UsageError, ConfigError, DataError, RunError), 2, "error: {e}"),)
 
 
-def ending(e: BaseException, command: str | None = None) -> Ending:
+def ending(e: BaseException, command: str | None = None, last: Path | None = None) -> Ending:
     """The one exit policy of ``python -m lra.train``. ``command``: the command line that resumes the run;
-    None: the run has not started (an interruption then leaves nothing to resume)."""
+    None: the run has not started (an interruption then leaves nothing to resume). ``last``: the run's
+    ``last.ckpt``, where an interruption says what it kept."""
     code = _interrupt_code(e)
     if code is not None:
         name = signal.Signals(code - 128).name if code > 128 else type(e).__name__
@@ -184,7 +196,8 @@ def ending(e: BaseException, command: str | None = None) -> Ending:
         line = f"interrupted ({said}) before the run started; nothing was written to the runs root"
         return Ending(status, reason, code, line)
     if command is not None and isinstance(e, Interrupted):  # the record says interrupted; the line how to go on
-        line = f"interrupted ({said}): the record says where it stopped; resume with the same command: {command}"
+        kept = resumes_at(last) if last is not None else "its last checkpoint"
+        line = f"interrupted ({said}), keeping {kept}: resume with the same command: {command}"
         return Ending(status, reason, code, line)
     for types, exit_code, fmt in _EXITS if command is not None else _EXITS_BEFORE:
         if isinstance(e, types):
@@ -262,18 +275,34 @@ def _write_or_keep(run_dir: Path, rec: Record) -> None:
 # The steps of a run
 
 
-def _finished_record(spec: RunSpec) -> Record | None:
-    """The record of a finished run in this folder (None: nothing to skip)."""
+def _old_record(spec: RunSpec) -> Record | None:
+    """The record already in the run's folder, checked: a record this version cannot read (damaged, a status it
+    does not write, another run's) is a RunError unless ``force=true``, never trained over (None: none there,
+    or force)."""
+    path = spec.run_dir / "result.json"
     try:
         old = read_record(spec.run_dir)
-    except ValueError as e:
-        if not spec.force:
-            raise RunError(
-                f"{spec.run_dir / 'result.json'} is not a readable run record ({e}); pass force=true "
-                f"to run again and replace it"
-            ) from None
-        return None
-    if old and old.get("status") in FINISHED and not spec.force:
+    except (ValueError, UnicodeDecodeError) as e:
+        old, why = None, f"is not a readable run record ({e})"
+    else:
+        ours = {"task": spec.task, "attn": spec.attn.label, "seed": spec.seed}
+        theirs = {k: old[k] for k in ours if k in old} if old else {}
+        why = (
+            f"holds another run's record ({theirs}, this run is {ours})"
+            if any(v != ours[k] for k, v in theirs.items())
+            else f"has status {old.get('status')!r}, which this version does not write"
+            if old and old.get("status") not in STATUSES
+            else None
+        )
+    if why and not spec.force:
+        raise RunError(f"{path} {why}: move it aside, or pass force=true to run again and replace it")
+    return None if spec.force else old
+
+
+def _finished_record(spec: RunSpec) -> Record | None:
+    """The record of a finished run in this folder (None: nothing to skip)."""
+    old = _old_record(spec)
+    if old and old.get("status") in FINISHED:
         # name= labels a run as it runs: a finished one keeps the name on record (its row stays put)
         renamed = (
             f"; it keeps name={old.get('name')!r} (name={spec.name!r} is not applied)"
@@ -532,7 +561,7 @@ def run_task(cfg: DictConfig, spec: RunSpec | None = None, splits: dict[str, Spl
     try:
         rec = run(spec or resolve(cfg, HydraConfig.get().runtime.output_dir), splits)
     except BaseException as e:
-        end = ending(e, _command())
+        end = ending(e, _command(), Path(HydraConfig.get().runtime.output_dir) / "checkpoints" / "last.ckpt")
         if end.code is None:
             raise
         _exit(end.code, "%s", end.line)
@@ -592,14 +621,16 @@ def check_before_run(args: list[str]) -> tuple[DictConfig, RunSpec, dict[str, Sp
         cfg.run_tag = tag
     # hydra.run.dir: the named folder, or the one a sweep's job gives; the spec resolving cfg again would give
     spec = dataclasses.replace(spec, run_dir=run_dir_of(cfg), config={**spec.config, "run_tag": tag})
+    root = Path(spec.config["runs_root"]).resolve()
+    if not spec.run_dir.resolve().is_relative_to(root):  # what force=true deletes is the harness's, in its root
+        raise ConfigError(
+            f"the run folder {spec.run_dir} is outside runs_root={str(root)!r}: set runs_root= to hold it"
+        )
     check_run_folder(spec.run_dir)  # its checkpoints a file, its result.json a folder: one line, before any work
-    try:
-        old = read_record(spec.run_dir)
-    except ValueError:  # a damaged record: the run says so (RunError), in its own words
-        old = None
-    if spec.force or not (old and old.get("status") in FINISHED):
-        return cfg, spec, checked_splits(spec)
-    return cfg, spec, None
+    old = _old_record(spec)  # a record it cannot read: one line before any work
+    if old and old.get("status") in FINISHED:
+        return cfg, spec, None
+    return cfg, spec, checked_splits(spec)
 
 
 def main() -> None:

@@ -163,3 +163,126 @@ def test_collect_that_cannot_write_midway_is_one_line(tmp_path, monkeypatch, cap
     assert collect.main(["--runs", str(tmp_path / "runs"), "--no-plots"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot write into" in err and "Read-only file system" in err and "\n" not in err
+
+
+# --- the fourth pass (issue 39): a runs folder stays data, a record the harness cannot read is never trained over
+
+
+@pytest.mark.parametrize("label", ["../../../../tmp/x", "a/b", "..", ".hidden", "x" * 65, "two words"])
+def test_a_label_is_a_label_never_a_path(label):
+    # attn.label=../../x wrote the run outside the runs root, and force=true deleted <there>/checkpoints
+    with pytest.raises(ConfigError) as e:
+        load([*T, f"attn.label={label}"])
+    assert str(e.value).startswith("attn.label=") and "letters, digits" in str(e.value)
+
+
+def test_labels_the_harness_ships_are_still_labels():
+    assert load([*T, "attn=softmax_nodrop"]).attn.label == "softmax_nodrop"
+    assert load([*T, "attn.label=mine-2.b+c"]).attn.label == "mine-2.b+c"
+
+
+def test_a_run_folder_outside_the_runs_root_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from lra.train import check_before_run
+
+    monkeypatch.setattr("lra.train.checked_splits", lambda *a: pytest.fail("the data was read"))
+    elsewhere = tmp_path / "elsewhere"
+    with pytest.raises(ConfigError) as e:
+        check_before_run([*T, *_roots(tmp_path), f"hydra.run.dir={elsewhere}"])
+    assert "outside runs_root" in str(e.value) and not elsewhere.exists()
+
+
+def _folder_with_record(tmp_path, record) -> tuple[list, object]:
+    args = [*T, *_roots(tmp_path)]
+    run_dir = run_folder(load(args), run_tag(args))
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "best.ckpt").write_bytes(b"weights")
+    (run_dir / "result.json").write_text(record if isinstance(record, str) else json.dumps(record))
+    return args, run_dir
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"status": "COMPLETED", "task": "listops", "attn": "softmax", "seed": 0, "test_acc": 0.4},
+        {"task": "listops", "attn": "softmax", "seed": 0},  # no status at all
+        {"status": "completed", "task": "text", "attn": "softmax", "seed": 0},  # another run's record
+        "{not json",
+    ],
+    ids=["unknown status", "no status", "foreign", "unreadable"],
+)
+def test_a_record_the_harness_cannot_read_is_never_trained_over(tmp_path, monkeypatch, record):
+    """A status this version does not know (a later version's) used to be retrained from scratch, replacing
+    best.ckpt and result.json. Now: one line, exit 2, before the data is read; force=true still replaces it."""
+    from lra.protocol import RunError
+    from lra.train import check_before_run
+
+    args, run_dir = _folder_with_record(tmp_path, record)
+    before = (run_dir / "result.json").read_text()
+    monkeypatch.setattr("lra.train.checked_splits", lambda *a: pytest.fail("the data was read"))
+    with pytest.raises(RunError) as e:
+        check_before_run(args)
+    assert "force=true" in str(e.value) and "\n" not in str(e.value)
+    assert (run_dir / "result.json").read_text() == before and (run_dir / "checkpoints" / "best.ckpt").exists()
+    monkeypatch.setattr("lra.train.checked_splits", lambda *a: {"splits": "read"})
+    assert check_before_run([*args, "force=true"])[2] == {"splits": "read"}
+
+
+def test_a_record_refused_before_the_run_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    import lra.train
+
+    args, _ = _folder_with_record(tmp_path, {"status": "COMPLETED", "task": "listops", "attn": "softmax", "seed": 0})
+    monkeypatch.setattr(sys, "argv", ["lra.train", *args])
+    with pytest.raises(SystemExit) as e:
+        lra.train.main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "status 'COMPLETED'" in err and "\n" not in err, err
+
+
+def test_a_misspelt_record_field_is_an_error_however_it_is_set():
+    from lra.record import Record
+
+    rec = Record()
+    with pytest.raises(AttributeError):
+        rec.set(tset_acc=0.5)
+    with pytest.raises(AttributeError):
+        rec.tset_acc = 0.5  # kept off the record, silently, before
+    rec.set(test_acc=0.5)
+    assert rec.to_json() == {"test_acc": 0.5}
+
+
+def test_a_record_lacking_a_required_field_is_not_written(tmp_path):
+    from lra.record import REQUIRED, Record, write_record
+
+    full = Record(**{k: 1 for k in REQUIRED})
+    write_record(tmp_path, full)
+    before = (tmp_path / "result.json").read_text()
+    for k in REQUIRED:
+        rec = Record(**{f: 1 for f in REQUIRED if f != k})
+        with pytest.raises(ValueError, match=k):
+            write_record(tmp_path, rec)
+    assert (tmp_path / "result.json").read_text() == before
+
+
+def test_within_one_options_table_the_labelled_variant_refines_its_backend():
+    base = [*T, "attn=softmax_nodrop"]
+    for table in ("+attn_options", "+protocol.attn_options"):
+        spec = load([*base, f"{table}.softmax.dropout=0.3", f"{table}.softmax_nodrop.dropout=0.2"])
+        assert spec.attn.options["dropout"] == 0.2, table
+        assert load([*base, f"{table}.softmax.dropout=0.3"]).attn.options["dropout"] == 0.3, table
+
+
+@pytest.mark.parametrize("step", [40, None])
+def test_an_interrupted_run_says_what_it_kept(tmp_path, step):
+    import torch
+
+    from lra.interrupts import Interrupted
+    from lra.train import ending
+
+    last = tmp_path / "last.ckpt"
+    if step is not None:
+        torch.save({"global_step": step, "state_dict": {}}, last)
+    end = ending(Interrupted(15), "python -m lra.train preset=quick", last)
+    assert end.code == 143 and end.line == (
+        f"interrupted (SIGTERM), keeping {'last.ckpt at step 40' if step else 'no last.ckpt: the run starts over'}: "
+        "resume with the same command: python -m lra.train preset=quick"
+    )
