@@ -127,7 +127,9 @@ def _composition_error(e: Exception, overrides: list[str]) -> str:
         except (HydraException, OmegaConfBaseException):
             node = None
         if isinstance(node, DictConfig):
-            return f"{key}: {what}; {parent} has the keys {', '.join(sorted(str(k) for k in node))}"
+            given = next((o.split("=", 1)[0] for o in overrides if o.split("=", 1)[0].startswith(key)), key)
+            add = f"; this preset's protocol lacks it: write +{given}=<value>" if given.startswith("protocol.") else ""
+            return f"{key}: {what}; {parent} has the keys {', '.join(sorted(str(k) for k in node))}{add}"
     if key:
         return f"{key}: {what}"
     text = str(e).split("Config search path")[0]  # Hydra's message (e.g. a group's available choices)

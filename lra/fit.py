@@ -312,7 +312,7 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
         estimates=dict(sorted(est.items())),
         seconds=round(seconds, 3),
     )
-    log.info("%s: %s (%d estimates, %.1f s)", where, p.describe(), len(est), seconds)
+    log.debug("%s: %s (%d estimates, %.1f s)", where, p.describe(), len(est), seconds)  # the run says the plan
     if cache_file is not None:
         d = {k: v for k, v in asdict(p).items() if k not in ("cached", "seconds")}
         d["source"] = f"memory fit (cached){capped}"

@@ -71,6 +71,8 @@ from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
 from lra.wandb_extras import log_record
 
 log = logging.getLogger("lra.train")
+# an hour at 1e4 tokens/s, several times the pace of the papers' model on one CPU core (1.5e3 under debug=fast)
+CPU_TOKENS_PER_HOUR = 3600 * 10**4
 
 
 def run(spec: RunSpec, splits: dict[str, Split] | None = None) -> Record:
@@ -101,7 +103,9 @@ def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record,
         splits = _load_data(spec, rec, splits)
         p = plan(spec)  # raises FitError (micro-batch 1 does not fit) before any training
         rec.set(**_plan_fields(p))
-        log.info("%s", p.describe())
+        on_cpu = spec.hardware.accelerator == "cpu" or not torch.cuda.is_available()
+        sized = f"{p.describe()}, for hardware={spec.hardware.name}"
+        log.info("%s%s", sized, " (trained on this machine's CPU)" if on_cpu and spec.hardware.name != "cpu" else "")
         key = spec.resume_key(p.micro_batch, p.accum_steps, fingerprint(splits))
         start = _resume(ckpt_dir / "last.ckpt", key, rec, before)
         rec.resumed_from_step = start
@@ -117,12 +121,12 @@ def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record,
         out = outcome(spec, trainer, cb)
         rec.set(**out.fields)
         rec.merge(_callback_fields(cb))
+        _warn_about(rec, cb)  # before the test, whose checkpoint restores the callbacks' states of its step
         if out.status != "failed":
             test = trainer.test(lit, datamodule=dm, ckpt_path=out.test_ckpt, verbose=False, weights_only=True)[0]
             rec.set(test_acc=test["test/acc"], test_loss=test["test/loss"])
             if not torch.isfinite(torch.tensor(rec.test_loss)):
                 rec.set(status="failed", reason="non-finite test loss")
-        _warn_about(rec, cb)
     return trainer
 
 
@@ -303,12 +307,14 @@ def _finished_record(spec: RunSpec) -> Record | None:
     """The record of a finished run in this folder (None: nothing to skip)."""
     old = _old_record(spec)
     if old and old.get("status") in FINISHED:
-        # name= labels a run as it runs: a finished one keeps the name on record (its row stays put)
-        renamed = (
-            f"; it keeps name={old.get('name')!r} (name={spec.name!r} is not applied)"
-            if old.get("name") != spec.name
-            else ""
-        )
+        renamed = ""
+        if spec.name is not None and old.get("name") != spec.name:  # a label: the record alone changes
+            was, old.name = old.get("name"), spec.name
+            try:
+                _write(spec.run_dir, old)
+                renamed = f"; relabelled name={spec.name!r} (was {was!r}), its training untouched"
+            except (OSError, ValueError) as e:  # a record of an older schema, a read-only folder
+                renamed = f"; name={spec.name!r} could not be applied ({e})"
         if old.get("execution", "paper") != spec.execution:  # the same function: its result stands
             renamed += f"; it ran under execution={old.get('execution', 'paper')}"
         log.info(
@@ -458,12 +464,11 @@ def _plan_fields(p: Plan) -> dict:
 
 def _device_fields(spec: RunSpec, trainer: L.Trainer, p: Plan) -> dict:
     device = trainer.strategy.root_device
-    if device.type == "cpu" and spec.preset != "quick":
+    tokens = spec.train.max_steps * p.effective_batch * spec.model.seq_len
+    if device.type == "cpu" and tokens > CPU_TOKENS_PER_HOUR:
         log.warning(
-            "Training the full %s protocol on a CPU: %d steps of batch %d x %d tokens will take many hours "
-            "(the progress bar shows the ETA). For a run of a few minutes: make lra task=%s attn=%s "
-            "ARGS='preset=quick'",
-            spec.preset,
+            "Training %d steps of batch %d x %d tokens on a CPU takes hours (the progress lines give the ETA). "
+            "For a run of a few minutes: make lra task=%s attn=%s ARGS='preset=quick'",
             spec.train.max_steps,
             p.effective_batch,
             spec.model.seq_len,

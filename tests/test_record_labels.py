@@ -47,9 +47,9 @@ def test_a_bad_name_is_one_line_exit_2_and_no_folder(quick_run, tmp_path):
 
 
 @pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
-def test_a_finished_run_keeps_its_name_and_says_so(quick_run, tmp_path):
-    """Bug caught: the same run under another name retrained (the name in its folder), or silently kept the
-    old name with nothing telling the user why the table shows it."""
+def test_a_finished_run_is_relabelled_without_retraining(quick_run, tmp_path):
+    """Bug caught: the same run under another name retrained (the name in its folder), or the new name not
+    applied, so relabelling a row cost a retrain (force=true)."""
     quick_run("trainer.progress=false", "name=first")
     (path,) = (tmp_path / "runs").rglob("result.json")
     rec = json.loads(path.read_text())
@@ -59,5 +59,5 @@ def test_a_finished_run_keeps_its_name_and_says_so(quick_run, tmp_path):
     again = quick_run("trainer.progress=false", "name=second")
     out = again.stdout + again.stderr
     assert "already holds a finished run" in out
-    assert "it keeps name='first' (name='second' is not applied)" in out
-    assert json.loads(path.read_text()) == rec
+    assert "relabelled name='second' (was 'first'), its training untouched" in out
+    assert json.loads(path.read_text()) == {**rec, "name": "second"}

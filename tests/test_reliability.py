@@ -286,3 +286,21 @@ def test_an_interrupted_run_says_what_it_kept(tmp_path, step):
         f"interrupted (SIGTERM), keeping {'last.ckpt at step 40' if step else 'no last.ckpt: the run starts over'}: "
         "resume with the same command: python -m lra.train preset=quick"
     )
+
+
+def test_name_relabels_a_finished_run_and_nothing_else(tmp_path):
+    """name= on a finished run used to exit 0 without applying it: relabelling cost a retrain."""
+    from lra.record import REQUIRED, Record, write_record
+    from lra.train import _finished_record
+
+    args, run_dir = _folder_with_record(tmp_path, {})
+    rec = Record(**{k: 1 for k in REQUIRED})
+    rec.set(task="listops", attn="softmax", seed=0, status="completed", name="first")
+    write_record(run_dir, rec)
+    before = json.loads((run_dir / "result.json").read_text())
+    spec = load([*args, "name=second"], run_dir=run_dir)
+    assert _finished_record(spec).get("name") == "second"
+    assert json.loads((run_dir / "result.json").read_text()) == {**before, "name": "second"}
+    assert (run_dir / "checkpoints" / "best.ckpt").read_bytes() == b"weights"
+    _finished_record(load(args, run_dir=run_dir))  # no name= given: the record keeps "second"
+    assert json.loads((run_dir / "result.json").read_text())["name"] == "second"
