@@ -193,16 +193,18 @@ def check_backend(name: str) -> ContractReport:
         report = attention.testing.check_backend("mine")   # in your test suite, or once at a prompt
         print(report)                                      # 7 of 7 contract checks passed for mine: ...
     """
-    passed, failed = [], []
+    passed, failed = [], {}  # failed: message -> the checks that gave it (a NaN fails several alike: said once)
     for check_name, check in CHECKS.items():
         try:
             check(name)
         except AssertionError as e:
-            failed.append(f"{check_name}: {e}")
+            failed.setdefault(str(e), []).append(check_name)
         else:
             passed.append(check_name)
     if failed:
-        raise AssertionError(f"{len(failed)} of {len(CHECKS)} contract checks failed for {name}: " + "; ".join(failed))
+        said = "; ".join(f"{', '.join(checks)}: {message}" for message, checks in failed.items())
+        n = sum(map(len, failed.values()))
+        raise AssertionError(f"{n} of {len(CHECKS)} contract checks failed for {name}: {said}")
     return ContractReport(name, passed)
 
 

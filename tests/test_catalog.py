@@ -176,3 +176,20 @@ def test_catalog_check_runs_the_contract_on_the_listed_backends(capsys):
 
 def test_tools_docstring_names_the_command():
     assert "lra.tools.catalog" in Path(catalog.__file__).with_name("__init__.py").read_text()
+
+
+def test_checks_failing_alike_are_said_once(own_registry):
+    @attention.register("toy_nan")
+    class ToyNaN(attention.AttentionBackend):
+        """NaN everywhere: several checks fail with one message."""
+
+        def forward(self, q, k, v, mask=None):
+            return torch.full_like(v, float("nan"))
+
+    with pytest.raises(AssertionError) as e:
+        testing.check_backend("toy_nan")
+    said = str(e.value)
+    messages = [part.split(": ", 1)[1] for part in said.split(": ", 1)[1].split("; ")]
+    assert len(messages) == len(set(messages)) and len(said) < 1000, said  # each message once
+    n = int(said.split(" of ")[0])
+    assert n >= 2 and sum(len(part.split(": ", 1)[0].split(", ")) for part in said.split(": ", 1)[1].split("; ")) == n
