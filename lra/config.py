@@ -386,6 +386,7 @@ class DebugSpec:
     limit_batches: int | None = None  # validation and test batches per evaluation; None: all of them
     overfit_batches: int = 0  # train on the first N effective batches of the training split, every step; 0: off
     profiler: str | None = None  # simple | advanced | pytorch: its report in the run folder; None: none
+    cpu_batch: int | None = None  # the effective batch at most, on a CPU (a check in seconds); None: the preset's
 
     def __post_init__(self):
         _check(
@@ -396,6 +397,7 @@ class DebugSpec:
         )
         _int("debug.limit_batches", self.limit_batches, 1, optional=True)
         _int("debug.overfit_batches", self.overfit_batches, 0)
+        _int("debug.cpu_batch", self.cpu_batch, 1, optional=True)
         _check(
             self.profiler is None or self.profiler in DEBUG_PROFILERS,
             "debug.profiler",
@@ -588,6 +590,12 @@ def _compile(setting, on_cuda: bool, backend: str) -> tuple[bool, str | None]:
     return wanted, None
 
 
+def _on_cuda(trainer: DictConfig) -> bool:
+    return str(trainer.accelerator) in ("cuda", "gpu") or (
+        str(trainer.accelerator) == "auto" and torch.cuda.is_available()
+    )
+
+
 def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
     """The run's hardware: the memory profile ``hw`` (default: ``cfg.hardware``) and the Trainer's settings."""
     hw, tr = cfg.hardware if hw is None else hw, cfg.trainer
@@ -597,8 +605,7 @@ def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
         total = int(float(total) * 2**30)
     elif hw.get("name") == "auto" and torch.cuda.is_available():
         total = int(torch.cuda.get_device_properties(0).total_memory)
-    accelerator = str(tr.accelerator)
-    on_cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+    accelerator, on_cuda = str(tr.accelerator), _on_cuda(tr)
     setting = cfg.train.get("compile", "auto")
     compile_, note = _compile(setting, on_cuda, str(cfg.attn.name))
     return HardwareSpec(
@@ -700,10 +707,14 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     train_node = container(cfg.train)
     if train_node.get("chunks") is None:  # unset: the chosen public code's (1 under quirks=none)
         train_node["chunks"] = paper_chunks(cfg, attn)
+    debug = build(DebugSpec, "debug", container(cfg.debug)) if cfg.get("debug") is not None else None
+    if debug and debug.cpu_batch and not _on_cuda(cfg.trainer):  # a check on a CPU: seconds, not minutes
+        chunks = train_node["chunks"]
+        train_node["batch_size"] = min(train_node["batch_size"], max(1, debug.cpu_batch // chunks) * chunks)
     train = build(TrainSpec, "train", train_node, monitor=str(cfg.trainer.monitor))
     config = container(cfg)
     config.pop("execution", None)  # how the run executes, not what it computes: no folder level (the record says it)
-    config["train"] = {**config["train"], "chunks": train.chunks}
+    config["train"] = {**config["train"], "chunks": train.chunks, "batch_size": train.batch_size}
     config["attn"] = {**config["attn"], "options": attn.options}
     if not config.get("callbacks"):  # no user callbacks: the record reads as it did before the group existed
         config.pop("callbacks", None)
@@ -732,7 +743,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
         semantics=str(semantics),
         quirks=quirks_on(cfg, model, task, train),
         name=cfg.get("name"),
-        debug=build(DebugSpec, "debug", container(cfg.debug)) if cfg.get("debug") is not None else None,
+        debug=debug,
     )
     if asked == "paper":  # resolved alone: fast's profile reads the card (CUDA), which a paper run must not
         return spec

@@ -122,3 +122,22 @@ def test_no_debug_run_has_no_debug_spec_and_keeps_the_preset_folder():
     spec = load(["preset=quick"])
     assert spec.debug is None and "/debug/" not in str(run_folder(spec, ""))
     assert run_folder(load(["preset=quick", "debug=fast"]), "").parts[-6:-4] == ("debug", "fast")
+
+
+@pytest.mark.parametrize("preset", ["skeinformer_paper", "quick"])
+def test_debug_fast_on_a_cpu_reads_a_small_sample_at_the_presets_lengths_in_small_batches(preset):
+    """The README's debug=fast line generated the whole 100,000-tree ListOps set first (minutes, hours on a loaded
+    CPU), then trained batches of 256 x 2048 tokens on the CPU."""
+    full, debug = load([f"preset={preset}", "trainer.accelerator=cpu"]), load([f"preset={preset}", "debug=fast", "trainer.accelerator=cpu"])
+    gen = debug.data.spec.generator
+    assert (gen.n_train, gen.n_val, gen.n_test) == (256, 64, 64)
+    assert (gen.min_length, gen.max_length, debug.model.seq_len) == (
+        full.data.spec.generator.min_length,
+        full.data.spec.generator.max_length,
+        full.model.seq_len,
+    )
+    assert debug.data.spec != full.data.spec  # its own cache entry
+    assert debug.train.batch_size <= 4 and debug.config["train"]["batch_size"] == debug.train.batch_size
+    assert load(
+        [f"preset={preset}", "debug=fast", "trainer.accelerator=cpu", "debug.cpu_batch=null"]
+    ).train.batch_size == (full.train.batch_size)
