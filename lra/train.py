@@ -551,7 +551,7 @@ def _single_log_stream() -> None:
 
 
 def _fmt(x):
-    return "n/a" if x is None else f"{x:.4f}"
+    return f"{x:.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a" if x is None else repr(x)
 
 
 # ---------------------------------------------------------------------------------------------

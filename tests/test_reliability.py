@@ -288,6 +288,15 @@ def test_an_interrupted_run_says_what_it_kept(tmp_path, step):
     )
 
 
+def test_a_finished_record_with_a_field_of_another_type_is_reported_not_a_traceback(tmp_path):
+    from lra.train import _finished_record
+
+    args, run_dir = _folder_with_record(
+        tmp_path, {"status": "completed", "task": "listops", "attn": "softmax", "seed": 0, "test_acc": "0.5"}
+    )
+    assert _finished_record(load(args, run_dir=run_dir)).get("test_acc") == "0.5"  # skipped, as it stands
+
+
 def test_name_relabels_a_finished_run_and_nothing_else(tmp_path):
     """name= on a finished run used to exit 0 without applying it: relabelling cost a retrain."""
     from lra.record import REQUIRED, Record, write_record
