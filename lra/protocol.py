@@ -426,7 +426,7 @@ def resumes_at(last: Path) -> str:
         step = read_checkpoint(last).get("global_step", 0)
     except RunError:
         return "an unreadable last.ckpt"
-    return f"last.ckpt at step {step}" if type(step) is int else "a last.ckpt that holds no step"
+    return f"last.ckpt at step {step}" if type(step) is int and 0 <= step < 10**12 else "a last.ckpt that holds no step"
 
 
 # ---------------------------------------------------------------------------------------------

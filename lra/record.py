@@ -249,6 +249,12 @@ def write_record(run_dir: Path, record: Record) -> Path:
 
 
 def read_record(run_dir: Path) -> Record | None:
-    """The record in ``run_dir`` (None: none there); ValueError when it is not a JSON object."""
+    """The record in ``run_dir`` (None: none there); ValueError when it is not a JSON object (or nests deeper
+    than Python reads)."""
     p = Path(run_dir) / "result.json"
-    return Record.from_json(json.loads(p.read_text())) if p.exists() else None
+    if not p.exists():
+        return None
+    try:
+        return Record.from_json(json.loads(p.read_text()))
+    except RecursionError:
+        raise ValueError("nested deeper than a record is") from None

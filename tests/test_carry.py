@@ -4,11 +4,13 @@ exactly; what travels is checked before anything is written; finished runs are s
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,13 +255,58 @@ def test_nothing_unfinished_is_one_line_and_writes_nothing(tmp_path, capsys):
 
 
 def test_a_live_run_is_not_packed(tmp_path, capsys):
+    """A run a live process still trains (a budgeted sweep's job whose driver was SIGKILLed): the one line names
+    the run, the pid that holds it and what to do."""
     from lra.runlock import hold
 
     run = fake_run(tmp_path / "runs", "quick/clean/listops/a/seed0", "running")
     with hold(run):
         code, out, err = cli(capsys, "pack", tmp_path / "runs", "--out", tmp_path / "pack")
-    assert code == 2 and "still in use" in err and len(err.splitlines()) == 1
+    pid = os.getpid()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{run} is held by pid {pid}" in err
+    assert "wait for it to end" in err and f"kill -TERM {pid}" in err
     assert not (tmp_path / "pack").exists()
+
+
+def test_a_pack_is_at_most_8_files_with_its_checksum_and_manifest(tmp_path, capsys):
+    """A window brings back 8 files: the parts, runs.sha256 and pack.json (the window's bundle takes its place):
+    6 parts pack and 7 do not, at either end."""
+    root = tmp_path / "runs"
+    fake_run(root, "quick/clean/listops/a/seed0", "interrupted")
+    assert cli(capsys, "pack", root, "--out", tmp_path / "one")[0] == 0
+    size = json.loads((tmp_path / "one" / "pack.json").read_text())["tarball"]["bytes"]
+    for n, want in ((6, 0), (7, 2)):
+        code, out, err = cli(capsys, "pack", root, "--out", tmp_path / f"in{n}", "--part-mib", -(-size // n) / 2**20)
+        assert code == want, (n, out, err)
+    assert len(list((tmp_path / "in6").glob("runs.tar.gz.part*"))) == 6 and not (tmp_path / "in7").exists()
+    assert "7 parts" in err and "= 9 files" in err
+    joined = b"".join(p.read_bytes() for p in sorted((tmp_path / "in6").glob("runs.tar.gz.part*")))
+    seven, step = tmp_path / "seven", -(-len(joined) // 7)
+    seven.mkdir()
+    for i in range(7):
+        (seven / f"runs.tar.gz.part{i:02d}").write_bytes(joined[i * step : (i + 1) * step])
+    (seven / "runs.sha256").write_bytes((tmp_path / "in6" / "runs.sha256").read_bytes())
+    code, out, err = cli(capsys, "unpack", seven, "--runs", tmp_path / "next")
+    assert code == 2 and out == "" and "holds 7 parts" in err and not (tmp_path / "next").exists(), err
+    for p in sorted(seven.glob("runs.tar.gz.part*"))[1:]:
+        p.unlink()
+    (seven / "runs.tar.gz.part00").rename(seven / "runs.tar.gz.part99999999999")  # no range of that many
+    code, out, err = cli(capsys, "unpack", seven, "--runs", tmp_path / "next")
+    assert code == 2 and "lacks runs.tar.gz.part00" in err, err
+
+
+def test_pack_carries_a_hard_linked_file_as_a_file_and_leaves_a_fifo_behind(tmp_path, capsys):
+    """What pack writes, unpack takes: a hard link (tar's LNKTYPE) or a FIFO would make the whole pack refused."""
+    root = tmp_path / "runs"
+    run = fake_run(root, "quick/clean/listops/a/seed0", "interrupted")
+    os.link(run / "checkpoints" / "last.ckpt", run / "checkpoints" / "copy.ckpt")
+    os.mkfifo(run / "service.sock")
+    assert cli(capsys, "pack", root, "--out", tmp_path / "pack")[0] == 0
+    code, out, err = cli(capsys, "unpack", tmp_path / "pack", "--runs", tmp_path / "next")
+    assert code == 0, err
+    got = tmp_path / "next" / "quick/clean/listops/a/seed0"
+    assert (got / "checkpoints" / "copy.ckpt").read_bytes() == (run / "checkpoints" / "last.ckpt").read_bytes()
+    assert not (got / "service.sock").exists()
 
 
 # ----------------------------------------------------------------------------- unpack
@@ -281,39 +328,44 @@ def test_a_damaged_part_is_refused_before_anything_is_written(tmp_path, capsys):
     assert not (tmp_path / "next").exists()
 
 
-def _hand_made_pack(folder: Path, bad: str) -> None:
-    """A pack whose tar holds a good run file, then ``bad``: a symlink, a hard link, ``../escape`` or an absolute
-    path; with a matching runs.sha256 (the checksum cannot catch what was packed so on purpose)."""
+def _tar_pack(folder: Path, *members: tuple) -> None:
+    """A pack in ``folder`` of ``members`` ((name, content, TarInfo fields)) with a matching runs.sha256: the
+    checksum cannot catch what was packed so on purpose."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-
-        def add(name: str, data: bytes = b"x", **kw):
+        for name, data, *kw in members:
             info = tarfile.TarInfo(name)
-            info.size = len(data) if "type" not in kw else 0
-            for k, v in kw.items():
+            info.size = len(data)
+            for k, v in (kw[0] if kw else {}).items():
                 setattr(info, k, v)
-            tar.addfile(info, io.BytesIO(data) if "type" not in kw else None)
-
-        add("quick/clean/listops/a/seed0/result.json", b'{"status": "interrupted"}')
-        if bad == "symlink":
-            add("quick/clean/listops/a/seed0/metrics.csv", type=tarfile.SYMTYPE, linkname="/etc/passwd")
-        elif bad == "hardlink":
-            add("quick/clean/listops/a/seed0/metrics.csv", type=tarfile.LNKTYPE, linkname="/etc/passwd")
-        elif bad == "dotdot":
-            add("quick/../../escape.txt")
-        else:
-            add(str(folder.parent / "escape.txt"))
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
     folder.mkdir()
     (folder / "runs.tar.gz").write_bytes(buf.getvalue())
     (folder / "runs.sha256").write_text(f"{hashlib.sha256(buf.getvalue()).hexdigest()}  runs.tar.gz\n")
 
 
-@pytest.mark.parametrize("bad", ["symlink", "hardlink", "dotdot", "absolute"])
-def test_a_link_or_a_member_outside_the_runs_root_is_refused_and_nothing_is_written(tmp_path, capsys, bad):
-    _hand_made_pack(tmp_path / "pack", bad)
+BAD = {  # a good run file, then what no pack may hold
+    "symlink": ("quick/clean/listops/a/seed0/metrics.csv", b"", {"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"}),
+    "hardlink": ("quick/clean/listops/a/seed0/metrics.csv", b"", {"type": tarfile.LNKTYPE, "linkname": "/etc/passwd"}),
+    "dotdot": ("quick/../../escape.txt", b"x"),
+    "absolute": ("TMP/escape.txt", b"x"),  # TMP: the test's folder
+    "newline": ("quick/clean/listops/a\nresume: rm -rf ~/seed0/result.json", b"{}"),  # a forged resume line
+    "file-and-folder": ("quick/clean/listops/a/seed0/result.json/x", b"x"),
+    "twice": ("quick/clean/listops/a/seed0/result.json", b"{}"),
+    "run-at-top": ("result.json", b"{}"),  # the runs root itself a run: nothing to rename into place
+    "too-many": ("quick/clean/listops/a/seed0/metrics.csv", b"x"),  # with MAX_MEMBERS of 1
+}
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_a_member_no_pack_may_hold_is_refused_and_nothing_is_written(tmp_path, capsys, monkeypatch, bad):
+    if bad == "too-many":
+        monkeypatch.setattr(carry, "MAX_MEMBERS", 1)
+    good = ("quick/clean/listops/a/seed0/result.json", b'{"status": "interrupted"}')
+    _tar_pack(tmp_path / "pack", good, (BAD[bad][0].replace("TMP", str(tmp_path)), *BAD[bad][1:]))
     before = sorted(p.name for p in tmp_path.iterdir())
     code, out, err = cli(capsys, "unpack", tmp_path / "pack", "--runs", tmp_path / "sub" / "runs")
-    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "nothing unpacked" in err
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "nothing unpacked" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no runs root, no escape.txt
     assert not (tmp_path / "sub").exists()
 
@@ -337,6 +389,152 @@ def test_unpack_never_replaces_a_run_folder_or_manifest_that_is_there(tmp_path, 
     assert files(b) == {k: v for k, v in files(src / "quick/clean/listops/b/seed0").items() if k != ".lock"}
     assert not [p for p in there.iterdir() if p.name.startswith(".carry")]  # the temporary folder is gone
     assert "resume: LRA_RUNS=" in out and "python -m lra.train task=listops preset=quick" in out
+
+
+def test_a_file_where_the_pack_has_a_folder_is_refused_before_anything_is_written(tmp_path, capsys):
+    src = tmp_path / "runs"
+    fake_run(src, "other/clean/listops/b/seed0", "interrupted", ckpt=False)  # placed first, were nothing checked
+    fake_run(src, "quick/clean/listops/a/seed0", "interrupted", ckpt=False)
+    pack, there = _pack(tmp_path, capsys, src), tmp_path / "next"
+    there.mkdir()
+    (there / "quick").write_text("a file")
+    code, out, err = cli(capsys, "unpack", pack, "--runs", there)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and f"{there / 'quick'} is a file" in err, err
+    assert files(there) == {"quick": b"a file"} and [p.name for p in there.iterdir()] == ["quick"]
+
+
+def test_a_part_larger_than_a_pack_can_be_is_refused_before_it_is_read(tmp_path, capsys):
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    with open(pack / "runs.tar.gz.part00", "wb") as f:
+        f.truncate(17 * 2**20)  # sparse: no disk, and no memory unless read
+    (pack / "runs.sha256").write_text(f"{hashlib.sha256(bytes(17 * 2**20)).hexdigest()}  runs.tar.gz\n")
+    code, out, err = cli(capsys, "unpack", pack, "--runs", tmp_path / "next")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "runs.tar.gz.part00 is 17.0 MiB" in err and "at most 16 MiB" in err
+    assert not (tmp_path / "next").exists()
+
+
+def test_a_pack_larger_than_the_free_space_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    fake_run(tmp_path / "runs", "quick/clean/listops/a/seed0", "interrupted")
+    pack = _pack(tmp_path, capsys, tmp_path / "runs")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    code, out, err = cli(capsys, "unpack", pack, "--runs", tmp_path / "next")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "0.00 MiB free" in err, err
+    assert not (tmp_path / "next").exists()
+
+
+def test_a_full_disk_leaves_no_pack_and_no_partial_run(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "runs"
+    for name in ("a", "b"):
+        fake_run(src, f"quick/clean/listops/{name}/seed0", "interrupted", ckpt=False)
+    pack = _pack(tmp_path, capsys, src)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as mp:
+        mp.setattr(tarfile, "copyfileobj", full)  # every file tar writes, packing or unpacking
+        for argv in (["pack", src, "--out", tmp_path / "p2"], ["unpack", pack, "--runs", tmp_path / "new/runs"]):
+            code, out, err = cli(capsys, *argv)
+            assert code == 1 and len(err.splitlines()) == 1 and "No space left on device" in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pack", "runs"]  # no pack, no runs root, no temporary
+
+    moved, replace = [], os.replace  # the disk fills as the second run is put in place: the first is whole
+
+    def filling(a, b):
+        moved.append(b)
+        if len([m for m in moved if "/b/" in str(m)]) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        replace(a, b)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(os, "replace", filling)
+        code, out, err = cli(capsys, "unpack", pack, "--runs", tmp_path / "next")
+    assert code == 1 and len(err.splitlines()) == 1 and "quick/clean/listops/b/seed0" in err, err
+    a, b = tmp_path / "next/quick/clean/listops/a/seed0", tmp_path / "next/quick/clean/listops/b/seed0"
+    assert files(a) == {k: v for k, v in files(src / "quick/clean/listops/a/seed0").items() if k != ".lock"}
+    assert not b.exists() and not list((tmp_path / "next").rglob("*carry*"))
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        ("trailing", "13 bytes of trailing data after the archive's end"),
+        ("cut", "ends before its archive does (truncated)"),
+        ("flipped", "is corrupt"),
+    ],
+)
+def test_a_pack_that_matches_its_checksum_but_is_no_whole_archive_says_what_it_is(tmp_path, capsys, damage, says):
+    fake_run(tmp_path / "runs", "quick/clean/listops/a/seed0", "interrupted")
+    pack = tmp_path / "pack"
+    assert cli(capsys, "pack", tmp_path / "runs", "--out", pack)[0] == 0
+    part = pack / "runs.tar.gz.part00"
+    data = part.read_bytes()
+    middle = len(data) // 2
+    data = {
+        "trailing": data + b"trailing junk",
+        "cut": data[:middle],
+        "flipped": data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1 :],
+    }[damage]
+    part.write_bytes(data)
+    (pack / "runs.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  runs.tar.gz\n")  # made so
+    code, out, err = cli(capsys, "unpack", pack, "--runs", tmp_path / "next")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "next").exists()
+
+
+def test_a_packs_overrides_never_put_code_in_a_resume_line(tmp_path, capsys):
+    """A pack is data: its runs arrive, but an override that names code to import (a callback whose nested
+    _target_ is os.system, attn.target) or a config to load (a hydra search path, a flag, an interpolation), or
+    holds an escape sequence, withholds that run's resume line, saying which override and why; a plain run's line
+    is printed."""
+    root = tmp_path / "runs"
+    hostile = {
+        "lambda": "+callbacks.x={_target_: lightning.pytorch.callbacks.LambdaCallback, "
+        "on_fit_start: {_target_: os.system, _partial_: true}}",
+        "external": "attn.target=os:system",
+        "searchpath": "hydra.searchpath=[file:///tmp/evil]",
+        "flag": "--config-dir=/tmp/evil",
+        "interpolation": "data_root=${oc.env:HOME}",
+        "nested": "+trainer.x.y={a: {b: [{_target_: os.system}]}}",
+        "escape": "train.lr=1\x1b]0;pasted\x07",  # a terminal escape in a line to paste
+    }
+    for name, override in hostile.items():
+        run = fake_run(root, f"quick/clean/listops/{name}/seed0", "interrupted", ckpt=False)
+        (run / ".hydra" / "overrides.yaml").write_text(json.dumps(["task=listops", override]))  # JSON is YAML
+    fake_run(root, "quick/clean/listops/plain/seed0", "interrupted", ckpt=False)
+    code, out, err = cli(capsys, "unpack", _pack(tmp_path, capsys, root), "--runs", tmp_path / "next")
+    assert code == 0 and err == "", err
+    resume = [ln for ln in out.splitlines() if ln.startswith("resume: ")]
+    assert len(resume) == 1 and "task=listops preset=quick" in resume[0]  # the plain run's
+    for name, override in hostile.items():
+        assert (tmp_path / "next" / f"quick/clean/listops/{name}/seed0/result.json").is_file()  # unpacked
+        withheld = [ln for ln in out.splitlines() if ln.startswith(f"resume withheld for quick/clean/listops/{name}/")]
+        assert len(withheld) == 1 and ascii(override)[:40] in withheld[0], (name, out)
+
+
+def test_what_a_pack_says_of_its_runs_is_read_as_data(tmp_path, capsys):
+    """A record nested too deep for json, a status with a terminal escape and a step count that is no number, a
+    checkpoint whose step is no number: each run arrives and prints one plain line, never a traceback."""
+    buf = io.BytesIO()
+    torch.save({"global_step": "9" * 5000}, buf)
+    run = "quick/clean/listops/{}/seed0/"
+    _tar_pack(
+        tmp_path / "pack",
+        (run.format("deep") + "result.json", b"[" * 10000 + b"]" * 10000),
+        (
+            run.format("escape") + "result.json",
+            json.dumps({"status": "interrupted\x1b[2J", "steps": "9" * 5000}).encode(),
+        ),
+        (run.format("step") + "result.json", b'{"status": "interrupted", "steps": 3}'),
+        (run.format("step") + "checkpoints/last.ckpt", buf.getvalue()),
+    )
+    code, out, err = cli(capsys, "unpack", tmp_path / "pack", "--runs", tmp_path / "next")
+    assert code == 0 and err == "" and "\x1b" not in out, err
+    assert f"unpacked {run.format('deep')[:-1]}: unreadable, no last.ckpt" in out
+    assert f"unpacked {run.format('escape')[:-1]}: unreadable, no last.ckpt" in out
+    assert f"unpacked {run.format('step')[:-1]}: interrupted, a last.ckpt that holds no step" in out
 
 
 # ----------------------------------------------------------------------------- export
@@ -402,6 +600,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     for argv, says in (
         (["pack", tmp_path / "runs", "--out", tmp_path / "full"], "not an empty folder"),
         (["pack", tmp_path / "runs", "--out", tmp_path / "p", "--part-mib", 17], "at most 16"),
+        (["pack", tmp_path / "runs/quick/clean/listops/a/seed0", "--out", tmp_path / "p"], "is itself a run folder"),
         (["unpack", tmp_path / "nosum", "--runs", tmp_path / "next"], "runs.sha256"),
         (["export", tmp_path / "missing", "--to", tmp_path / "results"], "missing"),
         (["unpack", tmp_path / "nosum"], "--runs"),
@@ -454,6 +653,28 @@ def test_export_names_this_machines_folders_by_their_variables_never_by_path(tmp
     # exporting again is a no-op, not a clash with the published copy
     code, printed, _ = cli(capsys, "export", root, "--to", tmp_path / "results")
     assert code == 0 and "0 runs exported, 1 already there" in printed
+
+
+def test_export_replaces_a_local_folder_only_as_a_whole_path(tmp_path, capsys):
+    """The runs root /x/runs is not /x/runs2, /x/runs.old nor /y/x/runs; a data root inside the runs root is
+    $LRA_DATA (the longer path first); a record's data root of / replaces nothing."""
+    root = tmp_path / "runs"
+    run = fake_run(root, "quick/clean/listops/done/seed0", "completed")
+    rec = json.loads((run / "result.json").read_text())
+    rec["config"]["data_root"] = str(root / "data")
+    (run / "result.json").write_text(json.dumps(rec))
+    others = f"{root}2/a {root}.old/a /y{root}/a"
+    (run / "train.log").write_text(f"loaded {root}/data/listops; saved {root}/a; runs_root={root} {others}\n")
+    slash = fake_run(root, "quick/clean/listops/slash/seed0", "completed")
+    rec["config"]["data_root"] = "/"
+    (slash / "result.json").write_text(json.dumps(rec))
+    assert cli(capsys, "export", root, "--to", tmp_path / "results")[0] == 0
+    out = tmp_path / "results" / "cpu" / "quick/clean/listops"
+    log = f"loaded $LRA_DATA/listops; saved $LRA_RUNS/a; runs_root=$LRA_RUNS {others}\n"
+    assert (out / "done/seed0/train.log").read_text() == log
+    assert json.loads((out / "done/seed0/result.json").read_text())["config"]["data_root"] == "$LRA_DATA"
+    assert (out / "slash/seed0/train.log").read_text() == (slash / "train.log").read_text()
+    assert json.loads((out / "slash/seed0/result.json").read_text())["config"]["data_root"] == "/"
 
 
 REPO = Path(__file__).resolve().parent.parent

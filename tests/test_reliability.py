@@ -313,3 +313,11 @@ def test_name_relabels_a_finished_run_and_nothing_else(tmp_path):
     assert (run_dir / "checkpoints" / "best.ckpt").read_bytes() == b"weights"
     _finished_record(load(args, run_dir=run_dir))  # no name= given: the record keeps "second"
     assert json.loads((run_dir / "result.json").read_text())["name"] == "second"
+
+
+def test_a_record_nested_past_pythons_depth_is_unreadable_not_a_recursion_error(tmp_path):
+    from lra.record import read_record
+
+    (tmp_path / "result.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nested deeper"):
+        read_record(tmp_path)

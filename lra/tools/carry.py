@@ -3,11 +3,14 @@
 A GPU window (docs/gpu.md) is a bare node for 10-15 minutes that brings back at most 8 files of at most
 16 MiB. ``pack`` puts every run that has not finished (whole folders, checkpoints included), the records of
 the finished ones (so the next window's sweep skips them; no checkpoints) and the sweep manifests and rates
-into ``runs.tar.gz.partNN`` + ``runs.sha256`` + ``pack.json``; ``unpack`` checks the checksum, extracts them
-as data (files and folders only, nothing outside the runs root) and never replaces a run folder that is
-already there; the same command then resumes each run from ``checkpoints/last.ckpt``. ``export`` copies the
-finished runs' small files (record, metrics, log, config) under ``results/<device>/``. A refusal is one line
-on stderr and exit code 2, before anything is written.
+into ``runs.tar.gz.partNN`` + ``runs.sha256`` + ``pack.json``; ``unpack`` checks the pack before it writes
+anything (its parts' number and sizes, the checksum, the archive whole and alone, each member a file or folder
+inside the runs root, a file where the pack has a folder, the free space), extracts it as data and puts each run
+in place whole (renamed from a temporary name beside it), never over anything already there; the same command
+then resumes each run from ``checkpoints/last.ckpt`` (a run whose overrides name code to import gets no resume
+line: a pack is data). ``export`` copies the finished runs' small files (record, metrics, log, config) under
+``results/<device>/``. A refusal is one line on stderr and exit code 2, before anything is written; a write that
+fails (a full disk) is one line and exit code 1, and leaves no pack and no part of a run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+import zlib
 from pathlib import Path
 
 from lra.cli import Parser
@@ -39,6 +43,9 @@ from lra.tools.sweep.jobs import carried
 PROG = "python -m lra.tools.carry"
 TARBALL, CHECKSUM, INFO = "runs.tar.gz", "runs.sha256", "pack.json"
 MAX_FILES, MAX_MIB = 8, 16  # what one window brings back
+MAX_PARTS = MAX_FILES - 2  # with runs.sha256 and pack.json (or the window's bundle in its place)
+MAX_MEMBERS = 100_000  # files and folders in a pack: a runs root of a thousand runs has some thousands
+MAX_TEXT = 2**20  # bytes of a record or overrides.yaml read from a run folder (a record is some 12 KiB)
 SMALL = ("result.json", "metrics.csv", "train.log", ".hydra/config.yaml", ".hydra/overrides.yaml")  # export
 MARKERS = ("result.json", "metrics.csv", "train.log", ".hydra", "checkpoints", ".sweep_job.json")  # a run folder
 LAST = "checkpoints/last.ckpt"
@@ -79,7 +86,7 @@ class Tree:
             files += [f"{rel}/{f}".removeprefix("./") for f in sorted(filenames) if f != ".lock"]
         for f in files:
             owner = max((r for r in self.runs if r == "." or f.startswith(r + "/")), key=len, default=None)
-            if os.path.islink(root / f):
+            if os.path.islink(root / f) or not os.path.isfile(root / f):  # a link, a FIFO, a socket: never packed
                 self.other.append(f)
             elif _in_sweeps(f) or f.startswith(COST_DIR + "/"):
                 self.sweeps.append(f)
@@ -90,14 +97,31 @@ class Tree:
 
 
 def _record(run_dir: Path) -> dict:
-    """``{"status", "steps", "device"}`` of the record in ``run_dir`` (status ``no record`` / ``unreadable``)."""
+    """``{"status", "steps", "device", "data_root"}`` of the record in ``run_dir``, read as data: a field of
+    another type is None, a status that is no one-line text ``unreadable`` (as a record that is no JSON object or
+    larger than a record can be); ``no record`` where there is none."""
+    out, path = {"status": "unreadable", "steps": None, "device": None, "data_root": None}, run_dir / "result.json"
     try:
+        if path.is_file() and path.stat().st_size > MAX_TEXT:
+            return out
         rec = read_record(run_dir)
-    except (OSError, ValueError):
-        return {"status": "unreadable", "steps": None, "device": None}
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python reads
+        return out
     if rec is None:
-        return {"status": "no record", "steps": None, "device": None}
-    return {"status": rec.get("status"), "steps": rec.get("steps"), "device": rec.get("device")}
+        return {**out, "status": "no record"}
+    config = rec.get("config")
+    data_root = config.get("data_root") if isinstance(config, dict) else None
+    return {
+        "status": rec.get("status") if _line(rec.get("status")) else "unreadable",
+        "steps": rec.get("steps") if type(rec.get("steps")) is int else None,
+        "device": rec.get("device") if _line(rec.get("device")) else None,
+        "data_root": data_root if _line(data_root) and os.path.isabs(data_root) else None,
+    }
+
+
+def _line(value) -> bool:
+    """Is ``value`` text that prints as itself on one line (no escape sequence, no line break)?"""
+    return isinstance(value, str) and value.isprintable() and 0 < len(value) <= 4096
 
 
 def _is_record_file(run: str, rel: str) -> bool:
@@ -132,9 +156,10 @@ def _unfinished(tree: Tree) -> dict[str, dict]:
         pid = holder_pid(tree.root / run)
         if pid is not None:
             raise Refusal(
-                f"{run} is still in use by pid {pid}: stop it first (kill -TERM {pid} writes its interrupted "
-                "record and keeps last.ckpt), then pack"
+                f"{tree.root / run} is held by pid {pid}, a run still training: wait for it to end, or stop it "
+                f"(kill -TERM {pid} writes its interrupted record and keeps last.ckpt), then pack again"
             )
+        del info["data_root"]
         out[run] = {"path": run, **info, "last_ckpt": (tree.root / run / LAST).is_file()}
     return out
 
@@ -147,6 +172,8 @@ def pack(root: Path, out: Path, part_mib: float) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise Refusal(f"--out {out} exists and is not an empty folder: give a new or empty folder")
     tree = Tree(root)
+    if "." in tree.runs:  # unpack puts each run in place by renaming it: a pack's top folder cannot be one
+        raise Refusal(f"{root} is itself a run folder: give the runs root that holds it (<preset>/<semantics>/...)")
     runs = _unfinished(tree)
     if not runs:
         print(f"lra.tools.carry pack: nothing unfinished under {root}: no pack written")
@@ -159,14 +186,14 @@ def pack(root: Path, out: Path, part_mib: float) -> int:
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the pack is shared like any output
     try:
         joined = tmp / TARBALL
-        with tarfile.open(joined, "w:gz", compresslevel=6) as tar:
+        with tarfile.open(joined, "w:gz", compresslevel=6, dereference=True) as tar:  # hard links as files
             for rel in (
                 [f for run in runs for f in tree.runs[run]] + [f for fs in done.values() for f in fs] + tree.sweeps
             ):
                 tar.add(root / rel, arcname=rel, recursive=False)
         size, part = joined.stat().st_size, max(1, int(part_mib * 2**20))
         n_parts = -(-size // part)
-        if n_parts + 2 > MAX_FILES:
+        if n_parts > MAX_PARTS:
             raise Refusal(
                 f"the pack is {size / 2**20:.1f} MiB: {n_parts} parts of {part_mib:g} MiB + {CHECKSUM} + {INFO} "
                 f"= {n_parts + 2} files, and a window brings back at most {MAX_FILES} files of {MAX_MIB} MiB: "
@@ -207,19 +234,31 @@ def pack(root: Path, out: Path, part_mib: float) -> int:
 
 # ----------------------------------------------------------------------------- unpack
 def _parts(folder: Path) -> list[Path]:
-    found = {p: re.fullmatch(rf"{re.escape(TARBALL)}\.part(\d+)", p.name) for p in folder.iterdir()}
-    parts = sorted((int(m.group(1)), p) for p, m in found.items() if m)
+    """The pack's parts in order (or its joined ``runs.tar.gz``): a Refusal, before any is read, for a missing
+    part, more parts than a window brings back, or one that is no file or larger than pack writes one."""
+    names = sorted(p.name for p in folder.iterdir() if re.fullmatch(rf"{re.escape(TARBALL)}\.part\d+", p.name))
     whole = folder / TARBALL
-    if parts and whole.exists():
+    if names and os.path.lexists(whole):
         raise Refusal(f"{folder} holds both {TARBALL} and its parts: keep one of them")
-    if not parts:
-        if not whole.is_file():
-            raise Refusal(f"{folder} holds no {TARBALL}.partNN nor {TARBALL}: give the folder pack wrote")
-        return [whole]
-    missing = sorted(set(range(parts[-1][0] + 1)) - {i for i, _ in parts})
-    if missing:
-        raise Refusal(f"{folder} lacks {TARBALL}.part{missing[0]:02d}: fetch every part of the pack")
-    return [p for _, p in parts]
+    if not names and not os.path.lexists(whole):
+        raise Refusal(f"{folder} holds no {TARBALL}.partNN nor {TARBALL}: give the folder pack wrote")
+    if len(names) > MAX_PARTS:
+        raise Refusal(
+            f"{folder} holds {len(names)} parts, and a pack is at most {MAX_PARTS} (with {CHECKSUM} and {INFO}, the "
+            f"{MAX_FILES} files a window brings back): give the folder pack wrote"
+        )
+    want = [f"{TARBALL}.part{i:02d}" for i in range(len(names))]
+    if names != want:
+        raise Refusal(f"{folder} lacks {next(w for w in want if w not in names)}: fetch every part of the pack")
+    parts, limit = [folder / n for n in names] or [whole], MAX_MIB * 2**20 * (1 if names else MAX_PARTS)
+    for p in parts:
+        size = p.stat().st_size if p.is_file() else None
+        if size is None or size > limit:
+            raise Refusal(
+                f"{p} is {'no file' if size is None else f'{size / 2**20:.1f} MiB'}: a pack's part is a file of at "
+                f"most {limit / 2**20:g} MiB; give the folder pack wrote (nothing was read)"
+            )
+    return parts
 
 
 def _expected_sum(folder: Path) -> str:
@@ -228,21 +267,76 @@ def _expected_sum(folder: Path) -> str:
         raise Refusal(
             f"{folder} holds no {CHECKSUM}: a pack is checked before it is unpacked; give the folder pack wrote"
         )
-    m = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](\S+)\s*", path.read_text(errors="replace"))
+    with open(path, "rb") as f:
+        line = f.read(200).decode(errors="replace")  # 78 bytes: what is longer is no checksum, and is not read
+    m = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](\S+)\s*", line)
     if not m or Path(m.group(2)).name != TARBALL:
         raise Refusal(f"{path} is not one line '<sha256>  {TARBALL}' (sha256sum's format): fetch it again")
     return m.group(1).lower()
 
 
-def _check_member(m: tarfile.TarInfo) -> str | None:
-    """The member's path, None to skip it (``.``); a Refusal when it is anything but a plain file or folder
-    inside the runs root."""
-    name = m.name.removeprefix("./").rstrip("/")
+def _member(m: tarfile.TarInfo) -> str:
+    """The member's path in the runs root ('' for the root): a Refusal for anything but a plain file or folder
+    whose name stays inside the runs root and prints as one line."""
+    parts = [p for p in m.name.split("/") if p not in ("", ".")]
     if not (m.isfile() or m.isdir()):
         raise Refusal(f"the pack's member {m.name!r} is no plain file or folder (a link?): nothing unpacked")
-    if m.name.startswith("/") or ".." in Path(name).parts or "\\" in name:
-        raise Refusal(f"the pack's member {m.name!r} points outside the runs root: nothing unpacked")
-    return name if name not in ("", ".") else None
+    if m.name.startswith("/") or ".." in parts or "\\" in m.name or not m.name.isprintable():
+        raise Refusal(
+            f"the pack's member {m.name!r} points outside the runs root or is no one-line name: nothing unpacked"
+        )
+    return "/".join(parts)
+
+
+def _read_pack(folder: Path, runs_root: Path, free: int) -> tuple[bytes, list[tarfile.TarInfo]]:
+    """The pack's bytes and members, checked before anything is written: its parts (:func:`_parts`), the checksum,
+    one whole gzip stream and nothing after it, no more than ``free`` bytes once extracted, each member
+    (:func:`_member`) once, none both a file and a folder, no run at its top (a run is renamed into place), and
+    no file in ``runs_root`` where it has a folder."""
+    expected, parts = _expected_sum(folder), _parts(folder)
+    data = b"".join(p.read_bytes() for p in parts)  # at most MAX_PARTS x MAX_MIB (checked)
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise Refusal(f"the pack in {folder} does not match its {CHECKSUM} (a part is damaged): nothing unpacked")
+    made_so = f"though it matches its {CHECKSUM} (it was made so): fetch the parts pack wrote; nothing unpacked"
+    z, size, step = zlib.decompressobj(wbits=31), 0, 2**14  # read once, its size counted, its output not kept
+    try:
+        for at in range(0, len(data), step):
+            size += len(z.decompress(data[at : at + step]))
+            if size > free:
+                raise Refusal(
+                    f"the pack takes more than the {free / 2**20:.2f} MiB free under {runs_root}: free space there "
+                    "or give another --runs; nothing unpacked"
+                )
+            if z.eof:
+                break
+    except zlib.error as e:
+        raise Refusal(f"the pack in {folder} is corrupt ({e}), {made_so}") from None
+    if not z.eof:
+        raise Refusal(f"the pack in {folder} ends before its archive does (truncated), {made_so}")
+    if trailing := len(z.unused_data) + max(0, len(data) - at - step):
+        raise Refusal(f"the pack in {folder} has {trailing} bytes of trailing data after the archive's end, {made_so}")
+    files, folders, members = set(), set(), []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for m in tar:
+                if len(tar.members) > MAX_MEMBERS:
+                    raise Refusal(f"the pack in {folder} holds over {MAX_MEMBERS} members, no pack's: nothing unpacked")
+                name = _member(m)
+                if m.isfile() and (name in files or not name):
+                    raise Refusal(f"the pack holds the file {m.name!r} twice (or as its top): nothing unpacked")
+                (files if m.isfile() else folders).add(name)
+                folders.update(name.rsplit("/", i)[0] for i in range(1, name.count("/") + 1))
+                members += [m] if name else []
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise Refusal(f"the pack in {folder} does not read as a tar.gz ({e}): nothing unpacked") from None
+    if clash := sorted(files & folders):
+        raise Refusal(f"the pack holds {clash[0]!r} both as a file and as a folder: nothing unpacked")
+    if top := sorted(n for n in files | folders if n in MARKERS):
+        raise Refusal(f"the pack's top folder is itself a run ({top[0]!r} in it): pack a runs root; nothing unpacked")
+    there = [d for d in sorted(folders) if os.path.lexists(runs_root / d) and not (runs_root / d).is_dir()]
+    if there:
+        raise Refusal(f"{runs_root / there[0]} is a file where the pack has a folder: move it away, then unpack again")
+    return data, members
 
 
 def _move(src: Path, dst: Path) -> None:
@@ -252,33 +346,41 @@ def _move(src: Path, dst: Path) -> None:
 
 def unpack(folder: Path, runs_root: Path) -> int:
     _folder(folder, "the folder that holds the pack (runs.tar.gz.partNN and runs.sha256)")
-    expected, parts = _expected_sum(folder), _parts(folder)
-    if runs_root.exists() and not runs_root.is_dir():
-        raise Refusal(f"--runs {runs_root} is no folder: give the runs root to unpack into")
-    data = b"".join(p.read_bytes() for p in parts)  # a pack is at most 8 files of 16 MiB
-    if hashlib.sha256(data).hexdigest() != expected:
-        raise Refusal(f"the pack in {folder} does not match its {CHECKSUM} (a part is damaged): nothing unpacked")
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = [m for m in tar.getmembers() if _check_member(m)]  # every member, before anything is written
-    except (tarfile.TarError, OSError, EOFError) as e:
-        raise Refusal(f"the pack in {folder} does not read as a tar.gz ({e}): nothing unpacked") from None
+    above = [runs_root, *runs_root.parents]
+    there = next(p for p in above if os.path.lexists(p))
+    if not there.is_dir():
+        raise Refusal(f"--runs {runs_root}: {there} is no folder: give the runs root to unpack into")
+    data, members = _read_pack(folder, runs_root, shutil.disk_usage(there).free)
+    made = above[: above.index(there)]  # the folders this command makes, the deepest first
     runs_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=runs_root, prefix=".carry-unpack-"))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(tmp, members=members, filter="data")
+            try:
+                tar.extractall(tmp, members=members, filter="data")
+            except OSError as e:
+                raise Refusal(
+                    f"could not write under {runs_root} ({e.strerror or e}): nothing unpacked; free space there (or "
+                    "give another --runs), then unpack again",
+                    code=1,
+                ) from None
         return _place(Tree(tmp), runs_root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # left as they were where nothing was put in them
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def _place(tree: Tree, runs_root: Path) -> int:
-    """Move each run and manifest of the extracted ``tree`` into ``runs_root``, keeping what is already there."""
+    """Put each run of the extracted ``tree`` in place whole (its files gathered under a temporary name beside its
+    folder, then renamed to it: a failure leaves nothing of it), then each manifest; whatever is there is kept."""
+    from lra.protocol import resumes_at  # torch: only once there is a pack to place
+
     placed, kept = [], 0
-    for run, files in sorted(tree.runs.items()):
+    for run, files in sorted(tree.runs.items()):  # a run before the runs inside it
         dest, info = runs_root / run, _record(tree.root / run)
-        if any((dest / m).exists() for m in MARKERS):
+        if os.path.lexists(dest):
             there = _record(dest)
             print(
                 f"kept the existing {run} (its record: {there['status']}, {there['steps']} steps; "
@@ -286,12 +388,24 @@ def _place(tree: Tree, runs_root: Path) -> int:
             )
             kept += 1
             continue
-        for f in files:
-            _move(tree.root / f, runs_root / f)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.carry-"))
+        try:
+            os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700
+            for f in files:
+                _move(tree.root / f, stage / f[len(run) + 1 :])
+            os.rename(stage, dest)
+        except OSError as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise Refusal(
+                f"could not put {run} in place ({e.strerror or e}): nothing of it is there, and the {len(placed)} "
+                f"runs before it are whole; free space under {runs_root}, then unpack again (they are kept)",
+                code=1,
+            ) from None
         placed.append(run)
-        print(f"unpacked {run}: {info['status']}, {_resumes_at(dest / LAST)}")
+        print(f"unpacked {run}: {info['status']}, {resumes_at(dest / LAST)}")
     for f in tree.sweeps:
-        if (runs_root / f).exists():
+        if os.path.lexists(runs_root / f):
             print(f"kept the existing {f}: not replaced")
         else:
             _move(tree.root / f, runs_root / f)
@@ -300,57 +414,68 @@ def _place(tree: Tree, runs_root: Path) -> int:
     print(f"lra.tools.carry unpack: {len(placed)} runs into {runs_root} ({kept} kept as they were)")
     resumable = [run for run in placed if _record(runs_root / run)["status"] not in FINISHED]
     for run in resumable:
-        print(f"resume: {_resume_command(runs_root, run)}")
+        print(_resume_line(runs_root, run))
     if resumable:
         print("(or re-run the same sweep command; each run resumes from its checkpoints/last.ckpt)")
     return 0
 
 
-def _resumes_at(last: Path) -> str:
-    """Where the run continues: its ``last.ckpt``'s optimizer step, read as data (a record written before the
-    record counted an interrupted run's steps says 0, so the checkpoint is the one to ask)."""
-    if not last.is_file():
-        return "no last.ckpt: starts over"
-    from lra.protocol import RunError, read_checkpoint  # torch and lightning: only when a checkpoint is there
+def _unsafe(override) -> str | None:
+    """Why a pack's override stays out of a printed command (None: a plain ``key=value`` setting): it names code
+    to import (a ``_target_`` at any depth, ``attn.target``) or a config to load (a ``hydra`` key such as its
+    search path, a flag such as ``--config-dir``, an interpolation)."""
+    if not isinstance(override, str) or not override.isprintable():
+        return "is no one-line override (an escape sequence, a line break)"
+    key = re.fullmatch(r"[+~]{0,2}([A-Za-z]\w*(?:\.\w+)*)", override.partition("=")[0])
+    words = key.group(1).split(".") if key else []
+    if "_target_" in override or "target" in words:
+        return "names code to import and call (a _target_ or attn.target)"
+    if not key or words[0] == "hydra" or "${" in override:
+        return "is no plain key=value setting (a flag, a hydra key or an interpolation)"
+    return None
 
-    try:
-        return f"last.ckpt at step {int(read_checkpoint(last).get('global_step', 0))}"
-    except RunError as e:
-        return f"last.ckpt unreadable ({e})"
 
+def _resume_line(runs_root: Path, run: str) -> str:
+    """``resume: LRA_RUNS=<root> python -m lra.train <the run's overrides>`` (from .hydra/overrides.yaml, read as
+    data), or why it is withheld: the line is there to be pasted, and a pack comes from elsewhere."""
+    path, ovs = runs_root / run / ".hydra" / "overrides.yaml", None
+    with contextlib.suppress(Exception):  # a damaged file is data: the resume line falls back to words
+        text = path.read_text() if path.stat().st_size <= MAX_TEXT else ""
+        if not re.search(r"(^|[\s\[{,])[&*]", text):  # no YAML anchor or alias: a few of them name millions of items
+            from omegaconf import OmegaConf
 
-def _resume_command(runs_root: Path, run: str) -> str:
-    """``LRA_RUNS=<root> python -m lra.train <the run's overrides>`` (from .hydra/overrides.yaml)."""
-    try:
-        from omegaconf import OmegaConf
-
-        ovs = OmegaConf.to_container(OmegaConf.load(runs_root / run / ".hydra" / "overrides.yaml")) or []
-    except Exception:  # noqa: BLE001 - a damaged file is data: the resume line falls back to words
-        return f"the command that started {run}, with LRA_RUNS={runs_root}"
-    ovs = [str(o) for o in ovs if not str(o).startswith(("run_tag=", "runs_root="))]
-    return shlex.join([f"LRA_RUNS={runs_root}", "python", "-m", "lra.train", *ovs])
+            ovs = OmegaConf.to_container(OmegaConf.create(text))
+    if not isinstance(ovs, list):
+        return f"resume: the command that started {run}, with LRA_RUNS={runs_root}"
+    for o in ovs:
+        if why := _unsafe(o):
+            what = ascii(o[:80]) if isinstance(o, str) else f"a {type(o).__name__}"
+            return (
+                f"resume withheld for {run}: its overrides.yaml has {what}, which {why}; a pack is data: start the "
+                f"run with a command you trust (LRA_RUNS={runs_root} python -m lra.train ...) or re-run the sweep"
+            )
+    ovs = [o for o in ovs if not o.startswith(("run_tag=", "runs_root="))]
+    return "resume: " + shlex.join([f"LRA_RUNS={runs_root}", "python", "-m", "lra.train", *ovs])
 
 
 # ----------------------------------------------------------------------------- export
-def _local_paths(root: Path, run_dir: Path) -> dict[str, str]:
-    """This machine's folders a run's files name (its runs root, its data root), and what a published copy says
-    instead: they mean nothing elsewhere, and the repository names no local path."""
-    out = {}
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        data_root = ((read_record(run_dir) or {}).get("config") or {}).get("data_root")
-        if data_root and os.path.isabs(str(data_root)):
-            out[str(data_root).rstrip("/")] = "$LRA_DATA"
-            out[os.path.realpath(str(data_root))] = "$LRA_DATA"
-    for r in {str(root.absolute()), os.path.realpath(root)}:
-        out[r.rstrip("/")] = "$LRA_RUNS"
+def _local_paths(root: Path, data_root: str | None) -> dict[str, str]:
+    """This machine's folders a run's files name (its runs root, its record's data root), and what a published copy
+    says instead: they mean nothing elsewhere, and the repository names no local path."""
+    paths = [(p, "$LRA_DATA") for p in (data_root, os.path.realpath(data_root))] if data_root else []
+    paths += [(p, "$LRA_RUNS") for p in (str(root.absolute()), os.path.realpath(root))]
+    out = {p.rstrip("/"): name for p, name in paths if p.rstrip("/")}  # "/" is no folder of this machine's own
     return dict(sorted(out.items(), key=lambda kv: -len(kv[0])))  # the longest first: a data root inside runs
 
 
+NAME = r"[\w.+~@%-]"  # a file name's characters: /x/runs is not /x/runs2, /x/runs.old nor /y/x/runs
+
+
 def _published(data: bytes, local: dict[str, str]) -> bytes:
-    """A run's file as results/ keeps it: each local folder replaced by the variable that names it."""
+    """A run's file as results/ keeps it: each local folder, as a whole path, replaced by the variable naming it."""
     text = data.decode("utf-8", errors="surrogateescape")
     for path, name in local.items():
-        text = text.replace(path, name)
+        text = re.sub(rf"(?<!{NAME}){re.escape(path)}(?!{NAME})", name, text)  # name: $LRA_..., no backslash
     return text.encode("utf-8", errors="surrogateescape")
 
 
@@ -364,7 +489,7 @@ def export(root: Path, to: Path) -> int:
         if info["status"] not in FINISHED:
             continue
         dest = to / device_slug(info["device"]) / run
-        local = _local_paths(root, root / run)
+        local = _local_paths(root, info["data_root"])
         copy, clash = [], None
         for name in SMALL:
             src, dst = root / run / name, dest / name
@@ -444,6 +569,14 @@ def main(argv: list[str] | None = None) -> int:
     except Refusal as e:
         print(f"lra.tools.carry {args.command}: {e}", file=sys.stderr)
         return e.code
+    except OSError as e:  # a full disk, a permission: what was written is whole (temporary names, then renames)
+        where = f": {e.filename}" if e.filename else ""
+        print(
+            f"lra.tools.carry {args.command}: could not write ({e.strerror or e}{where}): nothing half-written is "
+            "left; free space or fix the permission, then run the same command again",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":
