@@ -77,6 +77,14 @@ def text(key: str, value, optional: bool = False) -> None:
     check(isinstance(value, str) and value != "", key, value, f"a non-empty string{' or null' if optional else ''}")
 
 
+def folder(key: str, value, optional: bool = False) -> None:
+    """One folder name under the data root (no separator, not ``..``): a value never points outside it."""
+    if optional and value is None:
+        return
+    ok = isinstance(value, str) and value not in ("", "..") and not {"/", "\\", "\0"} & set(value)
+    check(ok, key, value, f"one folder name, without / or ..{' (or null)' if optional else ''}")
+
+
 def build(cls, prefix: str, values, ignore: tuple[str, ...] = (), **fixed):
     """``cls(**values, **fixed)`` for a config node: an unknown key is one line naming it and the valid keys;
     a field whose type is a dataclass (``X`` or ``X | None``) is built from its nested node the same way,

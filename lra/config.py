@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 import attention
 from lra import CONF_DIR
-from lra.checks import SEED_MAX, ConfigError, build  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
+from lra.checks import (  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
+    SEED_MAX,
+    ConfigError,
+    build,
+    place,
+)
 from lra.checks import check as _check
 from lra.checks import choice as _choice
 from lra.checks import flag as _flag
@@ -48,6 +52,7 @@ from lra.conf_nodes import (  # noqa: F401  (registered on import; re-exported)
     container,
     register_resolvers,
 )
+from lra.devices import device_count, loader_workers, trains_on_cuda
 from lra.execution import EXECUTIONS, fast, fast_profile
 from lra.files import data_root
 from lra.quirks import code_quirks, paper_chunks, preset_code, quirks_on  # noqa: F401  (re-exported)
@@ -315,6 +320,8 @@ class DataSpec:
         if self.node is None:
             object.__setattr__(self, "node", dataclasses.asdict(self.spec))
         path = self.spec.path
+        if path is not None:  # a name the system cannot take: one line, not "OSError: File name too long"
+            place("task.path", Path(str(path)).expanduser(), "point it at the data, or unset it", folder=None)
         _check(
             path is None or Path(str(path)).expanduser().exists(),
             "task.path",
@@ -563,37 +570,11 @@ def attention_options(cfg: DictConfig) -> tuple[dict, dict]:
     return merged, {k: v for k, v in preset.items() if k not in command_line}
 
 
-def _devices(d) -> int:
-    """Devices the effective batch is split over (``trainer.devices``: int, list or "auto")."""
-    if isinstance(d, str):
-        if d.isdigit():
-            return max(1, int(d))
-        if d == "auto":
-            return max(1, torch.cuda.device_count())
-        return max(1, len([x for x in d.split(",") if x.strip()]))
-    if isinstance(d, int):
-        return max(1, d) if d != -1 else max(1, torch.cuda.device_count())
-    return max(1, len(list(d)))
-
-
-def _workers(setting, on_cuda: bool):
-    if setting != "auto":
-        return setting  # checked by HardwareSpec
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(4, cores - 1)) if on_cuda else 0  # the loader is ~10^4x faster than a step: a few suffice
-
-
 def _compile(setting, on_cuda: bool, backend: str) -> tuple[bool, str | None]:
     wanted = setting is True or (setting == "auto" and on_cuda)
     if wanted and not attention.capabilities(backend).compiles:
         return False, f"attention {backend!r} declares it cannot be compiled (attention.capabilities): eager"
     return wanted, None
-
-
-def _on_cuda(trainer: DictConfig) -> bool:
-    return str(trainer.accelerator) in ("cuda", "gpu") or (
-        str(trainer.accelerator) == "auto" and torch.cuda.is_available()
-    )
 
 
 def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
@@ -605,7 +586,7 @@ def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
         total = int(float(total) * 2**30)
     elif hw.get("name") == "auto" and torch.cuda.is_available():
         total = int(torch.cuda.get_device_properties(0).total_memory)
-    accelerator, on_cuda = str(tr.accelerator), _on_cuda(tr)
+    accelerator, on_cuda = str(tr.accelerator), trains_on_cuda(str(tr.accelerator))
     setting = cfg.train.get("compile", "auto")
     compile_, note = _compile(setting, on_cuda, str(cfg.attn.name))
     return HardwareSpec(
@@ -615,12 +596,12 @@ def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
         allocator_margin=float(hw.get("allocator_margin") or 0.0),
         micro_batch=hw.get("micro_batch"),
         accelerator=accelerator,
-        devices=_devices(container(tr.devices)),
+        devices=device_count(container(tr.devices)),
         devices_arg=container(tr.devices),
         strategy=str(tr.strategy),
         precision=resolve_precision(str(tr.precision), on_cuda),
         precision_setting=str(tr.precision),
-        num_workers=_workers(tr.num_workers, on_cuda),
+        num_workers=loader_workers(tr.num_workers, on_cuda),
         pin_memory=on_cuda,
         compile=compile_,
         compile_note=note,
@@ -708,7 +689,9 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None) -> RunSpec:
     if train_node.get("chunks") is None:  # unset: the chosen public code's (1 under quirks=none)
         train_node["chunks"] = paper_chunks(cfg, attn)
     debug = build(DebugSpec, "debug", container(cfg.debug)) if cfg.get("debug") is not None else None
-    if debug and debug.cpu_batch and not _on_cuda(cfg.trainer):  # a check on a CPU: seconds, not minutes
+    if (
+        debug and debug.cpu_batch and not trains_on_cuda(str(cfg.trainer.accelerator))
+    ):  # a check on a CPU: seconds, not minutes
         chunks = train_node["chunks"]
         train_node["batch_size"] = min(train_node["batch_size"], max(1, debug.cpu_batch // chunks) * chunks)
     train = build(TrainSpec, "train", train_node, monitor=str(cfg.trainer.monitor))

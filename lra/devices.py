@@ -21,6 +21,31 @@ log = logging.getLogger("lra.train")  # the run's messages, under one name
 GIB = 1024**3
 
 
+def device_count(d) -> int:
+    """Devices the effective batch is split over (``trainer.devices``: int, list or "auto")."""
+    if isinstance(d, str):
+        if d.isdigit():
+            return max(1, int(d))
+        if d == "auto":
+            return max(1, torch.cuda.device_count())
+        return max(1, len([x for x in d.split(",") if x.strip()]))
+    if isinstance(d, int):
+        return max(1, d) if d != -1 else max(1, torch.cuda.device_count())
+    return max(1, len(list(d)))
+
+
+def loader_workers(setting, on_cuda: bool):
+    if setting != "auto":
+        return setting  # checked by HardwareSpec
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(4, cores - 1)) if on_cuda else 0  # the loader is ~10^4x faster than a step: a few suffice
+
+
+def trains_on_cuda(accelerator: str) -> bool:
+    """Does ``trainer.accelerator`` train on a CUDA device here?"""
+    return accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+
+
 def device_name(device: str | torch.device) -> str:
     """``NVIDIA H100 (132 SMs, 80 GiB)`` on CUDA, the CPU model and its core count otherwise."""
     device = torch.device(device)

@@ -16,7 +16,8 @@ def preset_code(preset: str) -> str:
     """The public code whose quirks the preset ``preset`` chooses (its file's ``override /quirks``), or
     ``none``: read from conf/preset/<preset>.yaml without composing."""
     path = CONF_DIR / "preset" / f"{preset}.yaml"
-    defaults = OmegaConf.load(path).get("defaults") or [] if path.is_file() else []
+    shipped = path.is_file() and path.parent == CONF_DIR / "preset" and not preset.startswith(".")  # not ../x
+    defaults = OmegaConf.load(path).get("defaults") or [] if shipped else []
     return next((str(d["override /quirks"]) for d in defaults if "override /quirks" in d), "none")
 
 

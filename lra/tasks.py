@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
-from lra.checks import SEED_MAX, ConfigError, build, check, choice, flag, integer, number, text
+from lra.checks import SEED_MAX, ConfigError, build, check, choice, flag, folder, integer, number
 
 __all__ = [
     "ConfigError",
@@ -189,7 +189,7 @@ class ListOpsSpec(TaskSpec):
         super().__post_init__()
         choice("task.tokenizer", self.tokenizer, LISTOPS_TOKENIZERS)
         integer("task.max_length", self.max_length, 1, optional=True)
-        text("task.dirname", self.dirname)
+        folder("task.dirname", self.dirname)
         flag("task.generate", self.generate)
         _nested("task.generator", self.generator, ListOpsGenerator)
 
@@ -298,12 +298,7 @@ class PathfinderSpec(TaskSpec):
         )
         integer("task.n_images", self.n_images, 1, optional=True)
         flag("task.generate", self.generate)
-        check(
-            self.gen_dir is None or isinstance(self.gen_dir, str),
-            "task.gen_dir",
-            self.gen_dir,
-            "a folder name (or null: pathfinder)",
-        )
+        folder("task.gen_dir", self.gen_dir, optional=True)
         _nested("task.generator", self.generator, PathfinderGenerator)
         integer("task.split_seed", self.split_seed, 0, hi=SEED_MAX)
 

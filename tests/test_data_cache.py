@@ -257,31 +257,6 @@ def test_cached_labels_rewritten_with_random_labels_of_the_same_shape_are_rebuil
     assert len(calls) == 2 and not caplog.records
 
 
-def test_cache_checksums_are_hashed_again_only_when_a_file_changes(tmp_path, monkeypatch, caplog):
-    from lra.data import cache
-
-    monkeypatch.setattr(cache, "SETTLE_S", 0.0)  # here files settle at once (the default covers the clock tick)
-    monkeypatch.setattr(cache, "_checked", {})
-    hashed, real = [], cache.file_sha256
-    monkeypatch.setattr(cache, "file_sha256", lambda p, *a: hashed.append(p.name) or real(p, *a))
-    build = lambda: splits(20, 8)  # noqa: E731
-    cached_splits(tmp_path, "demo", {"x": 6}, build)
-    assert len(hashed) == 9  # the build records 3 arrays x 3 splits
-    (entry,) = (tmp_path / "cache").iterdir()
-    hashed.clear()
-    cached_splits(tmp_path, "demo", {"x": 6}, build)  # first use: hashed once, the stats recorded
-    assert len(hashed) == 9
-    monkeypatch.setattr(cache, "_checked", {})  # a new process
-    hashed.clear()
-    cached_splits(tmp_path, "demo", {"x": 6}, build)
-    assert hashed == []  # nothing changed: stat calls only
-    st = (entry / "val.tokens.npy").stat()
-    os.utime(entry / "val.tokens.npy", ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # touched: same bytes
-    with caplog.at_level("WARNING"):
-        cached_splits(tmp_path, "demo", {"x": 6}, build)
-    assert hashed == ["val.tokens.npy"] and not caplog.records  # hashed again, matched, kept
-
-
 def test_a_cache_entry_from_before_checksums_is_rebuilt_once(tmp_path, caplog):
     import json
 
@@ -302,3 +277,73 @@ def test_a_cache_entry_from_before_checksums_is_rebuilt_once(tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(calls) == 2 and len(warnings) == 1 and "no checksums" in warnings[0]
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [entry.name]  # rebuilt in place
+
+
+# ------------------------------------------------------------------------------ issue 39: verified, not trusted
+def test_an_array_edited_behind_a_meta_json_made_to_agree_is_found_and_rebuilt(tmp_path, caplog):
+    """Bug caught: an array was hashed again only when its size, mtime or ctime differed from those meta.json
+    recorded, so an edit whose new stat was written into meta.json (or any edit of meta.json's stats) was used,
+    and recorded under the old data id."""
+    import json
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        return splits(50, 8)
+
+    first = _copies(cached_splits(tmp_path, "demo", {"x": 8}, build))
+    (entry,) = (tmp_path / "cache").iterdir()
+    path = entry / "train.labels.npy"
+    np.save(path, 1 - np.load(path))  # same shape and dtype, every label flipped
+    meta = json.loads((entry / "meta.json").read_text())
+    st = path.stat()
+    meta["checksums"]["train.labels.npy"]["stat"] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    (entry / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        again = cached_splits(tmp_path, "demo", {"x": 8}, build)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(calls) == 2 and len(warnings) == 1 and "train.labels.npy" in warnings[0]
+    assert np.array_equal(np.asarray(again["train"].labels), first["train"].labels)
+
+
+def test_the_training_loader_yields_every_example_once_in_each_of_several_epochs_and_after_a_resume():
+    """Blind spot: no test iterated the training loader past its first epoch (a sampler that yields nothing
+    after it trains forever on no data); and the loader's length is one epoch's batches, whatever position it
+    resumed from (Lightning counts a resumed epoch's batches from its start)."""
+    from lra.data.module import LRADataModule
+
+    n = 10
+    s = Split(np.arange(2 * n, dtype=np.uint8).reshape(n, 2), np.full(n, 2, np.int32), np.arange(n))
+    loader = lambda: LRADataModule({"train": s}, batch_size=3, seed=1).train_dataloader()  # noqa: E731
+    labels = lambda it: [b["label"].tolist() for b in it]  # noqa: E731
+    first = loader()
+    epochs = []
+    for epoch in range(3):
+        assert len(first) == 4, epoch
+        got = labels(first)
+        assert [len(b) for b in got] == [3, 3, 3, 1] and sorted(sum(got, [])) == list(range(n)), epoch
+        epochs.append(got)
+    assert epochs[0] != epochs[1] != epochs[2]  # a new order each epoch
+    resumed = loader()
+    resumed.load_state_dict({"epoch": 1, "position": 2})  # as a checkpoint two batches into epoch 1 restores it
+    assert len(resumed) == 4 and labels(resumed) == epochs[1][2:]
+    assert len(resumed) == 4 and labels(resumed) == epochs[2] and resumed.state_dict() == {"epoch": 3, "position": 0}
+
+
+def test_a_cache_that_refuses_writes_says_so_before_the_build(tmp_path, monkeypatch):
+    """Bug caught (issue 39): the arrays were built (minutes for the paper sets) before the cache was first written
+    to, so a read-only data root failed only then. Simulated: the tests may run as root, whom modes do not stop."""
+    import errno
+
+    real, calls = os.mkdir, []
+
+    def read_only(path, *a, **k):
+        if str(path).startswith(str(tmp_path / "cache")):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "mkdir", read_only)
+    with pytest.raises(OSError, match="Read-only"):
+        cached_splits(tmp_path, "demo", {"x": 9}, lambda: calls.append(1) or splits(10, 8))
+    assert calls == [] and not (tmp_path / "cache").exists()

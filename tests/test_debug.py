@@ -128,7 +128,10 @@ def test_no_debug_run_has_no_debug_spec_and_keeps_the_preset_folder():
 def test_debug_fast_on_a_cpu_reads_a_small_sample_at_the_presets_lengths_in_small_batches(preset):
     """The README's debug=fast line generated the whole 100,000-tree ListOps set first (minutes, hours on a loaded
     CPU), then trained batches of 256 x 2048 tokens on the CPU."""
-    full, debug = load([f"preset={preset}", "trainer.accelerator=cpu"]), load([f"preset={preset}", "debug=fast", "trainer.accelerator=cpu"])
+    full, debug = (
+        load([f"preset={preset}", "trainer.accelerator=cpu"]),
+        load([f"preset={preset}", "debug=fast", "trainer.accelerator=cpu"]),
+    )
     gen = debug.data.spec.generator
     assert (gen.n_train, gen.n_val, gen.n_test) == (256, 64, 64)
     assert (gen.min_length, gen.max_length, debug.model.seq_len) == (

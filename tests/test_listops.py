@@ -261,13 +261,15 @@ def test_incomplete_official_folder_is_an_error_and_left_untouched(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["listops-1000"]  # no generated sibling, no temp folder
 
 
-def test_generated_folder_records_rows_and_bytes_and_is_made_by_rename(tmp_path):
+def test_generated_folder_records_rows_bytes_and_checksums_and_is_made_by_rename(tmp_path):
+    import hashlib
+
     load_listops(_gen_cfg(), tmp_path)
     folder = _generated(tmp_path)
     stamp = json.loads((folder / "GENERATED.json").read_text())
     for name, facts in stamp["files"].items():
-        lines = (folder / name).read_bytes().count(b"\n")
-        assert facts == {"rows": lines - 1, "bytes": (folder / name).stat().st_size}
+        data = (folder / name).read_bytes()
+        assert facts == {"rows": data.count(b"\n") - 1, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert stamp["files"]["basic_train.tsv"]["rows"] == 256
     assert sorted(p.name for p in (tmp_path / "generated").iterdir()) == [folder.name]  # no temporary folder left
 
@@ -351,6 +353,113 @@ def test_a_stamp_without_file_facts_is_upgraded_only_when_rows_match(tmp_path):
     path = folder / "basic_val.tsv"
     path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:4]))
     assert "rows" in lo.check_generated(folder, lo.GeneratorParams(**SMALL))
+
+
+def test_a_generated_file_edited_in_place_is_one_line_naming_it_and_is_never_used_or_overwritten(tmp_path):
+    """Bug caught (issue 39): a generated TSV edited without changing its size (a label changed) passed the
+    rows-and-bytes check, was tokenised, and its runs were recorded as the generator's output."""
+    import hashlib
+
+    first = load_listops(_gen_cfg(), tmp_path)
+    folder = _generated(tmp_path)
+    path = folder / "basic_train.tsv"
+    original = path.read_bytes()
+    facts = json.loads((folder / lo.STAMP).read_text())["files"]["basic_train.tsv"]
+    assert facts["sha256"] == hashlib.sha256(original).hexdigest()
+    i = original.index(b"\t", original.index(b"\n")) + 1  # the first row's label
+    path.write_bytes(original[:i] + str((original[i] - 48 + 1) % 10).encode() + original[i + 1 :])  # same size
+    before = snapshot(folder)
+    with pytest.raises(DataError) as e:
+        load_listops(_gen_cfg(), tmp_path)
+    assert str(e.value) == (
+        f"{path} differs from what the generator wrote (its SHA-256 is not the one {lo.STAMP} recorded): it was "
+        f"edited; move it aside (or delete it) and run `make data task=listops` to regenerate it, or point "
+        f"task.path at a folder of your own"
+    )
+    assert snapshot(folder) == before
+    path.rename(tmp_path / "mine.tsv")  # moved aside: the harness regenerates its own file
+    again = load_listops(_gen_cfg(), tmp_path)
+    assert path.read_bytes() == original and np.array_equal(np.asarray(again["train"].labels), first["train"].labels)
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        (
+            {"seq_len": 32},
+            "task.max_length=60 is more than task.seq_len=32: each example keeps up to max_length tokens, padded "
+            "to seq_len; set task.max_length (protocol.data.max_length) to at most 32 or task.seq_len "
+            "(protocol.data.seq_len) to at least 60",
+        ),
+        (
+            {"max_length": None, "seq_len": 32},
+            "task.max_length=null keeps every token, and task.generator.max_length=60 makes examples of up to 59 "
+            "tokens, more than task.seq_len=32; set task.max_length to at most 32 or task.seq_len "
+            "(protocol.data.seq_len) to at least 59",
+        ),
+        (
+            {"generator": {**SMALL, "max_depth": 2, "min_length": 20}},
+            "task.generator.min_length=20 cannot be met: trees of task.generator.max_depth=2 with at most "
+            "task.generator.max_args=10 arguments have at most 12 symbols; lower min_length or raise max_depth",
+        ),
+    ],
+    ids=["seq_len-below-max_length", "every-token-longer-than-seq_len", "no-tree-long-enough"],
+)
+def test_data_options_that_contradict_the_task_are_one_line_before_anything_is_generated(
+    tmp_path, monkeypatch, over, message
+):
+    """Bug caught (issue 39): a seq_len below the tokens kept ended in a numpy broadcast traceback from deep in
+    tokenising, after the whole set was generated; a generator that can draw no tree long enough drew forever."""
+    from lra.data import load_task
+
+    made, draws, real = spy_generation(monkeypatch), [], lo._chunk
+
+    def chunk(args):
+        draws.append(1)
+        if len(draws) > 50:
+            pytest.fail("the generator kept drawing: no tree it can draw is long enough")
+        return real(args)
+
+    monkeypatch.setattr(lo, "_chunk", chunk)
+    node = {**_node("listops-small", **SMALL), "generate": True, "max_length": 60, "seq_len": 64, **over}
+    with pytest.raises(DataError) as e:
+        load_task(node, tmp_path)
+    assert str(e.value) == message and made == [] and draws == []
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_generator_that_runs_out_of_distinct_trees_stops_with_one_line(monkeypatch):
+    """Bug caught (issue 39): settings with fewer distinct trees than examples asked for (depth 2, two arguments:
+    400 trees) drew forever."""
+    draws, real = [], lo._chunk
+
+    def chunk(args):
+        draws.append(1)
+        if len(draws) > 100:
+            pytest.fail("the generator kept drawing")
+        return real(args)
+
+    monkeypatch.setattr(lo, "_chunk", chunk)
+    params = lo.GeneratorParams(n_train=500, n_val=1, n_test=1, min_length=3, max_length=5, max_depth=2, max_args=2)
+    with pytest.raises(DataError) as e:
+        lo.generate(params, workers=1, progress=False)
+    assert str(e.value) == (
+        "task.generator drew 200000 trees in a row without a new one of 3 < length < 5 (400 of the 502 asked for): "
+        "widen the lengths, raise max_depth or max_args, or ask for fewer examples"
+    )
+
+
+def test_an_example_longer_than_seq_len_when_every_token_is_kept_names_its_line(tmp_path):
+    """Bug caught (issue 39): ``task.max_length=null`` with a release row longer than ``task.seq_len`` was a numpy
+    broadcast traceback from tokenising."""
+    short, long = "( ( ( [MAX 2 ) 9 ) ] )", "( ( ( ( ( [MAX 2 ) 9 ) 3 ) 4 ) ] )"  # 4 and 6 tokens
+    _write_official(tmp_path / "listops-1000", {"train": [(short, 9), (long, 9)]})
+    with pytest.raises(DataError) as e:
+        load_listops(replace(_cfg(), max_length=None, seq_len=5), tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path / 'listops-1000' / 'basic_train.tsv'}:3: 6 tokens, more than task.seq_len=5 (task.max_length=null "
+        "keeps every token); set task.max_length to at most 5 or task.seq_len to at least 6"
+    )
 
 
 # ----------------------------------------------------------------------------- generated sets keyed by their settings

@@ -123,8 +123,9 @@ def test_imdb_from_its_folder_its_archive_or_parquet_is_one_id_of_three_kinds(tm
 
 
 def test_fingerprints_are_computed_once_and_kept_with_the_cache(tmp_path, monkeypatch):
-    """Bug caught: hashing the sources and arrays again at every run start (gigabytes for Retrieval and Pathfinder,
-    in every run of a sweep); a cache entry from before provenance never getting it (or rebuilt for it)."""
+    """Bug caught: hashing the sources again at every run start (gigabytes for Retrieval and Pathfinder, in every
+    run of a sweep); a cache entry from before provenance never getting it (or rebuilt for it). The arrays are
+    hashed at each load: their fingerprints are the data id, checked, not read from meta.json (issue 39)."""
     first = data_record(load_task(NODE, tmp_path))
     (entry,) = (tmp_path / "cache").iterdir()
     meta = json.loads((entry / "meta.json").read_text())
@@ -142,10 +143,47 @@ def test_fingerprints_are_computed_once_and_kept_with_the_cache(tmp_path, monkey
     def hashed_again(*a, **k):
         raise AssertionError("hashed again at a run start")
 
+    monkeypatch.setattr(cache, "file_sha256", hashed_again)
     monkeypatch.setattr(provenance, "file_sha256", hashed_again)
-    monkeypatch.setattr(provenance, "hash_arrays", hashed_again)
-    monkeypatch.setattr(cache, "_checked", {})  # a new process
     assert data_record(load_task(NODE, tmp_path)) == first
+
+
+def test_a_content_fingerprint_edited_in_meta_json_does_not_change_the_data_id(tmp_path, caplog):
+    """Bug caught (issue 39): the record's data id was taken from meta.json's ``content`` as written, so an edited
+    fingerprint gave every run of that cache entry another id (averaged apart from the same data's runs)."""
+    first = data_record(load_task(NODE, tmp_path))
+    (entry,) = (tmp_path / "cache").iterdir()
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["content"]["train"] = "0123456789abcdef"
+    (entry / "meta.json").write_text(json.dumps(meta))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = data_record(load_task(NODE, tmp_path))
+    assert again["id"] == first["id"] and again["content"] == first["content"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(entry) in warnings[0] and "content fingerprint" in warnings[0]
+    assert json.loads((entry / "meta.json").read_text())["content"] == first["content"]
+
+
+def test_an_image_edited_in_a_generated_pathfinder_set_is_one_line_not_the_generators_output(tmp_path):
+    """Bug caught (issue 39): Pathfinder's GENERATED.json recorded no checksums, so an image replaced in a generated
+    set was tokenised (once its cache entry was rebuilt) and recorded as the generator's output."""
+    import numpy as np
+
+    from lra.data import DataError
+    from lra.data import pathfinder as pf
+    from lra.data.pathfinder_gen import png_bytes
+    from tests.test_data_pathfinder import cfg
+
+    c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
+    pf.load(c, tmp_path, progress=False)
+    (imgs,) = (tmp_path / "generated").glob("pf-small-*/pathfinder32/*/imgs")
+    next(imgs.rglob("*.png")).write_bytes(png_bytes(np.zeros((32, 32), np.uint8)))  # a valid image: another one
+    shutil.rmtree(tmp_path / "cache")  # "safe to delete, rebuilt on next use"
+    with pytest.raises(DataError) as e:
+        pf.load(c, tmp_path, progress=False)
+    assert str(e.value).startswith(f"{imgs} differs from what the generator wrote (its SHA-256 is not the one ")
+    assert "`make data task=pathfinder` to regenerate it" in str(e.value) and not (tmp_path / "cache").exists()
 
 
 # ------------------------------------------------------------------------------ machine

@@ -58,14 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise DataError(
                     f"the data root {root} is a file, not a folder: set LRA_DATA (or data_root=) to a folder"
                 )
-            try:
-                splits = load_task(spec.data.spec, root)
-            except OSError as e:  # the file system's refusal (read-only, full, permissions), not the harness's fault
-                raise DataError(
-                    f"cannot prepare the data under {root}: {e.strerror or e}"
-                    f"{f': {e.filename}' if e.filename else ''}; make the data root a writable folder with free "
-                    f"space, or set LRA_DATA (or data_root=) to one"
-                ) from None
+            splits = load_task(spec.data.spec, root)  # the file system's refusal too is a DataError
     except (ConfigError, DataError) as e:
         log.error("%s", e)
         return 2

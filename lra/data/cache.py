@@ -10,18 +10,16 @@ complete, so an interrupted build never leaves an entry a later run would trust;
 later (a truncated ``.npy``, a bad ``meta.json``, an array rewritten with other values of the same
 shape) fails the checks of :func:`load_entry` and is rebuilt with one warning.
 
-Checksums: ``meta.json`` records the SHA-256 of every array file. A file is hashed again only when its
-size, mtime or ctime differ from those ``meta.json`` recorded after its last check, so a run start costs
-three ``stat`` calls per split, not a read of gigabytes. The ctime is what makes this safe: every write
-(``np.save``, ``cp``, an editor) sets it and no user-level call can set it back, unlike the mtime
-(``touch -d``). File times come from a coarse clock, so a file changed within the last
-``SETTLE_S`` seconds is hashed every time and its stat is recorded only once it is older (a rewrite
-within the same clock tick could otherwise keep all three values). :func:`fingerprint` hashes the
-arrays a run sees (for resume keys).
+Verification: every load hashes the arrays as read (each split's content fingerprint, lra/data/provenance.py: one
+SHA-256 pass, 0.26-0.44 s for the paper ListOps set's 205 MB on 2 loaded cores) and compares them with the
+fingerprints ``meta.json`` recorded when the entry was built; on a mismatch the SHA-256 of every array file (also in
+``meta.json``) names the edited file, and the entry is rebuilt with one warning. What a run records (the data
+id) is these fingerprints as computed, never a field of ``meta.json`` as written. :func:`fingerprint` hashes
+the arrays a run sees (for resume keys).
 
-Provenance (the record's ``data``, lra/data/provenance.py): ``meta.json`` also holds each split's content
-fingerprint (``content``) and the checksums of the source files the entry was built from (``source``),
-computed when the entry is built; an entry from before them gets them computed once, on its next load.
+Provenance (the record's ``data``, lra/data/provenance.py): ``meta.json`` also holds the checksums of the source
+files the entry was built from (``source``), computed when the entry is built; an entry from before them (and
+before ``content``) gets them computed once, on its next load, its arrays checked against their file checksums.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from lra.data.base import Split
+from lra.data.base import Split, made_parents
 from lra.data.provenance import (
     FIELDS,
     Origin,
@@ -51,8 +49,6 @@ from lra.files import write_text
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1  # entries from before checksums keep their key: they are rebuilt in place, once
-SETTLE_S = 2.0  # a file last changed more recently than this may change again without a new stat
-_checked: dict[str, list] = {}  # file -> the stat its checksum was last verified at, in this process
 
 
 def cache_key(params: dict) -> str:
@@ -78,72 +74,77 @@ def cached_splits(
     check: Callable[[dict[str, Split]], None] | None = None,
 ) -> dict[str, Split]:
     """Load the entry for ``params`` or build it with ``build()`` and store it atomically. A damaged entry
-    (truncated ``.npy``, bad ``meta.json``, an array that fails its checksum: a full disk, a copy cut short,
-    an edit) or one from before checksums is rebuilt in place with one warning. ``origin``: what the reader
-    read (lra/data/provenance.py); its checksums and each split's content fingerprint are stored in
-    ``meta.json`` once, and every split returned carries its ``origin``. ``check(splits)``: raises
-    :class:`~lra.data.base.DataError` for a set that must not be used (a partial official set,
-    lra/data/official.py), on what was built before anything is written, and on an entry read from the cache
-    (one built before the check existed)."""
+    (truncated ``.npy``, bad ``meta.json``, an array or a fingerprint that fails its check: a full disk, a copy
+    cut short, an edit) or one from before checksums is rebuilt in place with one warning. ``origin``: what the
+    reader read (lra/data/provenance.py); its checksums are stored in ``meta.json`` once, and every split returned
+    carries its ``origin``. ``check(splits)``: raises :class:`~lra.data.base.DataError` for a set that must not
+    be used (a partial official set, lra/data/official.py), on what was built before anything is written, and on
+    an entry read from the cache (one built before the check existed)."""
     key = cache_key(params)
     final = Path(root) / "cache" / f"{task}-{key}"
     if final.exists():
         try:
-            splits = load_entry(final)
+            splits, content = load_entry(final)
         except DamagedEntry as e:
             log.warning("cache entry %s %s; rebuilding it", final, e)
         else:
             if check is not None:
                 check(splits)
-            return _with_origin(final, splits, task, root, origin)
+            return _with_origin(final, splits, content, task, root, origin)
     t0 = time.perf_counter()
-    splits = build()
-    if check is not None:
-        check(splits)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        for name, s in splits.items():
-            for field in FIELDS:
-                np.save(tmp / f"{name}.{field}.npy", getattr(s, field))
-        meta = {
-            "task": task,
-            "params": params,
-            "splits": {k: len(v) for k, v in splits.items()},
-            "arrays": {
-                k: {f: [list(getattr(v, f).shape), getattr(v, f).dtype.str] for f in FIELDS} for k, v in splits.items()
-            },
-            "checksums": {
-                f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")} for k in splits for f in FIELDS
-            },
-            "content": {k: content_fingerprint(v) for k, v in splits.items()},
-            "source": describe_files(origin.paths, root) if origin is not None else None,
-            "built_in_s": round(time.perf_counter() - t0, 2),
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
-        if final.exists():  # a damaged entry, or a concurrent builder finished first: the cache is ours
-            old = final.with_name(f".old-{final.name}-{os.getpid()}")
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with made_parents(tmp):  # before the build: a root that refuses writes says so before minutes of work
+        tmp.mkdir()
+        try:
+            splits = build()
+            if check is not None:
+                check(splits)
+            source = describe_files(origin.paths, root) if origin is not None else None
+            if source is not None:
+                origin.check(source, task)  # a generated file edited since: refused before anything is written
+            for name, s in splits.items():
+                for field in FIELDS:
+                    np.save(tmp / f"{name}.{field}.npy", getattr(s, field))
+            content = {k: content_fingerprint(v) for k, v in splits.items()}
+            meta = {
+                "task": task,
+                "params": params,
+                "splits": {k: len(v) for k, v in splits.items()},
+                "arrays": {
+                    k: {f: [list(getattr(v, f).shape), getattr(v, f).dtype.str] for f in FIELDS}
+                    for k, v in splits.items()
+                },
+                "checksums": {
+                    f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")} for k in splits for f in FIELDS
+                },
+                "content": content,
+                "source": source,
+                "built_in_s": round(time.perf_counter() - t0, 2),
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+            if final.exists():  # a damaged entry, or a concurrent builder finished first: the cache is ours
+                old = final.with_name(f".old-{final.name}-{os.getpid()}")
+                os.replace(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     log.info("cached %s in %s (%.1f s)", task, final, time.perf_counter() - t0)
-    return _with_origin(final, load_entry(final, verify=False), task, root, origin)  # just hashed: no check
+    return _with_origin(final, load_entry(final, verify=False)[0], content, task, root, origin)  # just hashed
 
 
 def _with_origin(
-    folder: Path, splits: dict[str, Split], task: str, root: Path, origin: Origin | None
+    folder: Path, splits: dict[str, Split], content: dict, task: str, root: Path, origin: Origin | None
 ) -> dict[str, Split]:
-    """``splits`` with their ``origin`` (lra/data/provenance.py). What ``meta.json`` lacks (an entry from
-    before provenance, or a reader that now lists other source paths) is computed once and stored."""
-    meta = json.loads((folder / "meta.json").read_text())  # again: verifying may have rewritten it
-    changed = False
-    if sorted(meta.get("content") or {}) != sorted(splits):
-        log.info("cache entry %s: fingerprinting its arrays once (the record's data id)", folder)
-        meta["content"] = {k: content_fingerprint(v) for k, v in splits.items()}
-        changed = True
+    """``splits`` with their ``origin`` (lra/data/provenance.py), ``content`` their verified fingerprints. What
+    ``meta.json`` lacks (an entry from before provenance, or a reader that now lists other source paths) is
+    computed once and stored."""
+    meta = json.loads((folder / "meta.json").read_text())
+    changed = meta.get("content") != content
+    if changed:
+        log.info("cache entry %s: storing its arrays' fingerprints once", folder)
+        meta["content"] = content
     source = meta.get("source")
     if origin is not None and (not source or source.get("paths") != relative_paths(origin.paths, root)):
         log.info("cache entry %s: hashing its sources once (the record's data checksums)", folder)
@@ -159,7 +160,7 @@ def _with_origin(
             "task": task,
             "entry": folder.name,
             "split": name,
-            "content": meta["content"][name],
+            "content": content[name],
             "source": origin.fields(source) if origin is not None else None,
         }
     return splits
@@ -170,9 +171,10 @@ class DamagedEntry(Exception):
     "cache entry <folder> ..."."""
 
 
-def load_entry(folder: Path, verify: bool = True) -> dict[str, Split]:
-    """The memory-mapped splits of an entry, checked against its ``meta.json`` (lengths, shapes, dtypes,
-    and with ``verify`` the checksums: module docstring); :class:`DamagedEntry` if anything does not match."""
+def load_entry(folder: Path, verify: bool = True) -> tuple[dict[str, Split], dict]:
+    """The memory-mapped splits of an entry, checked against its ``meta.json`` (lengths, shapes, dtypes), and
+    their content fingerprints: with ``verify`` computed from the arrays and checked (module docstring), else
+    as ``meta.json`` holds them. :class:`DamagedEntry` if anything does not match."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
         if "checksums" not in meta:
@@ -190,44 +192,28 @@ def load_entry(folder: Path, verify: bool = True) -> dict[str, Split]:
                         f"{arrays[name][f][1]}{arrays[name][f][0]})"
                     )
             out[name] = Split(*(got[f] for f in FIELDS))
-        if verify:
-            _verify_checksums(folder, meta, [f"{k}.{f}.npy" for k in sizes for f in FIELDS])
-        return out
+        if not verify:
+            return out, meta["content"]
+        content = {k: content_fingerprint(v) for k, v in out.items()}
+        if content != meta.get("content"):  # an array edited, or meta.json: the file checksums say which
+            _verify_checksums(folder, meta["checksums"], [f"{k}.{f}.npy" for k in sizes for f in FIELDS])
+            if "content" in meta:
+                raise DamagedEntry("is damaged (its meta.json records other content fingerprints than its arrays')")
+        return out, content
     except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise DamagedEntry(f"is damaged ({type(e).__name__}: {e})") from None
 
 
-def _verify_checksums(folder: Path, meta: dict, names: list[str]) -> None:
-    """Hash each array whose stat is not the one recorded (or verified earlier in this process); record
-    the stat of those that match once they are old enough (module docstring)."""
-    sums = meta["checksums"]
+def _verify_checksums(folder: Path, sums: dict, names: list[str]) -> None:
+    """Hash each array file; :class:`DamagedEntry` naming the first that differs from its recorded SHA-256."""
     if sorted(sums) != sorted(names):
         raise DamagedEntry("is damaged (meta.json does not list a checksum for each array)")
-    recorded = False
     for name in names:
-        path, want = folder / name, sums[name]
-        stat = file_stat(path)
-        if stat == want.get("stat") or _checked.get(str(path)) == stat:
-            continue
-        if file_sha256(path) != want["sha256"]:
+        if file_sha256(folder / name) != sums[name]["sha256"]:
             raise DamagedEntry(
                 f"is damaged ({name} does not match the checksum recorded when the entry was built: "
                 f"edited or corrupted)"
             )
-        if stat[2] < time.time_ns() - SETTLE_S * 1e9:
-            _checked[str(path)] = want["stat"] = stat
-            recorded = True
-    if recorded:
-        try:  # the next process trusts these stats; a read-only cache is simply hashed again
-            write_text(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True, default=str))
-        except OSError as e:
-            log.debug("could not record verified stats in %s: %s", folder, e)
-
-
-def file_stat(path: Path) -> list[int]:
-    """What any write to a file changes: size, mtime and ctime (nanoseconds)."""
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 # ------------------------------------------------------------------------------ data fingerprint

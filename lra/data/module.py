@@ -86,7 +86,9 @@ class EpochBatches(Sampler):
         return total - total % self.world_size if self.shuffle and self.world_size > 1 else total
 
     def __len__(self) -> int:
-        return len(range(self.start + self.rank, self.batches_per_epoch(), self.world_size))
+        """This rank's batches of a whole epoch, from whatever batch it (re)starts: Lightning counts a resumed
+        epoch's batches from its first one, and asks once, not each epoch."""
+        return len(range(self.rank, self.batches_per_epoch(), self.world_size))
 
     def __iter__(self):
         if self.shuffle:

@@ -403,7 +403,8 @@ def origin(kind: str, where: Path, root: Path, res: int, dirname: str) -> Origin
     paths = [where / "metadata", where / "imgs"]
     if not is_generated(where):
         return Origin("release", kind, f"Pathfinder release {rel}", paths)
-    gen = generator_fields(json.loads((where / "GENERATED.json").read_text()), "lra.data.pathfinder_gen")
+    stamp = json.loads((where / "GENERATED.json").read_text())
+    gen, facts = generator_fields(stamp, "lra.data.pathfinder_gen"), stamp.get("files") or {}
     return Origin(
         "generated",
         kind,
@@ -411,6 +412,7 @@ def origin(kind: str, where: Path, root: Path, res: int, dirname: str) -> Origin
         paths,
         notes=[f"generator v{gen['version']}", f"seed {gen['seed']}", f"{gen['params'].get('n_images')} images"],
         generator=gen,
+        recorded={str(p): facts.get(p.name, {}).get("sha256") for p in paths},  # checked when the entry is built
     )
 
 

@@ -58,6 +58,7 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from lra.data.base import DataError, made_parents, progress_bar, worker_pool
+from lra.data.provenance import folder_entry
 
 log = logging.getLogger(__name__)
 
@@ -508,6 +509,9 @@ def _write(folder: Path, params: GeneratorParams, workers: int, progress: bool) 
                     "positives": positives,
                     "seconds": round(elapsed, 1),
                     "workers": workers,
+                    "files": {
+                        n: folder_entry(tmp / n) for n in ("metadata", "imgs")
+                    },  # checked when a cache entry is built
                 },
                 indent=1,
             )

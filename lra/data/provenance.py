@@ -2,10 +2,10 @@
 
 A reader names what it reads with an :class:`Origin` (kind, the reader's own name for the form, the files and
 folders, the generator) and hands it to the cache (:func:`lra.data.cache.cached_splits`). The cache stores, in
-the entry's ``meta.json``, the checksums of those sources (:func:`describe_files`) and each split's content
-fingerprint (:func:`lra.data.cache.content_fingerprint`), both computed when the entry is built (an entry
-from before them gets them once, on its next load), and hands every split back with its ``origin``.
-:func:`data_record` then makes the record's ``data`` from the splits a run reads: nothing is read or hashed.
+the entry's ``meta.json``, the checksums of those sources (:func:`describe_files`, computed when the entry is
+built) and hands every split back with its ``origin``, whose ``content`` (:func:`content_fingerprint`) is
+computed from the arrays each time they are loaded and checked against the one stored at the build.
+:func:`data_record` then makes the record's ``data`` from the splits a run reads: nothing more is read or hashed.
 
 ``id``: 12 hex digits of SHA-256 over each split's content fingerprint (the size, bytes, dtypes and shapes of
 its tokens, lengths and labels; a ``task.max_examples`` subset: the fingerprint of the split it was drawn
@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lra.data.base import DataError
+
 KINDS = ("generated", "release", "archive", "hf")
 SPLIT_ORDER = ("train", "val", "test")
 FIELDS = ("tokens", "lengths", "labels")  # a Split's arrays, as the cache stores them
@@ -47,10 +49,22 @@ class Origin:
     notes: list = field(default_factory=list)  # in the description's parentheses: "generator v1", "seed 0"
     generator: dict | None = None  # generated data: {"name", "version", "seed", "params"}
     downloaded: dict | None = None  # fetched by task.download: {"repo", "revision"}
+    recorded: dict = field(default_factory=dict)  # path -> SHA-256 the generator recorded (GENERATED.json)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"data kind {self.kind!r} is not one of {KINDS}")
+
+    def check(self, source: dict, task: str) -> None:
+        """A one-line DataError for a path whose checksum (:func:`describe_files`, hashed when the cache entry is
+        built) is not the one its generator recorded: an edited file is never read as the generator's output."""
+        for path, entry in zip(self.paths, source["files"]):
+            if self.recorded.get(str(path)) not in (None, entry["sha256"]):
+                raise DataError(
+                    f"{path} differs from what the generator wrote (its SHA-256 is not the one GENERATED.json "
+                    f"recorded): it was edited; move it aside (or delete it) and run `make data task={task}` to "
+                    f"regenerate it, or point task.path at a folder of your own"
+                )
 
     def fields(self, source: dict | None) -> dict:
         """The origin with the stored checksums of its sources (:func:`describe_files`)."""
@@ -85,7 +99,7 @@ def file_sha256(path: Path, chunk: int = _CHUNK) -> str:
     return h.hexdigest()
 
 
-def _folder_entry(folder: Path) -> dict:
+def folder_entry(folder: Path) -> dict:
     """Every file below ``folder`` (dot files and folders skipped), as one SHA-256 over the sorted relative
     names and each file's SHA-256."""
     h, count, size = hashlib.sha256(), 0, 0
@@ -104,7 +118,7 @@ def describe_files(paths, root: Path) -> dict:
     the set (each path's last name and checksum, in order: the same files elsewhere give the same value)."""
     entries = []
     for p in map(Path, paths):
-        entry = _folder_entry(p) if p.is_dir() else {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        entry = folder_entry(p) if p.is_dir() else {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         entries.append({"path": relative_path(p, root), **entry})
     whole = hashlib.sha256("".join(f"{Path(e['path']).name}\0{e['sha256']}\n" for e in entries).encode())
     return {"paths": [e["path"] for e in entries], "files": entries, "sha256": whole.hexdigest()}

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from lra.data.base import Split
+from lra.data.base import DataError, Split
 from lra.data.provenance import subset_origin
 from lra.tasks import TASK_SPECS, TaskSpec, task_spec
 
@@ -60,7 +60,21 @@ def load_task(task: TaskSpec | Mapping, root: Path) -> dict[str, Split]:
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(available_tasks())}")
     spec = task if isinstance(task, TaskSpec) else task_spec(task)
-    splits = limit_examples(LOADERS[name](spec, Path(root)), spec.max_examples.limits() if spec.max_examples else None)
+    cap = getattr(spec, "max_length", None)
+    if cap is not None and cap > spec.seq_len:  # before any work: tokenising would fail on the first long example
+        raise DataError(
+            f"task.max_length={cap} is more than task.seq_len={spec.seq_len}: each example keeps up to max_length "
+            f"tokens, padded to seq_len; set task.max_length (protocol.data.max_length) to at most {spec.seq_len} "
+            f"or task.seq_len (protocol.data.seq_len) to at least {cap}"
+        )
+    try:
+        splits = LOADERS[name](spec, Path(root))
+    except OSError as e:  # the file system's refusal (read-only, full, permissions), not the harness's fault
+        raise DataError(
+            f"cannot prepare the data under {root}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}; "
+            f"make the data root a writable folder with free space, or set LRA_DATA (or data_root=) to one"
+        ) from None
+    splits = limit_examples(splits, spec.max_examples.limits() if spec.max_examples else None)
     return {
         k: dataclasses.replace(splits[k], zero_is_padding=spec.zero_is_padding)
         for k in ("train", "val", "test")

@@ -22,6 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
+from lra.checks import place
 from lra.data.base import GENERATED_DIR, DataError, progress_bar
 
 log = logging.getLogger(__name__)
@@ -235,6 +236,7 @@ def explicit_path(path: str | None) -> Path | None:
     if not path:
         return None
     p = Path(path).expanduser()
+    place("task.path", p, "point it at the data, or leave it unset", folder=None)  # a name too long: not an OSError
     if not p.exists():
         raise DataError(
             f"task.path={p} does not exist. Point it at the data (folder or archive), or leave it "
