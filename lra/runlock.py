@@ -10,7 +10,7 @@ Why two: a ``flock`` belongs to an inode, not to a name. ``rm <run>/.lock`` whil
 natural clean-up after a crash) leaves the holder locking a file no one can open any more, and the
 next command creates a new ``.lock`` and locks that: two writers. The folder cannot be removed from
 under a run without removing the run, so its lock is the one that holds; the file keeps the holder's
-name for the refusal's message and for :func:`holder_pid`, and is what a file system that cannot lock
+name for the refusal's message and for :func:`holder`, and is what a file system that cannot lock
 a directory (NFS, which emulates ``flock`` with byte-range locks on regular files only) still locks.
 
 On a shared file system the lock is only as good as its ``flock``: NFS v4 and Lustre mounted with
@@ -68,14 +68,14 @@ def hold(run_dir: Path):
             "host": socket.gethostname(),
             "started": _dt.datetime.now().isoformat(timespec="seconds"),
         }
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # never over a longer, older content: it parses (else its holder is unknown)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         yield me
 
 
 def _refused(run_dir: Path, path: Path) -> RunLocked:
     return RunLocked(
-        f"{run_dir} is in use by {_holder(path)}: wait for that run to end (or stop it), then run the same "
+        f"{run_dir} is in use by {who(_said(path))}: wait for that run to end (or stop it), then run the same "
         f"command again"
     )
 
@@ -158,35 +158,49 @@ def check_lockable(folder: Path) -> None:
         os.unlink(tmp)
 
 
+def holder(run_dir: Path) -> dict | None:
+    """Who holds ``run_dir`` (:func:`hold`): None when nobody does (or its file system cannot say), else what its
+    ``.lock`` says (``pid``, ``host``, ``started``), ``{"pid": None}`` where that does not parse: held all the same.
+    Asked with shared locks taken and dropped at once, so a pid a dead holder left is never taken for a live run."""
+    run_dir = Path(run_dir)
+    return _said(run_dir / ".lock") if _locked(run_dir) or _locked(run_dir / ".lock") else None
+
+
 def holder_pid(run_dir: Path) -> int | None:
-    """The pid of the process that holds ``run_dir`` on this host, or None (not held, held from another
-    host, or no such folder). Asked with a shared lock taken and dropped at once, so the pid a dead
-    holder left in the file is never taken for a live run (its pid may be reused)."""
-    path = Path(run_dir) / ".lock"
+    """The pid of the process that holds ``run_dir`` on this host, or None: not held, held from another host (its
+    pid there is no process here), or by a process its ``.lock`` does not name (:func:`holder` says it is held)."""
+    h = holder(run_dir)
+    return h["pid"] if h is not None and h.get("host") == socket.gethostname() else None
+
+
+def who(h: dict) -> str:
+    """A :func:`holder` in words: ``pid 12 on node-b since <time>``, or ``another process`` that its ``.lock`` does not
+    name."""
+    if h["pid"] is None:
+        return "another process (its .lock does not say which)"
+    return f"pid {h['pid']} on {h['host']}" + (f" since {h['started']}" if h.get("started") else "")
+
+
+def _locked(path: Path) -> bool:
+    """Does another open file hold ``path``'s flock? False where it cannot be opened, or its file system cannot lock."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return None
+        return False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if not isinstance(e, BlockingIOError):  # a file system without flock: nobody can be known to hold it
-                return None
-            try:
-                info = json.loads(path.read_text() or "{}")
-            except (OSError, ValueError):
-                return None
-            return int(info["pid"]) if info.get("host") == socket.gethostname() and info.get("pid") else None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # dropped when fd closes
+    except OSError as e:
+        return isinstance(e, BlockingIOError)
     finally:
         os.close(fd)
+    return False
 
 
-def _holder(path: Path) -> str:
+def _said(path: Path) -> dict:
+    """Who ``.lock`` says holds it; ``{"pid": None}`` where that does not parse (cut short, written over, edited)."""
     try:
-        h = json.loads(path.read_text() or "{}")
-        return f"pid {h['pid']} on {h['host']} since {h['started']}"
-    except (OSError, ValueError, KeyError):
-        return "another process"
+        h = json.loads(path.read_text())
+    except (OSError, ValueError):
+        h = None
+    ok = isinstance(h, dict) and type(h.get("pid")) is int and h["pid"] > 0 and isinstance(h.get("host"), str)
+    return h if ok else {"pid": None}

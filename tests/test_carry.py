@@ -268,6 +268,22 @@ def test_a_live_run_is_not_packed(tmp_path, capsys):
     assert not (tmp_path / "pack").exists()
 
 
+def test_a_run_held_from_another_host_or_by_an_unnamed_holder_is_not_packed(tmp_path, capsys):
+    """The lock's pid is another host's (or its .lock does not parse): held all the same, never packed."""
+    import fcntl
+
+    run = fake_run(tmp_path / "runs", "quick/clean/listops/a/seed0", "running")
+    for said, who in (('{"pid": 7, "host": "node-b"}', "pid 7 on node-b"), ('{"pid": 7, "ho', "another process")):
+        (run / ".lock").write_text(said)
+        fd = os.open(run / ".lock", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            code, out, err = cli(capsys, "pack", tmp_path / "runs", "--out", tmp_path / "pack")
+        finally:
+            os.close(fd)
+        assert code == 2 and f"is held by {who}" in err and not (tmp_path / "pack").exists(), err
+
+
 def test_a_pack_is_at_most_8_files_with_its_checksum_and_manifest(tmp_path, capsys):
     """A window brings back 8 files: the parts, runs.sha256 and pack.json (the window's bundle takes its place):
     6 parts pack and 7 do not, at either end."""

@@ -2,13 +2,17 @@
 what to do, before the run starts, not a traceback; LRA_RUN_LOCK=off runs without the lock, and says so."""
 
 import errno
+import fcntl
+import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 import lra.runlock as runlock
+from lra.tools.sweep import jobs
 from tests.helpers import TINY, run_env
 
 NO_FLOCK = """import errno, fcntl
@@ -96,3 +100,55 @@ def test_a_folder_that_cannot_be_locked_still_locks_its_lock_file(tmp_path, monk
         with pytest.raises(runlock.RunLocked):
             with runlock.hold(tmp_path / "run"):
                 pass
+
+
+def _held(run, content: str) -> int:
+    """``run/.lock`` locked as a live run holds it (another open file: flock sees another holder), with ``content``."""
+    run.mkdir(exist_ok=True)
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, content.encode())
+    return fd
+
+
+def test_a_lock_held_from_another_host_is_never_a_local_pid(tmp_path):
+    """Where flock holds across nodes (NFS v4, Lustre -o flock), a run another node holds names a pid of that node:
+    running (never resumed or packed here), never signalled here, and said as held by <pid> on <host>."""
+    run = tmp_path / "run"
+    fd = _held(run, json.dumps({"pid": os.getpid(), "host": "node-b", "started": "2024-05-01T10:00:00"}))
+    try:
+        assert jobs.run_status(run)[0] == "running"
+        assert runlock.holder_pid(run) is None
+        with pytest.raises(runlock.RunLocked, match=f"in use by pid {os.getpid()} on node-b since"):
+            with runlock.hold(run):
+                pytest.fail("a second holder got into a held run folder")
+    finally:
+        os.close(fd)
+    assert jobs.run_status(run)[0] == "pending" and runlock.holder_pid(run) is None  # released: free
+
+
+def test_a_lock_that_does_not_parse_is_held_by_an_unknown_process_never_free(tmp_path):
+    """A .lock whose holder wrote over a longer, older content without truncating it no longer parses: the folder is
+    held all the same (by a process it does not name), never free to resume or pack. A holder writes it whole."""
+    run, here = tmp_path / "run", socket.gethostname()
+    for content in (
+        '{"pid": 12, "host": "h"}ost-b", "started": "then"}',
+        "",
+        "[1]",
+        json.dumps({"pid": -1, "host": here}),
+        json.dumps({"pid": 0, "host": here}),
+    ):
+        fd = _held(run, content)
+        try:
+            assert jobs.run_status(run)[0] == "running", content
+            assert runlock.holder_pid(run) is None, content
+            with pytest.raises(runlock.RunLocked, match="in use by another process"):
+                with runlock.hold(run):
+                    pytest.fail("a second holder got into a held run folder")
+        finally:
+            os.close(fd)
+    (run / ".lock").write_text(json.dumps({"pid": 1, "host": "a-longer-host-name-than-this-one" * 4}))
+    with runlock.hold(run) as me:
+        assert json.loads((run / ".lock").read_text())["pid"] == runlock.holder_pid(run) == me["pid"]
+        (run / ".lock").unlink()  # removed under a live run (a clean-up after a crash): its folder is still held
+        assert jobs.run_status(run)[0] == "running"

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from test_sweep import TINY, sweep_env
 
 import lra.tools.sweep.driver as driver
@@ -33,6 +34,7 @@ from lra.tools.sweep import (
     load_grid,
     sweep_key,
 )
+from lra.tools.sweep.base import STOP_WAIT_S, BudgetReached
 from lra.tools.sweep.cli import main
 from lra.tools.sweep.jobs import stop_jobs
 from lra.tools.sweep.manifest import find_manifest, read_manifest, sweep_lock, write_manifest
@@ -239,7 +241,19 @@ def test_interrupted_sweep_prints_one_line_and_leaves_its_manifest_true(runs, mo
 def _holder(run_dir: Path, on_sigterm_status: str | None = "interrupted") -> subprocess.Popen:
     """A stand-in for lra.train holding its run folder (lra/runlock.py's flock on .lock with its pid); with
     ``on_sigterm_status`` None, one that ignores SIGTERM (a run stuck where no signal reaches it)."""
-    code = f"""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return _ready(run_dir, subprocess.Popen([sys.executable, "-c", _holder_code(run_dir, on_sigterm_status)]))
+
+
+def _ready(run_dir: Path, proc: subprocess.Popen) -> subprocess.Popen:
+    deadline = time.time() + 30
+    while not (run_dir / "ready").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def _holder_code(run_dir: Path, on_sigterm_status: str | None = "interrupted") -> str:
+    return f"""
 import fcntl, json, os, signal, socket, sys, time
 d = {str(run_dir)!r}
 fd = os.open(os.path.join(d, ".lock"), os.O_RDWR | os.O_CREAT)
@@ -252,12 +266,6 @@ signal.signal(signal.SIGTERM, stop if {on_sigterm_status!r} else signal.SIG_IGN)
 open(os.path.join(d, "ready"), "w").close()
 time.sleep(60)
 """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    deadline = time.time() + 30
-    while not (run_dir / "ready").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    return proc
 
 
 def test_interrupted_sweep_stops_the_runs_still_holding_their_folders_and_only_those(tmp_path):
@@ -280,6 +288,105 @@ def test_interrupted_sweep_stops_the_runs_still_holding_their_folders_and_only_t
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+# ----------------------------------------------------------------------------- case: a budget outlives its driver
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_gets_sigterm_when_the_process_that_started_it_is_killed(tmp_path):
+    """A budgeted sweep's driver SIGKILLed (the basic launcher runs its jobs in it): its run gets SIGTERM from the
+    kernel and writes its interrupted record, as at the budget, instead of training on with no budget."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_code = _holder_code(run_dir)
+    code = "import sys, time\nfrom lra.tools.sweep.jobs import start_run\n"
+    code += f"start_run([sys.executable, '-c', {run_code!r}])\ntime.sleep(60)"
+    parent = _ready(run_dir, subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True))
+    run = holder_pid(run_dir)
+    try:
+        assert run is not None, parent.stderr.read() if parent.poll() is not None else "no run started"
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 10
+        while holder_pid(run_dir) is not None and time.time() < deadline:
+            time.sleep(0.05)
+        assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        with contextlib.suppress(OSError, TypeError):
+            os.kill(holder_pid(run_dir), signal.SIGKILL)
+
+
+def test_a_job_stops_its_run_at_the_budget_it_carries_when_its_driver_is_gone(tmp_path, monkeypatch):
+    """The local launcher's job processes outlive a killed driver (submitit's controller is made to): the driver gives
+    each the budget's end, and the job stops its run there itself with SIGTERM (its interrupted record)."""
+    seen = []
+
+    class Composer:  # what launch() gives the jobs is all this asks
+        def primary(self, overrides, logging=False):
+            seen.extend(overrides)
+            raise InterruptedError
+
+    primary = OmegaConf.create({"hydra": {"overrides": {"hydra": [], "task": []}}})
+    with pytest.raises(InterruptedError):
+        driver.launch(
+            Composer(),
+            primary,
+            None,
+            [],
+            kind="basic",
+            parallel=1,
+            folder=tmp_path,
+            hydra_ovs=[],
+            manifest=None,
+            head={},
+            jobs=[],
+            root=tmp_path,
+            end=1000.0,
+        )
+    (end,) = [o.split("=", 1)[1] for o in seen if o.startswith(f"++hydra.job.env_set.{jobs.END_ENV}=")]
+    assert float(end) == 1000.0 + STOP_WAIT_S  # after the driver's own stop, when it is alive
+    run = _holder(tmp_path / "run")
+    try:
+        t = time.time()
+        monkeypatch.setenv(jobs.END_ENV, str(t + 0.5))
+        with pytest.raises(BudgetReached):
+            jobs.wait_run(run)
+        assert run.returncode == 128 + signal.SIGTERM and time.time() - t >= 0.5
+        assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "interrupted"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+def test_a_pid_a_damaged_marker_names_is_never_signalled_or_taken_for_a_live_job(tmp_path, monkeypatch):
+    """.sweep_job.json comes with the run folder (a carry pack): pid -1 or 0 is no process (os.kill(-1, SIGTERM)
+    signals every process of the user, 0 the sweep's own group), nor is a string or a bool."""
+    sent = []
+    monkeypatch.setattr(jobs.os, "kill", lambda pid, sig: sent.append((pid, sig)))  # every pid alive, none signalled
+    d, here = tmp_path / "run", socket.gethostname()
+    d.mkdir()
+    for bad in (-1, 0, True, "123", 2.5):
+        write_json(d / MARKER, {"host": here, "pid": bad, "t_start": time.time()})
+        assert jobs.run_status(d)[0] == "interrupted", bad
+        write_json(d / MARKER, {"host": here, "pid": os.getpid(), "run_pid": bad, "t_start": time.time()})
+        assert stop_jobs([d], signal.SIGTERM, grace_s=0.0, wait_s=0.0) == [], bad
+    assert [s for s in sent if s[1] != 0] == []
+
+
+def test_a_damaged_share_bench_row_is_no_measurement_never_a_traceback(tmp_path):
+    """jobs_per_gpu=auto reads <runs root>/share_bench/share_bench.json: a row that is no object, or whose k or
+    steps/s is not a number above zero, is no measurement (one line, exit 2 as with none), never a traceback."""
+    (tmp_path / "share_bench").mkdir()
+    rows = [[1], {"device": "cuda", "k": "2", "steps_per_s": 5.0, "completed": "2"}]
+    rows += [
+        {"device": "cuda", "k": -3, "steps_per_s": 5.0, "completed": -3},
+        {"device": "cuda", "k": 2, "steps_per_s": "5"},
+    ]
+    (tmp_path / "share_bench" / "share_bench.json").write_text(json.dumps(rows))
+    with pytest.raises(SystemExit, match="no share-bench measurement on "):
+        driver._auto_k(tmp_path, ["0"], [])
 
 
 def test_local_launcher_jobs_leave_ctrl_c_to_the_run_not_to_submitit(monkeypatch):

@@ -35,7 +35,7 @@ from pathlib import Path
 from lra.cli import Parser
 from lra.files import git_commit, write_atomic, write_json, write_text
 from lra.record import read_record
-from lra.runlock import holder_pid
+from lra.runlock import holder, who
 from lra.tools.sweep.base import FINISHED
 from lra.tools.sweep.cost import COST_DIR, device_slug
 from lra.tools.sweep.jobs import carried
@@ -153,11 +153,12 @@ def _unfinished(tree: Tree) -> dict[str, dict]:
         if not carried(tree.root / run):
             continue
         info = _record(tree.root / run)
-        pid = holder_pid(tree.root / run)
-        if pid is not None:
+        h = holder(tree.root / run)  # from this host or another, or a .lock that does not say: held all the same
+        if h is not None:
+            stop = f"kill -TERM {h['pid']}" if h.get("host") == socket.gethostname() else "its SIGTERM"
             raise Refusal(
-                f"{tree.root / run} is held by pid {pid}, a run still training: wait for it to end, or stop it "
-                f"(kill -TERM {pid} writes its interrupted record and keeps last.ckpt), then pack again"
+                f"{tree.root / run} is held by {who(h)}, a run still training: wait for it to end, or stop it "
+                f"({stop} writes its interrupted record and keeps last.ckpt), then pack again"
             )
         del info["data_root"]
         out[run] = {"path": run, **info, "last_ckpt": (tree.root / run / LAST).is_file()}

@@ -166,16 +166,19 @@ def with_checkpoints(job, rate) -> None:
 
 def report(jobs: list, started: list, left: list, reached: bool, command: str, root: Path) -> list[str]:
     """What a budgeted sweep did: finished, carried (what ``lra.tools.carry pack`` takes: resumable, or at least
-    a record), started but stopped before its first record (nothing to carry), left; and how to go on."""
+    a record), still running (another process holds it: the pack takes it once it ends),
+    started but stopped before its first record (nothing to carry), left; and how to go on."""
     done = [j for j in started if j.status in FINISHED]
-    carry = [j for j in jobs if not j.error and j.status not in FINISHED and carried(j.run_dir)]
-    seen = {id(j) for j in carry}
+    running = [j for j in jobs if not j.error and j.status == "running"]
+    carry = [j for j in jobs if not j.error and j.status not in (*FINISHED, "running") and carried(j.run_dir)]
+    seen = {id(j) for j in carry + running}
     lost = [j for j in started if j.status not in FINISHED and id(j) not in seen]
     seen |= {id(j) for j in started}
     not_started = [j for j in jobs if not j.error and j.status not in FINISHED and id(j) not in seen]
     lines = [
         ("budget reached: the runs still training were stopped with SIGTERM" if reached else "budget not reached")
         + f"; {len(done)} finished this time, {len(carry)} to carry (python -m lra.tools.carry pack takes them), "
+        + (f"{len(running)} still running (the pack takes them once they end), " if running else "")
         + (f"{len(lost)} stopped before their first record (nothing to carry: they start over), " if lost else "")
         + f"{len(not_started)} not started"
     ]
@@ -183,8 +186,9 @@ def report(jobs: list, started: list, left: list, reached: bool, command: str, r
     for j in carry:
         ckpt = "resume from last.ckpt" if (Path(j.run_dir) / "checkpoints" / "last.ckpt").is_file() else "no checkpoint"
         lines.append(f"  carry    {j.rel} ({j.status}, step {j.record.get('steps') or 0}, {ckpt})")
+    lines += [f"  running  {j.rel} (another process holds it)" for j in running]
     lines += [f"  restart  {j.rel} (stopped before its first record)" for j in lost]
-    if carry or lost or not_started:
+    if carry or running or lost or not_started:
         lines.append(
             f"next window: python -m lra.tools.carry pack {root} --out <folder> (what is left, and what finished), then"
         )

@@ -13,7 +13,9 @@ from, best first:
    runs root, ``parallel`` probes at a time as the jobs will run (so contention is in the figure).
 
 Measured rates are kept in ``<runs root>/.cost/<device>/<kind>.json``: a dry run followed by the sweep
-probes once, and the carry pack (lra.tools.carry) takes them to the next machine of the same device.
+probes once, and the carry pack (lra.tools.carry) takes them to the next machine of the same device. What is read
+from there, and from records, markers, checkpoints and metrics (steps, times, counts), is data: a figure that is not
+a number of the right kind and sign is none (:func:`lra.tools.sweep.jobs.number`), never a traceback or a negative time.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from lra import REPO_ROOT
 from lra.files import write_json
 from lra.tools.sweep.base import FINISHED, MARKER
 from lra.tools.sweep.grid import quote
-from lra.tools.sweep.jobs import read_json
+from lra.tools.sweep.jobs import count, number, read_json, start_run
 
 log = logging.getLogger("lra.tools.sweep")
 
@@ -61,6 +63,15 @@ class Rate:
     source: str  # "probe" | "run <folder>" | "own record"
     device: str = ""
     parallel: int = 1
+
+    def problem(self) -> str | None:
+        """What makes these rates no rates (None: they are): each a finite number, not below 0, per step above 0."""
+        for k in ("fixed_s", "step_s", "eval_s"):
+            if number(getattr(self, k), above_zero=k == "step_s") is None:
+                return f"{k} is {getattr(self, k)!r}"
+        if not (isinstance(self.source, str) and isinstance(self.device, str) and count(self.parallel)):
+            return f"source {self.source!r}, device {self.device!r}, parallel {self.parallel!r}"
+        return None
 
 
 def kind_of(overrides: list[str]) -> str:
@@ -131,7 +142,7 @@ def work_of(job) -> Work | None:
     if job.status in FINISHED:
         w.done = w.max_steps
     elif last is not None and last.exists():
-        w.done = min(int(job.record.get("steps") or _checkpoint_step(last)), w.max_steps)
+        w.done = min(count(job.record.get("steps")) or _checkpoint_step(last), w.max_steps)
         best = _best_val_step(Path(job.run_dir) / "metrics.csv") if patience else None
         if best is not None:
             w.least_end = best + patience * w.eval_every
@@ -144,7 +155,7 @@ def _checkpoint_step(last: Path) -> int:
     from lra.protocol import RunError, read_checkpoint  # lightning: only for such a record
 
     try:
-        return int(read_checkpoint(last).get("global_step", 0))
+        return count(read_checkpoint(last).get("global_step")) or 0
     except RunError:
         return 0
 
@@ -155,9 +166,17 @@ def _best_val_step(metrics: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError, KeyError, csv.Error):
         with open(metrics, newline="") as f:
             vals = [(float(r["val/loss"]), int(r["step"]) + 1) for r in csv.DictReader(f) if r.get("val/loss")]
+        vals = [v for v in vals if math.isfinite(v[0]) and v[1] > 0]  # a diverged validation is no best
         if vals:
             return min(vals, key=lambda v: (v[0], v[1]))[1]  # the first of equal losses: a tie is no improvement
     return None
+
+
+def wall_of(run_dir: Path) -> float | None:
+    """Seconds from a job's start to its end, as its ``.sweep_job.json`` says (None: it does not, in numbers)."""
+    marker = read_json(run_dir / MARKER) or {}
+    t0, t1 = number(marker.get("t_start")), number(marker.get("t_end"))
+    return t1 - t0 if t0 is not None and t1 is not None and t1 >= t0 else None
 
 
 def seconds(work: Work, rate: Rate) -> float:
@@ -170,15 +189,16 @@ def seconds(work: Work, rate: Rate) -> float:
 def rate_of_record(rec: dict, eval_every: int, wall_s: float | None, source: str, parallel: int) -> Rate | None:
     """The rates a run's record shows: per step from its training time, per validation from its
     validation time, and (given its wall time from start to end) the rest as ``fixed``."""
-    steps, train_s, eval_s = rec.get("steps"), rec.get("train_time_s"), rec.get("eval_time_s")
-    if not steps or not train_s or eval_s is None:
+    steps, train_s = count(rec.get("steps")), number(rec.get("train_time_s"), above_zero=True)
+    eval_s = number(rec.get("eval_time_s"))
+    if not steps or train_s is None or eval_s is None:
         return None
-    n_evals = max(int(steps) // max(int(eval_every), 1), 1)
-    fixed = None if wall_s is None else max(float(wall_s) - float(train_s) - float(eval_s), 0.0)
+    n_evals = max(steps // max(int(eval_every), 1), 1)
+    fixed = None if number(wall_s) is None else max(wall_s - train_s - eval_s, 0.0)
     return Rate(
         fixed_s=fixed if fixed is not None else float("nan"),
-        step_s=float(train_s) / int(steps),
-        eval_s=float(eval_s) / n_evals,
+        step_s=train_s / steps,
+        eval_s=eval_s / n_evals,
         source=source,
         device=str(rec.get("device") or ""),
         parallel=parallel,
@@ -192,7 +212,7 @@ def rate_of_metrics(metrics: Path, parallel: int) -> Rate | None:
     with contextlib.suppress(OSError, ValueError, KeyError, csv.Error):
         with open(metrics, newline="") as f:
             timed = [(int(r["step"]) + 1, float(r["time/train_s"])) for r in csv.DictReader(f) if r.get("time/train_s")]
-        if timed and timed[-1][0] > 0 and timed[-1][1] > 0:
+        if timed and timed[-1][0] > 0 and number(timed[-1][1], above_zero=True):
             steps, train_s = timed[-1]
             return Rate(float("nan"), train_s / steps, 0.0, "own metrics (validations not timed)", "", parallel)
     return None
@@ -201,14 +221,14 @@ def rate_of_metrics(metrics: Path, parallel: int) -> Rate | None:
 def steady_step_s(metrics: Path, effective_batch) -> float | None:
     """Seconds per optimizer step after the first :data:`PROBE_SKIP_ROWS` logged intervals, from a probe's
     throughput rows."""
-    if not effective_batch:
+    if not number(effective_batch, above_zero=True):
         return None
     with contextlib.suppress(OSError, ValueError, KeyError):
         with open(metrics) as f:
             rows = [r for r in csv.DictReader(f) if r.get("throughput/samples_per_s")]
         rates = [float(r["throughput/samples_per_s"]) for r in rows[PROBE_SKIP_ROWS:]]
-        if rates:
-            return float(effective_batch) / (sum(rates) / len(rates))
+        if rates and all(number(r, above_zero=True) for r in rates):
+            return effective_batch / (sum(rates) / len(rates))
     return None
 
 
@@ -222,10 +242,15 @@ class Estimator:
         self.rates: dict[str, Rate] = {}
         for f in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
             data = read_json(f) or {}
-            with contextlib.suppress(TypeError, ValueError):
-                r = Rate(**{k: data[k] for k in Rate.__dataclass_fields__ if k in data})
-                if r.device == device and r.parallel == self.parallel:
-                    self.rates[f.stem] = r
+            try:
+                r = Rate(**{k: v for k, v in data.items() if k in Rate.__dataclass_fields__})
+                why = r.problem()
+            except TypeError:
+                why = "not JSON, or a figure missing"
+            if why:  # it travels in carry packs: damaged, or edited by hand
+                log.warning("%s: no rate (%s); ignored: its jobs have no estimate until measured again", f, why)
+            elif r.device == device and r.parallel == self.parallel:
+                self.rates[f.stem] = r
 
     def learn_from(self, jobs: list) -> None:
         """A finished job that a sweep ran from scratch on this device gives its kind's rates (better than
@@ -235,13 +260,13 @@ class Estimator:
                 continue
             if str(j.record.get("device") or "") != self.device:
                 continue
-            ran_beside = (j.record.get("machine") or {}).get("sweep_parallel")
-            if ran_beside is not None and int(ran_beside) != self.parallel:  # another load: another pace
+            machine = j.record.get("machine")
+            ran_beside = machine.get("sweep_parallel") if isinstance(machine, dict) else None
+            if ran_beside is not None and ran_beside != self.parallel:  # another load: another pace
                 continue
-            marker = read_json(Path(j.run_dir) / MARKER) or {}
-            if marker.get("t_start") is None or marker.get("t_end") is None:
+            wall = wall_of(Path(j.run_dir))
+            if wall is None:
                 continue
-            wall = float(marker["t_end"]) - float(marker["t_start"])
             r = rate_of_record(j.record, j.train["eval_every"], wall, f"run {j.rel}", self.parallel)
             if r is not None:
                 self.save(kind_of(j.overrides), r)
@@ -257,9 +282,8 @@ class Estimator:
         base = self.rates.get(kind_of(job.overrides))
         own = None
         if job.status not in FINISHED and job.train is not None and job.record.get("steps"):
-            marker = read_json(Path(job.run_dir) / MARKER) or {} if job.run_dir else {}
-            first = job.record.get("resumed_from_step") is None and marker.get("t_end") and marker.get("t_start")
-            wall = float(marker["t_end"]) - float(marker["t_start"]) if first else None
+            first = job.record.get("resumed_from_step") is None and job.run_dir
+            wall = wall_of(Path(job.run_dir)) if first else None
             own = rate_of_record(job.record, job.train["eval_every"], wall, "own record", self.parallel)
             if own is not None and own.device not in ("", self.device):
                 own = None
@@ -336,7 +360,7 @@ class Estimator:
                         f"hydra.run.dir={quote(run_dir)}",
                     ]
                     log_file = open(scratch / f"{start + i}.log", "w")  # noqa: SIM115 - closed below
-                    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+                    proc = start_run(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
                     procs.append((j, run_dir, time.time(), proc, log_file))
                 for j, run_dir, t, p, log_file in procs:
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -351,7 +375,7 @@ class Estimator:
                     r = rate_of_record(rec, steps, wall, "probe", self.parallel) if p.returncode == 0 else None
                     steady = steady_step_s(run_dir / "metrics.csv", rec.get("effective_batch"))
                     if r is not None and steady is not None:  # the first steps' extra time is paid once: fixed
-                        r.fixed_s += (r.step_s - steady) * int(rec["steps"])
+                        r.fixed_s = max(r.fixed_s + (r.step_s - steady) * rec["steps"], 0.0)  # sped up: none
                         r.step_s = steady
                     if r is None:
                         why = "cut at its deadline" if cut else f"failed (exit {p.returncode})"

@@ -30,7 +30,7 @@ from lra.tools.sweep.base import (
     signal_of,
 )
 from lra.tools.sweep.grid import Grid, definition, quote, sweep_key, with_run_tag
-from lra.tools.sweep.jobs import ctrl_c_to_the_driver, read_json, run_job, stop_jobs
+from lra.tools.sweep.jobs import END_ENV, count, ctrl_c_to_the_driver, number, read_json, run_job, stop_jobs
 from lra.tools.sweep.manifest import Job, counts, find_manifest, rel_path, sweep_lock, write_manifest
 from lra.tools.sweep.progress import GridWatch, Progress
 from lra.tools.sweep.share import (
@@ -184,6 +184,7 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str], t0: float | None = No
                 flush=True,
             )
             stopped, started, budget_inv = None, [], {}
+            end = None if opts["budget"] is None else t0 + opts["budget"]
             go = functools.partial(
                 launch,
                 composer,
@@ -200,8 +201,8 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str], t0: float | None = No
                 every_s=opts["progress"] if opts["progress"] is not None else 30.0,
                 jobs_per_gpu=k,
                 gpus=gpus,
+                end=end,
             )
-            end = None if opts["budget"] is None else t0 + opts["budget"]
             if end is not None:
                 budget_inv = {"budget_s": opts["budget"], "estimates_s": {}}
                 print(f"budget {clock.fmt_h(opts['budget'])}: ends at most {BUDGET_SLACK_S:.0f} s after it", flush=True)
@@ -262,10 +263,11 @@ def _auto_k(root: Path, gpus: list[str], jobs: list[Job]) -> int:
 
     if not gpus:
         raise SystemExit("lra.tools.sweep: jobs_per_gpu=auto: no GPU visible here; drop jobs_per_gpu")
-    measured = read_json(root / "share_bench" / "share_bench.json") or []
+    measured = read_json(root / "share_bench" / "share_bench.json", list) or []  # data: a row of other figures is none
+    measured = [r for r in measured if isinstance(r, dict) and count(r.get("k")) and number(r.get("steps_per_s"), True)]
     hw = next((j.hw for j in jobs if j.hw), {})
     try:
-        k, why = auto_jobs_per_gpu(measured if isinstance(measured, list) else [], device_name(gpus), hw, gpus[0])
+        k, why = auto_jobs_per_gpu(measured, device_name(gpus), hw, gpus[0])
     except ShareError as e:
         raise SystemExit(f"lra.tools.sweep: {e}") from None
     print(why, flush=True)
@@ -315,10 +317,15 @@ def launch(
     every_s: float = 30.0,
     jobs_per_gpu: int | None = None,
     gpus: list[str] | None = None,
+    end: float | None = None,
 ) -> None:
+    """``end``: a budget's end (time.time()), which each job keeps (it stops its run there itself, after the driver's
+    own stop, if the driver is gone: killed, the local launcher's jobs outlive it)."""
     from hydra.core.plugins import Plugins
 
     extra = [f"++hydra.job.env_set.LRA_SWEEP_PARALLEL={parallel}", "hydra.output_subdir=null"]
+    if end is not None:
+        extra.append(f"++hydra.job.env_set.{END_ENV}={end + STOP_WAIT_S:.3f}")
     if jobs_per_gpu:  # run_job places each slot (and divides the memory) from these
         extra += [
             f"++hydra.job.env_set.LRA_SWEEP_JOBS_PER_GPU={jobs_per_gpu}",

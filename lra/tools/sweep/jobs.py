@@ -4,9 +4,12 @@ run folder's job is alive, finished or interrupted."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as _dt
+import functools
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -23,7 +26,7 @@ from lra import REPO_ROOT
 from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
 from lra.record import Record, read_record
-from lra.runlock import LOCK_ENV, holder_pid
+from lra.runlock import LOCK_ENV, holder, holder_pid
 from lra.tools.sweep.base import FINISHED, MARKER, STOP_GRACE_S, STOP_WAIT_S, BudgetReached
 from lra.tools.sweep.grid import quote
 from lra.tools.sweep.share import (
@@ -37,6 +40,9 @@ from lra.tools.sweep.share import (
 )
 
 log = logging.getLogger("lra.tools.sweep")
+END_ENV = "LRA_SWEEP_END"  # a budget's end (time.time()) that a job keeps whether or not its driver lives
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 # ----------------------------------------------------------------------------- one job (runs in the job)
@@ -59,7 +65,7 @@ def run_job(cfg: DictConfig) -> float | None:
         raise RuntimeError(f"run folder collision: {run_dir} holds a run of [{info['run_tag']}], this job is [{tag}]")
     if rank0:
         info.update(
-            attempts=int(info.get("attempts", 0)) + 1,
+            attempts=(count(info.get("attempts")) or 0) + 1,
             host=socket.gethostname(),
             pid=os.getpid(),
             slurm_job=_slurm_job_id(),
@@ -68,6 +74,7 @@ def run_job(cfg: DictConfig) -> float | None:
             finished=None,
             t_end=None,
             returncode=None,
+            run_pid=None,  # the last attempt's, until this one's starts: never a pid to stop
             overrides=overrides,
             override_dirname=name,
             run_tag=tag,
@@ -79,23 +86,12 @@ def run_job(cfg: DictConfig) -> float | None:
     cmd = [sys.executable, "-m", "lra.train", *given, *extra, f"hydra.run.dir={quote(run_dir)}"]
     log.info("%s", " ".join(shlex.quote(c) for c in cmd))
     ctrl_c_for_the_run()
-    proc = subprocess.Popen(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
+    proc = start_run(cmd, env=env, cwd=str(hc.runtime.cwd or REPO_ROOT))
     if rank0:  # a run still starting holds no lock yet: stop_jobs finds it by this pid
         info.update(run_pid=proc.pid)
         write_json(marker, info)
     try:
-        rc = proc.wait()
-    except BaseException as e:  # Ctrl-C, a scheduler's signal, the budget: let lra.train write its "interrupted" record
-        budget = isinstance(e, BudgetReached)  # the driver's own clock told nobody else, and its end is bounded
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=0 if budget else 5)  # a Ctrl-C reached it too
-        with contextlib.suppress(Exception):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=STOP_WAIT_S if budget else 60)
-        if proc.poll() is None:
-            proc.kill()
-        raise
+        rc = wait_run(proc)
     finally:
         if rank0:
             info.update(finished=now_iso(), t_end=time.time(), returncode=proc.poll())
@@ -107,6 +103,43 @@ def run_job(cfg: DictConfig) -> float | None:
             f"(log: {run_dir / 'train.log'})"
         )
     return rec.get("best_val_acc")
+
+
+def start_run(cmd: list[str], **popen) -> subprocess.Popen:
+    """``cmd`` started as this process's run: on Linux the kernel sends it SIGTERM when the thread that started it
+    ends, so a driver (or job) killed with SIGKILL leaves no run training on without its budget: it writes its
+    ``interrupted`` record and keeps its last checkpoint, as at the budget."""
+    return subprocess.Popen(cmd, preexec_fn=functools.partial(_stop_with, os.getpid()) if _PRCTL else None, **popen)
+
+
+def _stop_with(parent: int) -> None:
+    """A child's preexec_fn: SIGTERM when its parent ends; ended now if that was before this call."""
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
+
+
+def wait_run(proc: subprocess.Popen) -> int:
+    """lra.train's exit code. Interrupted (Ctrl-C, a scheduler's signal, the driver's budget) or at the budget's end
+    this job keeps (``LRA_SWEEP_END``: its driver may be gone), it gets SIGTERM to write its ``interrupted`` record,
+    then SIGKILL."""
+    end = os.environ.get(END_ENV)
+    try:
+        try:
+            return proc.wait(None if not end else max(float(end) - time.time(), 0.01))
+        except subprocess.TimeoutExpired:
+            raise BudgetReached from None
+    except BaseException as e:
+        budget = isinstance(e, BudgetReached)  # the driver's own clock told nobody else, and its end is bounded
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=0 if budget else 5)  # a Ctrl-C reached it too
+        with contextlib.suppress(Exception):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=STOP_WAIT_S if budget else 60)
+        if proc.poll() is None:
+            proc.kill()
+        raise
 
 
 def ctrl_c_for_the_run() -> None:
@@ -186,11 +219,25 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path, kind: type = dict):
+    """The JSON ``kind`` (an object: a dict) in ``path``; None if it is missing, not JSON or not a ``kind``."""
     try:
-        return json.loads(Path(path).read_text())
+        got = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+    return got if isinstance(got, kind) else None
+
+
+def number(x, above_zero: bool = False) -> float | None:
+    """``x`` if it is a finite number, not below zero (above it with ``above_zero``), else None: a figure read from a
+    runs folder (a record, a marker, the rates' cache, a checkpoint) is data, and may be damaged or hand-edited."""
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok and (x > 0 if above_zero else x >= 0) else None
+
+
+def count(x) -> int | None:
+    """``x`` if it is a whole number not below zero (a step, an attempt, a pid), else None (see :func:`number`)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
 
 
 def alive(info: dict | None) -> bool:
@@ -207,10 +254,7 @@ def alive(info: dict | None) -> bool:
             return False
     if info.get("host") != socket.gethostname():
         return False
-    try:
-        return _alive_pid(int(info["pid"]))
-    except (ValueError, TypeError, KeyError):
-        return False
+    return _alive_pid(info.get("pid"))
 
 
 def stop_jobs(
@@ -238,8 +282,8 @@ def stop_jobs(
             pid = holder_pid(d)
             if pid is None:
                 info = read_json(d / MARKER)
-                if _job_here(info) and info.get("run_pid") and _alive_pid(int(info["run_pid"])):
-                    pid = int(info["run_pid"])
+                if _job_here(info) and _alive_pid(info.get("run_pid")):
+                    pid = info["run_pid"]
             if pid is not None:
                 out[d] = pid
         return out
@@ -260,7 +304,7 @@ def stop_jobs(
     while busy() and time.monotonic() < deadline:
         time.sleep(poll_s)
     if kill and busy():
-        jobs = [int(i["pid"]) for d in run_dirs if _job_here(i := read_json(d / MARKER))]
+        jobs = [i["pid"] for d in run_dirs if _job_here(i := read_json(d / MARKER))]
         for pid in [*holders().values(), *(p for p in jobs if p != os.getpid())]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -271,7 +315,10 @@ def stop_jobs(
     return sent
 
 
-def _alive_pid(pid: int) -> bool:
+def _alive_pid(pid) -> bool:
+    """Is ``pid`` a live process here (0, -1 and what is no whole number are none: os.kill(-1) signals them all)?"""
+    if not count(pid):
+        return False
     try:
         os.kill(pid, 0)
     except OSError:
@@ -307,8 +354,8 @@ def run_status(run_dir: Path) -> tuple[str, dict]:
     if rec.get("status") in FINISHED:
         return rec["status"], rec
     info = read_json(run_dir / MARKER)
-    if holder_pid(run_dir) is not None or (alive(info) and not _run_gone(run_dir, rec, info)):
-        return "running", rec  # an lra.train holds the folder (whatever became of its job), or its job runs
+    if holder(run_dir) is not None or (alive(info) and not _run_gone(run_dir, rec, info)):
+        return "running", rec  # a process holds the folder (here or from another node), or its job runs
     if rec.get("status") and rec["status"] != "running":  # "running" with nobody on it: killed
         return rec["status"], rec
     if (run_dir / MARKER).exists() or (run_dir / "checkpoints").exists():
@@ -325,4 +372,4 @@ def _run_gone(run_dir: Path, rec: dict, info: dict) -> bool:
         written = (Path(run_dir) / "result.json").stat().st_mtime
     except OSError:
         return False
-    return float(info.get("t_start") or 0) <= written
+    return (number(info.get("t_start")) or 0) <= written
