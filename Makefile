@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED := 1
 help:
 	@echo "make setup | lra task=<t> attn=<a> [ARGS='<hydra overrides>'] | test | test-slow | test-all | lint | format"
 	@echo "make data task=<t>"
-	@echo "make eval run=<run folder|checkpoint> [ARGS='split=val ckpt=last'] (docs/evaluate.md)"
+	@echo "make eval run=<run folder|checkpoint> [ARGS='split=val'] (docs/evaluate.md)"
 	@echo "make fit task=<t> attn=<a> hardware=<h> | tables | sweep grid=<g> | share-bench | bench | approx"
 	@echo "make doctor [ARGS='--quick'] (does the harness work here, how fast, at what cost: docs/doctor.md)"
 
@@ -58,8 +58,8 @@ test-all: $(STAMP)
 
 # A saved run's checkpoint evaluated again on its test (or val) split: <run>/evals/<split>-<ckpt>.json.
 eval: $(STAMP)
-	@test -n "$(run)" || { echo "make eval run=<run folder or checkpoint file> [ARGS='split=val ckpt=last']"; exit 2; }
-	$(PY) -m lra.evaluate "$(run)" $(ARGS)
+	@test -n "$(run)" || { echo "make eval run=<run folder or checkpoint file> [ARGS='split=val']"; exit 2; }
+	$(PY) -m lra.evaluate "$(run)" $(if $(split),split=$(split)) $(if $(ckpt),ckpt=$(ckpt)) $(ARGS)
 
 data: $(STAMP)
 	$(PY) -m lra.data task=$(task) $(ARGS)

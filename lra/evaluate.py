@@ -1,36 +1,37 @@
 """Evaluate a saved run: ``python -m lra.evaluate <run folder | checkpoint> [split=test|val] [ckpt=best|last]``
 (``lra-evaluate``, ``make eval run=<folder>``).
 
-The run's configuration is the one its record holds (``result.json``'s ``config``, resolved as it ran; a run
-folder without a record falls back to ``.hydra/overrides.yaml``, composed against today's conf/), resolved by
-:func:`lra.config.resolve` into the same model and data split the run trained. The checkpoint's weights are read
-as data (``torch.load(weights_only=True)``: a runs folder from elsewhere is never unpickled as code), checked
-against the model the configuration builds, and evaluated with the run's own metric code (``LitLRA``'s
-``test/acc``, ``val/acc``, via ``Trainer.test`` / ``Trainer.validate``). The result goes to
-``<run folder>/evals/<split>-<ckpt>.json`` (atomically); the run's own files are not touched. The data root is
-the run's where it still exists, else ``$LRA_DATA``. docs/evaluate.md.
+The run's record (``result.json``: its ``config`` resolved as it ran) is data: :func:`lra.config.resolve` rebuilds
+the run from it, importing code it names (``attn.target``, a ``_target_``) only when this command line names it
+too; the data root is the user's. The checkpoint (:func:`lra.protocol.read_checkpoint`, read as data) must carry
+the run's resume key; ``LitLRA``'s own metric code evaluates it. The accuracy is printed, then written to
+``<run folder>/evals/<split>-<ckpt>.json``; the run's own files are not touched. docs/evaluate.md.
 
-Bad input (no such folder, no checkpoint, a split that is not test or val, ...) is one line and exit code 2,
-before any model or data is built.
+Bad input is one line and exit code 2, before the run is evaluated.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
+import re
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from lra import checks
 from lra.cli import Parser
 
 SPLITS = ("test", "val")
 CKPTS = ("best", "last")
+OPTION = re.compile(r"(split|ckpt|attn\.target|[\w.]+\._target_)=")  # the rest is the run folder (its name may hold =)
 EXIT_USAGE = 2
-log = logging.getLogger("lra.evaluate")
+FINISHED_LAST = "; a finished run keeps best.ckpt only (its model at stop is not kept): evaluate best.ckpt instead"
 
 
 class EvalError(ValueError):
@@ -44,7 +45,8 @@ class Target:
     run_dir: Path
     ckpt: Path
     split: str
-    record: dict | None  # result.json (None: the folder has none, its .hydra/overrides.yaml says the config)
+    record: dict  # result.json
+    config: dict  # its config, less the nodes evaluating never builds (loggers, callbacks)
 
     @property
     def name(self) -> str:
@@ -58,7 +60,7 @@ class Target:
 def parse(argv: list[str] | None = None) -> tuple[str, dict]:
     p = Parser(
         prog="python -m lra.evaluate",
-        usage="python -m lra.evaluate RUN_FOLDER|CHECKPOINT [split=test|val] [ckpt=best|last]",
+        usage="python -m lra.evaluate RUN_FOLDER|CHECKPOINT [split=test|val] [ckpt=best|last] [attn.target=M:C]",
         description="Evaluate a run folder's checkpoint (or a checkpoint file) on its test or validation split, "
         "with the run's own configuration, data and metric code; writes <run folder>/evals/<split>-<ckpt>.json.",
         epilog="examples (also lra-evaluate, make eval run=<folder>):\n"
@@ -71,12 +73,12 @@ def parse(argv: list[str] | None = None) -> tuple[str, dict]:
         "args",
         nargs="*",  # a missing folder is this command's one line, after argparse has refused unknown flags
         metavar="ARG",
-        help="a run folder, or a checkpoint file inside "
-        "<run folder>/checkpoints/; then split=test|val (test), ckpt=best|last (best)",
+        help="a run folder, or a checkpoint file inside <run folder>/checkpoints/; then split=test|val (test), "
+        "ckpt=best|last (best), and the code the run's record names (attn.target=<module>:<Class>), to import it",
     )
     a = p.parse_intermixed_args(argv)
-    opts = dict(o.split("=", 1) for o in a.args if o.startswith(("split=", "ckpt=")))
-    targets = [o for o in a.args if not o.startswith(("split=", "ckpt="))]
+    opts = dict(o.split("=", 1) for o in a.args if OPTION.match(o))
+    targets = [o for o in a.args if not OPTION.match(o)]
     if len(targets) != 1:
         raise EvalError(
             f"give one run folder or checkpoint file, then split=test|val and ckpt=best|last (got {targets})"
@@ -103,40 +105,81 @@ def check(target: str, opts: dict) -> Target:
         if ckpt_name is not None and ckpt_name != path.stem:
             raise EvalError(f"ckpt={ckpt_name} names another checkpoint than the file {path.name}: give one of them")
         run_dir, ckpt = path.resolve().parent.parent, path.resolve()
-        if path.resolve().parent.name != "checkpoints" or not _is_run_folder(run_dir):
+        if path.resolve().parent.name != "checkpoints" or not (run_dir / "result.json").is_file():
             raise EvalError(
                 f"{target}: its run folder cannot be found (a checkpoint lives in <run folder>/checkpoints/, "
-                f"beside result.json or .hydra/)"
+                f"beside result.json)"
             )
     else:
         run_dir = path.resolve()
-        if not _is_run_folder(run_dir):
-            raise EvalError(f"{target}: not a run folder (no result.json nor .hydra/overrides.yaml in it)")
+        if not (run_dir / "result.json").is_file():  # a run writes it before its first checkpoint
+            raise EvalError(f"{target}: not a run folder (no result.json, the run's record, in it)")
         ckpt = run_dir / "checkpoints" / f"{ckpt_name or 'best'}.ckpt"
         if not ckpt.is_file():
             have = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
             raise EvalError(
                 f"{target}: no checkpoint {ckpt.name} in it "
                 + (f"(it has {', '.join(have)})" if have else "(it has no checkpoint)")
-                + ("; a finished run keeps best.ckpt only" if ckpt.name == "last.ckpt" else "")
+                + (FINISHED_LAST if ckpt.name == "last.ckpt" else "")
             )
+    if (run_dir / "evals").is_symlink():
+        raise EvalError(f"{run_dir / 'evals'}: evals is a link; evaluating writes inside the run folder only")
+    return Target(run_dir, ckpt, split, *_record(run_dir / "result.json", opts))
+
+
+def _record(path: Path, opts: dict) -> tuple[dict, dict]:
+    """The run's record and the config evaluating resolves, checked (:class:`EvalError`): the fields the resume
+    key takes, no code the command line does not name (``opts``), no interpolation."""
     try:
-        record = _read_json(run_dir / "result.json") if (run_dir / "result.json").exists() else None
-    except ValueError as e:
-        raise EvalError(f"{run_dir / 'result.json'} is not a readable run record ({e})") from None
-    if record is not None and not isinstance(record.get("config"), dict):
-        raise EvalError(f"{run_dir / 'result.json'} holds no config: the run's configuration is unknown")
-    return Target(run_dir, ckpt, split, record)
+        record = _read_json(path)
+        config = record.get("config")
+        checks.check(isinstance(config, dict), "config", config, "the run's configuration")
+        checks.integer("micro_batch", record.get("micro_batch"), 1)
+        checks.integer("accum_steps", record.get("accum_steps"), 1)
+        checks.integer("devices", record.get("devices"), 1)
+        checks.text("precision", record.get("precision"))
+        checks.check(isinstance(record.get("data") or {}, dict), "data", record.get("data"), "the data record")
+    except ValueError as e:  # ConfigError included
+        raise EvalError(f"{path} is not a readable run record ({e})") from None
+    config = {k: v for k, v in config.items() if k not in ("callbacks", "logger")}  # evaluating builds neither
+    leaves = _leaves(config)
+    code = {
+        k: str(v) for k, v in leaves.items() if v is not None and (k == "attn.target" or "_target_" in k.split("."))
+    }
+    named = {k: v for k, v in opts.items() if k not in ("split", "ckpt")}
+    for key, value in code.items():
+        if named.get(key) != value:
+            raise EvalError(
+                f"{path}: the run's record names code to import ({key}={value}), which evaluating the run would "
+                f"run: add {key}={value} to this command line to allow it"
+            )
+    if extra := sorted(set(named) - set(code)):
+        raise EvalError(
+            f"{extra[0]}={named[extra[0]]}: the run's record names no such code (it names {code or 'none'})"
+        )
+    for key, value in leaves.items():  # a record's config is resolved: ${...} would read this machine's settings
+        if "${" in str(value):  # (a data folder outside the data root: lra.tasks refuses it when resolved)
+            raise EvalError(f"{path}: {key}={value!r} is not what a run records (an interpolation)")
+    return record, config
 
 
-def _is_run_folder(folder: Path) -> bool:
-    return (folder / "result.json").is_file() or (folder / ".hydra" / "overrides.yaml").is_file()
+def _leaves(config: dict) -> dict:
+    """Every value of a nested config by its dotted key (``attn.target``, ``logger.wandb._target_``)."""
+    out, todo = {}, [("", config)]
+    while todo:  # a loop, not recursion: a record from elsewhere may nest deeply
+        key, node = todo.pop()
+        if isinstance(node, (dict, list)):
+            pairs = node.items() if isinstance(node, dict) else enumerate(node)
+            todo += [(f"{key}.{k}".lstrip("."), v) for k, v in pairs]
+        else:
+            out[key] = node
+    return out
 
 
 def _read_json(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ValueError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     if not isinstance(raw, dict):
         raise ValueError(f"top level is {type(raw).__name__}, not an object")
@@ -148,56 +191,49 @@ def _read_json(path: Path) -> dict:
 
 
 def run_spec(t: Target):
-    """The run's :class:`lra.config.RunSpec`: its record's resolved config (or its overrides, composed), in its
-    folder; the data root is the one the run read where it still exists, else ``$LRA_DATA`` (or the default)."""
-    import dataclasses
-
+    """The run's :class:`lra.config.RunSpec`: its record's config, under the execution it ran, in its folder; the
+    data root is the user's (``$LRA_DATA``, else the default) and the loader workers this machine's."""
     from omegaconf import OmegaConf
 
-    from lra.config import DataSpec, compose_checked, container, resolve
-    from lra.files import data_root
+    import attention
+    from lra.config import resolve
 
-    if t.record is not None:
-        cfg = OmegaConf.create(t.record["config"])
-    else:
-        overrides = OmegaConf.to_container(OmegaConf.load(t.run_dir / ".hydra" / "overrides.yaml"))
-        cfg = compose_checked([str(o) for o in overrides or []])
-    spec = resolve(cfg, t.run_dir)
-    run_root = (t.record or {}).get("config", {}).get("data_root")
-    root = Path(run_root) if run_root and Path(run_root).is_dir() else data_root()
-    return dataclasses.replace(spec, data=DataSpec.of(container(cfg.task), root))
-
-
-def load_weights(ckpt: Path) -> dict:
-    """The checkpoint, read as data only (tensors, numbers, strings): nothing in it is run."""
-    import torch
-
-    try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - damaged, or not a checkpoint of this harness: one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise EvalError(f"{ckpt} cannot be read as a checkpoint ({type(e).__name__}: {first})") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("state_dict"), dict):
-        raise EvalError(f"{ckpt} holds no model weights (no state_dict)")
-    return saved
+    target = (t.config.get("attn") or {}).get("target")
+    if target is not None:  # named on this command line too (check): the user's choice
+        attention.load_external(str(target))
+    trainer = {**t.config["trainer"], "num_workers": "auto"}
+    cfg = {**t.config, "data_root": None, "execution": t.record.get("execution", "paper"), "trainer": trainer}
+    return resolve(OmegaConf.create(cfg), t.run_dir)
 
 
 def evaluate(t: Target) -> dict:
-    """Evaluate ``t`` and write its record; returns it."""
+    """Evaluate ``t``; returns its record (not written: :func:`main` prints, then writes it)."""
     import lightning as L
     import torch
 
-    from lra.config import ConfigError, resolve_precision
-    from lra.data import DataError, data_record, load_task
+    from lra.config import resolve_precision
+    from lra.data import DataError, data_record, fingerprint, load_task
     from lra.data.module import LRADataModule
-    from lra.files import git_commit, write_json
+    from lra.files import git_commit
     from lra.module import LitLRA
+    from lra.protocol import RunError, read_checkpoint
 
     try:
         spec = run_spec(t)
-    except ConfigError as e:
-        raise EvalError(f"{t.run_dir}: the run's configuration does not resolve here ({e})") from None
-    saved = load_weights(t.ckpt)
+        trained_on = dataclasses.replace(spec.hardware, precision=t.record["precision"], devices=t.record["devices"])
+        as_run = dataclasses.replace(spec, hardware=trained_on)  # as its key was computed, on the machine it ran
+    except Exception as e:  # noqa: BLE001 - a record from elsewhere, whatever it holds: one line
+        said = (str(e).strip().splitlines() or [""])[0]
+        raise EvalError(
+            f"{t.run_dir}: the run's configuration does not resolve here ({said or type(e).__name__})"
+        ) from None
+    try:
+        saved = read_checkpoint(t.ckpt)
+    except RunError as e:
+        raise EvalError(str(e).split("; pass force=true")[0]) from None
+    step = saved.get("global_step")
+    if not isinstance(saved.get("state_dict"), dict) or type(step) is not int:
+        raise EvalError(f"{t.ckpt} holds no model weights of a run (its state_dict or global_step is missing or odd)")
     lit = LitLRA(spec.model, spec.train)
     missing, unexpected = _mismatch(lit, saved["state_dict"])
     if missing or unexpected:
@@ -208,23 +244,24 @@ def evaluate(t: Target) -> dict:
     lit.load_state_dict(saved["state_dict"], strict=True)
     try:
         splits = load_task(spec.data.spec, spec.data.root)
-    except DataError as e:
-        raise EvalError(f"the run's data cannot be read: {e}") from None
-    data = data_record(splits)
-    run_data = (t.record or {}).get("data") or {}
-    same_data = bool(data and run_data.get("id") and data.get("id") == run_data.get("id"))
-    if run_data.get("id") and not same_data:
-        log.warning(
-            "the data read now (%s) is not the data the run read (%s): the accuracy may differ from the record's",
-            (data or {}).get("id"),
-            run_data.get("id"),
+    except (DataError, OSError, ValueError) as e:
+        raise EvalError(f"the run's data cannot be read from {spec.data.root} ($LRA_DATA): {e}") from None
+    data, rec = data_record(splits), t.record
+    if saved.get("resume_key") != as_run.resume_key(rec["micro_batch"], rec["accum_steps"], fingerprint(splits)):
+        read = (rec.get("data") or {}).get("id")
+        why = (
+            f"the run read other data, id {read}, than {spec.data.root} holds, id {data['id']}: set LRA_DATA to a "
+            f"root with the run's data"
+            if read not in (None, data["id"])
+            else "another run's checkpoint, or one of another harness version: evaluate it in its own run folder"
         )
+        raise EvalError(f"{t.ckpt} is not the checkpoint of this run: its resume key is not the run's ({why})")
 
     hw = spec.hardware
     cuda = torch.cuda.is_available()
     accelerator = hw.accelerator if cuda or hw.accelerator in ("auto", "cpu") else "cpu"
     precision = hw.precision if accelerator == hw.accelerator else resolve_precision(hw.precision_setting, False)
-    batch = spec.train.eval_batch_size or (t.record or {}).get("micro_batch") or hw.micro_batch or 32
+    batch = spec.train.eval_batch_size or rec["micro_batch"]
     dm = LRADataModule(splits, batch_size=batch, eval_batch_size=batch, seed=spec.seed, num_workers=hw.num_workers)
     trainer = L.Trainer(
         accelerator=accelerator,
@@ -241,17 +278,16 @@ def evaluate(t: Target) -> dict:
     out = run(lit, datamodule=dm, verbose=False)[0]
     seconds = time.perf_counter() - start
     device = trainer.strategy.root_device
-    result = {
+    return {
         "split": t.split,
         "ckpt": t.ckpt.relative_to(t.run_dir).as_posix(),
         "ckpt_name": t.name,
-        "step": int(saved.get("global_step", 0)),
+        "step": step,
         "acc": float(out[f"{t.split}/acc"]),
         "loss": float(out[f"{t.split}/loss"]),
         "count": int(out[f"{t.split}/count"]),
-        "record_acc": recorded_acc(t),
+        "record_acc": recorded_acc(t, step)[0],
         "data": data,
-        "data_matches_run": same_data if run_data.get("id") else None,
         "data_root": str(spec.data.root),
         "task": spec.task,
         "attn": spec.attn.label,
@@ -261,12 +297,10 @@ def evaluate(t: Target) -> dict:
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "torch_version": str(torch.__version__),
         "git_commit": git_commit(),
-        "config_from": "result.json" if t.record is not None else ".hydra/overrides.yaml",
+        "execution": spec.execution,
         "eval_time_s": seconds,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json(t.run_dir / "evals" / f"{t.split}-{t.name}.json", result)
-    return result
 
 
 def _mismatch(lit, state: dict) -> tuple[list[str], list[str]]:
@@ -277,23 +311,23 @@ def _mismatch(lit, state: dict) -> tuple[list[str], list[str]]:
     return missing + wrong, unexpected
 
 
-def recorded_acc(t: Target) -> float | None:
-    """What the run's record says for this split and checkpoint: ``test_acc`` for the checkpoint it tested
-    (``tested_ckpt``), ``best_val_acc`` for best.ckpt (the validation that made it best); None otherwise."""
-    rec = t.record or {}
-    if t.split == "test" and rec.get("tested_ckpt") == t.name:
-        return rec.get("test_acc")
-    if t.split == "val" and t.name == "best":
-        return rec.get("best_val_acc")
-    return None
+def recorded_acc(t: Target, step: int) -> tuple[float | None, str]:
+    """What the run's record says of this split and checkpoint, and the words for it: ``test_acc`` where its test
+    measured best.ckpt (``tested_ckpt: best``), ``best_val_acc`` on val, both of best.ckpt at ``steps_to_best``;
+    nothing to compare with otherwise (``tested_ckpt: last`` is the model at stop, which no kept file holds)."""
+    rec, key = t.record, "test_acc" if t.split == "test" else "best_val_acc"
+    if t.name != "best" or step != rec.get("steps_to_best") or (t.split == "test" and rec.get("tested_ckpt") != "best"):
+        return None, f"the run's record has no {t.split} acc of {t.ckpt.name} at step {step}: nothing to compare with"
+    said = rec.get(key)
+    if isinstance(said, bool) or not isinstance(said, (int, float)) or not math.isfinite(said):
+        return None, f"the run's record's {key} {said!r} is not a number: not compared"
+    return float(said), f"the run's record says {said:.4f}"
 
 
 def line(t: Target, r: dict) -> str:
-    said = r["record_acc"]
-    says = f"the run's record says {said:.4f}" if said is not None else f"the run's record has no {t.split} acc of it"
     return (
         f"{t.run_dir}: {t.split} acc {r['acc']:.4f} (loss {r['loss']:.4f}, {r['count']} examples) from "
-        f"{t.ckpt.name} at step {r['step']}; {says}"
+        f"{t.ckpt.name} at step {r['step']}; {recorded_acc(t, r['step'])[1]}"
     )
 
 
@@ -309,7 +343,15 @@ def main(argv: list[str] | None = None) -> None:
     except EvalError as e:
         print(f"lra.evaluate: error: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    print(line(t, result))
+    print(line(t, result), flush=True)  # the answer first: a folder that cannot be written loses only the file
+    from lra.files import write_json
+
+    out = t.run_dir / "evals" / f"{t.split}-{t.name}.json"
+    try:
+        write_json(out, result)
+    except OSError as e:
+        print(f"lra.evaluate: error: the accuracy above was not saved: {out} cannot be written ({e})", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

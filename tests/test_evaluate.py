@@ -3,11 +3,13 @@ record under evals/ and nothing else; bad input is one line and exit code 2 (doc
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lra.evaluate import main
 from tests.helpers import TINY, run_env, run_train
@@ -63,7 +65,7 @@ def test_eval_of_a_run_folder_gives_its_recorded_test_acc_and_changes_none_of_it
     assert out["count"] == rec["split_sizes"]["test"]
     assert out["split"] == "test" and out["ckpt"] == "checkpoints/best.ckpt"
     assert out["step"] == rec["steps_to_best"]
-    assert out["data"]["id"] == rec["data"]["id"] and out["data_matches_run"] is True
+    assert out["data"]["id"] == rec["data"]["id"]
     assert out["record_acc"] == rec["test_acc"]
     assert {"device", "git_commit", "time", "torch_version"} <= set(out)
     lines = proc.stdout.strip().splitlines()
@@ -98,32 +100,78 @@ def test_a_checkpoint_file_works_as_well_as_its_folder(run, capsys):
     assert capsys.readouterr().out.startswith(f"{folder}: test acc ")
 
 
+def _case(folder: Path, copy: Path, edit=None) -> Path:
+    """The tiny run copied to ``copy`` (without its evals/), ``edit(record, copy)`` applied to its record."""
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("evals"))
+    rec = json.loads((copy / "result.json").read_text())
+    (edit or (lambda r, c: None))(rec, copy)
+    (copy / "result.json").write_text(json.dumps(rec))
+    return copy
+
+
+def _config(**nodes):
+    """An edit of the record's config: its top-level ``nodes`` replaced, or updated where a dict updates one."""
+    return lambda r, c: [
+        r["config"][k].update(v) if isinstance(v, dict) and k in r["config"] else r["config"].update({k: v})
+        for k, v in nodes.items()
+    ]
+
+
+def _step(rec, copy):  # a checkpoint whose optimizer step is no number
+    saved = torch.load(copy / "checkpoints" / "best.ckpt", weights_only=True)
+    torch.save({**saved, "global_step": "abc"}, copy / "checkpoints" / "best.ckpt")
+
+
 def _bad(tmp_path, folder):
     loose = tmp_path / "loose.ckpt"
     loose.write_bytes((folder / "checkpoints" / "best.ckpt").read_bytes())
+    (tmp_path / "outside").mkdir()
+    no_record = _case(folder, tmp_path / "no_record")
+    (no_record / "result.json").unlink()  # only its .hydra/overrides.yaml says what ran
+
+    def c(name, edit):  # the run copied, its record (or files) edited
+        return str(_case(folder, tmp_path / name, edit))
+
     return [
         ([str(tmp_path / "nope")], "no such run folder"),
         ([str(tmp_path)], "not a run folder"),
         ([str(folder), "split=train"], "a split is test or val"),
         ([str(folder), "ckpt=worst"], "a checkpoint is best or last"),
-        ([str(folder), "ckpt=last"], "no checkpoint last.ckpt"),
+        ([str(folder), "ckpt=last"], "evaluate best.ckpt instead"),
         ([str(folder), "seed=1"], "give one run folder"),
         ([str(folder / "result.json")], "not a checkpoint"),
         ([str(loose)], "its run folder cannot be found"),
         ([str(folder / "checkpoints" / "best.ckpt"), "ckpt=last"], "names another checkpoint"),
+        ([str(no_record)], "no result.json"),
+        # another run's best.ckpt (run seed 0's, in the folder of a run seed 1): its resume key is not this run's
+        ([c("other_run", _config(seed=1))], "is not the checkpoint of this run"),
+        ([c("model_target", _config(model={"_target_": "evilmod_eval.M"}))], "add model._target_=evilmod_eval.M"),
+        ([str(folder), "attn.target=evilmod_eval:X"], "the run's record names no such code"),
+        ([c("micro_batch", lambda r, _: r.update(micro_batch="abc"))], "micro_batch='abc'"),
+        ([c("data", lambda r, _: r.update(data="x"))], "data='x'"),
+        ([c("interpolation", _config(attn={"label": "${oc.env:HOME}"}))], "attn.label='${oc.env:HOME}'"),
+        ([c("dirname", _config(task={"dirname": "../../escaped"}))], "task.dirname='../../escaped'"),
+        ([c("evals_link", lambda r, d: (d / "evals").symlink_to(tmp_path / "outside"))], "evals is a link"),
+        ([c("step", _step)], "global_step"),
     ]
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
+    return err
 
 
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(run, tmp_path, capsys):
     folder, _ = run
     before = _files(folder) | {"evals": sorted(p.name for p in (folder / "evals").glob("*"))}
     for argv, says in _bad(tmp_path, folder):
-        with pytest.raises(SystemExit) as e:
-            main(argv)
-        assert e.value.code == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err, (argv, err)
+        err = _refused(argv, capsys)
+        assert says in err, (argv, err)
     assert _files(folder) | {"evals": sorted(p.name for p in (folder / "evals").glob("*"))} == before
+    assert not list(tmp_path.glob("*/evals/*")) and not list((tmp_path / "outside").iterdir())
 
 
 def test_bad_input_from_the_command_line_is_one_line_without_a_traceback(run, tmp_path):
@@ -133,16 +181,79 @@ def test_bad_input_from_the_command_line_is_one_line_without_a_traceback(run, tm
     assert proc.stderr.strip().splitlines() == ["lra.evaluate: error: split='train': a split is test or val"]
 
 
-def test_a_folder_without_a_record_is_evaluated_from_its_overrides(run, tmp_path, capsys):
-    """A run killed before its first record: .hydra/overrides.yaml composes the same run ($LRA_DATA: its data)."""
-    import shutil
-
+def test_code_a_record_names_is_imported_only_when_this_command_line_names_it(run, tmp_path, capsys, monkeypatch):
+    """A received runs folder whose record says attn.target=evilmod_eval:X, the module beside it (on the path, as
+    `python -m` puts the working folder first): evaluating it imports nothing until the user names the same
+    target on the command line."""
     folder, _ = run
+    copy = _case(folder, tmp_path / "copy", _config(attn={"name": "external", "target": "evilmod_eval:X"}))
+    (tmp_path / "evilmod_eval.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for argv in ([str(copy)], [str(copy), "attn.target=evilmod_eval:Y"]):
+        assert "add attn.target=evilmod_eval:X to this command line to allow it" in _refused(argv, capsys)
+    assert not (tmp_path / "ran").exists() and "evilmod_eval" not in sys.modules
+    err = _refused([str(copy), "attn.target=evilmod_eval:X"], capsys)  # the user's choice: imported
+    assert (tmp_path / "ran").exists() and "attn.target='evilmod_eval:X' cannot be imported" in err
+    sys.modules.pop("evilmod_eval", None)
+
+
+def test_the_accuracy_is_printed_before_it_is_saved_and_a_field_it_cannot_compare_is_a_note(run, tmp_path, capsys):
+    """A record whose test_acc is no number, in a run folder whose evals/ cannot be written (a file there): the
+    accuracy is printed, the record's field is noted as not compared, and one line says it was not saved."""
+    folder, _ = run
+    copy = _case(folder, tmp_path / "copy", lambda r, c: (r.update(test_acc="abc"), (c / "evals").write_text("")))
+    with pytest.raises(SystemExit) as e:
+        main([str(copy)])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1
+    assert out.startswith(f"{copy}: test acc 0.") and out.rstrip().endswith(
+        "the run's record's test_acc 'abc' is not a number: not compared"
+    )
+    assert err.strip().splitlines() == [
+        f"lra.evaluate: error: the accuracy above was not saved: {copy / 'evals' / 'test-best.json'} cannot be "
+        f"written ([Errno 17] File exists: '{copy / 'evals'}')"
+    ]
+
+
+def test_a_checkpoint_is_compared_only_with_the_accuracy_the_record_measured_of_it(run, tmp_path, capsys):
+    """A run that tested the model at stop (test_ckpt: last, step 12) and keeps a last.ckpt of step 5: its
+    record's test_acc is neither that checkpoint's nor best.ckpt's, so there is nothing to compare with."""
+    folder, _ = run
+
+    def tested_last(rec, copy):
+        rec["tested_ckpt"] = "last"  # as train.test_ckpt=last records it (the key keeps the run's: best)
+        shutil.copy(copy / "checkpoints" / "best.ckpt", copy / "checkpoints" / "last.ckpt")
+
+    copy = _case(folder, tmp_path / "copy", tested_last)
+    for name in ("last", "best"):
+        main([str(copy), f"ckpt={name}"])
+        assert json.loads((copy / "evals" / f"test-{name}.json").read_text())["record_acc"] is None
+        said = capsys.readouterr().out.rstrip()
+        assert said.endswith(f"the run's record has no test acc of {name}.ckpt at step 5: nothing to compare with")
+
+
+def test_a_run_from_another_machine_is_evaluated_with_this_machines_data_root_and_its_own_key(
+    run, tmp_path, monkeypatch
+):
+    """A record naming a data root elsewhere, a logger and a callback, from a machine where trainer.devices=auto
+    counted 1 device (here: 2): the data is read from the user's data root (no $LRA_DATA: the default, <repo>/data,
+    here the run's data), nothing is written elsewhere, neither node is built (evaluating builds no logger nor
+    callback), and the resume key takes the devices the run had."""
+    folder, env = run
+    monkeypatch.delenv("LRA_DATA")
+    monkeypatch.setattr("lra.files.REPO_ROOT", tmp_path)
+    monkeypatch.setattr("lra.config.device_count", lambda devices: 2)
+    (tmp_path / "data").symlink_to(env["LRA_DATA"])
     rec = json.loads((folder / "result.json").read_text())
-    copy = tmp_path / "copy"
-    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("result.json", "evals"))
+    (tmp_path / "elsewhere").mkdir()
+    nodes = dict(
+        data_root=str(tmp_path / "elsewhere"),
+        logger={"wandb": {"_target_": "lra.loggers.wandb_logger"}},
+        callbacks={"mine": {"_target_": "evilmod_eval.Callback"}},
+        trainer={"devices": "auto"},
+    )
+    copy = _case(folder, tmp_path / "copy", _config(**nodes))
     main([str(copy)])
     out = json.loads((copy / "evals" / "test-best.json").read_text())
-    assert out["config_from"] == ".hydra/overrides.yaml" and out["record_acc"] is None
-    assert out["acc"] == pytest.approx(rec["test_acc"], abs=1e-6)
-    assert capsys.readouterr().out.rstrip().endswith("the run's record has no test acc of it")
+    assert out["acc"] == pytest.approx(rec["test_acc"], abs=1e-6) and out["data_root"] == str(tmp_path / "data")
+    assert not list((tmp_path / "elsewhere").iterdir()) and "evilmod_eval" not in sys.modules
