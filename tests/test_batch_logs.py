@@ -150,3 +150,24 @@ def test_data_generation_in_a_batch_job_is_one_line_not_a_bar(tmp_path):
     assert proc.returncode == 0, raw[-2000:]
     assert b"\r" not in raw and b"tree/s" not in raw
     assert b"generating ListOps: " in raw
+
+
+def test_a_long_data_step_in_a_log_says_how_far_it_is_with_an_eta(monkeypatch, caplog):
+    """In a log a data step said one line, then nothing for minutes (hours on a loaded CPU)."""
+    import logging
+
+    from lra.data import base
+
+    clock = iter([0.0, 10.0, 31.0, 45.0, 62.0])
+    monkeypatch.setattr(base.time, "monotonic", lambda: next(clock))
+    caplog.set_level(logging.INFO, logger="lra.data")
+    bar = base.progress_bar(100, "generating ListOps", "tree")  # pytest's stderr is no terminal
+    for _ in range(4):
+        bar.update(25)
+    bar.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "generating ListOps: 100 trees",
+        "generating ListOps: 50/100 trees (50%), elapsed 0:00:31, ETA 0:00:31",
+        "generating ListOps: 100/100 trees (100%), elapsed 0:01:02, ETA 0:00:00",
+    ]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,10 +127,46 @@ def hf_datasets(why: str):
 
 def progress_bar(total, desc: str, unit: str, **kw):
     """The bar of a long data step (generating, reading, tokenising): a tqdm bar on a terminal; in a file (a batch
-    job's log) no bar, whose carriage-return updates would fill the log, but one line saying what is being done."""
+    job's log) no bar, whose carriage-return updates would fill the log, but a line saying what is being done and
+    then, every :data:`LOG_EVERY_S` seconds, how far it is with an ETA, as training's progress lines."""
+    if not sys.stderr.isatty():
+        return LogProgress(total, desc, unit)
     from tqdm import tqdm
 
-    tty = sys.stderr.isatty()
-    if not tty:
-        logging.getLogger("lra.data").info("%s: %s %s%s", desc, total, unit, "s" if len(unit) > 1 else "")
-    return tqdm(total=total, desc=desc, unit=unit, mininterval=1.0, disable=not tty, **kw)
+    return tqdm(total=total, desc=desc, unit=unit, mininterval=1.0, **kw)
+
+
+LOG_EVERY_S = 30.0
+
+
+class LogProgress:
+    """A data step's progress as log lines: ``generating ListOps: 1200/100000 trees (1%), elapsed 0:00:30, ETA
+    0:41:05``."""
+
+    def __init__(self, total, desc: str, unit: str):
+        self.total, self.desc, self.unit, self.n = total, desc, unit + ("s" if len(unit) > 1 else ""), 0
+        self.start = self.said = time.monotonic()
+        logging.getLogger("lra.data").info("%s: %s %s", desc, total, self.unit)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.said >= LOG_EVERY_S and self.total:
+            self.said, elapsed, done = now, now - self.start, min(self.n / self.total, 1.0)
+            logging.getLogger("lra.data").info(
+                "%s: %s/%s %s (%.0f%%), elapsed %s, ETA %s",
+                self.desc,
+                self.n,
+                self.total,
+                self.unit,
+                100 * done,
+                _hms(elapsed),
+                _hms(elapsed * (1 - done) / done) if done else "n/a",
+            )
+
+    def close(self) -> None:
+        pass
+
+
+def _hms(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
