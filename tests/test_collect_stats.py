@@ -303,3 +303,33 @@ def test_marked_tables_are_byte_identical_on_rerun(tmp_path):
         to_csv(build(SPEC["skeinformer_table1"], load_runs(tmp_path / "runs")[0], "quick", compare=True))
         == (tmp_path / "a" / "quick" / "skeinformer_table1.csv").read_text()
     )
+
+
+F32_52 = 0.5199999809265137  # 0.52 as the run's float32 accuracy writes it into result.json
+
+
+def test_bold_only_where_same_seeds_separate_the_best_and_never_at_chance(tmp_path):
+    """Bugs caught (issue 40): a one-seed row was bold against a two-seed Standard; all three Pathfinder cells of
+    the quick table were bold at 52.00 ± 0.00 (2), the majority-class rate every record calls stuck_at_end; and
+    a best by 1 point that three seeds cannot tell from the next was bold too."""
+    cells = {
+        "listops": {"softmax": (0.33, 0.34), "performer": (0.36,)},  # one seed against two: nothing to crown
+        "pathfinder": {"softmax": (F32_52,) * 2, "performer": (F32_52,) * 2},  # at the majority-class rate
+        "text": {"softmax": (0.60, 0.61, 0.62), "skeinformer": (0.70, 0.71, 0.72)},  # separated by 9 std
+        "retrieval": {"softmax": (0.60, 0.62, 0.64), "skeinformer": (0.61, 0.63, 0.65)},  # within the noise
+        "image": {"softmax": (0.50, 0.51, 0.52), "skeinformer": (0.70, 0.71, 0.72, 0.73)},  # 3 seeds against 4
+    }
+    for task, by_attn in cells.items():
+        for attn, accs in by_attn.items():
+            for seed, acc in enumerate(accs):
+                stuck = {"majority_acc": 0.52, "stuck_at_end": True} if task == "pathfinder" else {}
+                make_record(tmp_path, attn, seed, task=task, test_acc=acc, **stuck)
+    runs, _ = load_runs(tmp_path)
+    for style in ("full", "paper"):
+        md = to_markdown(build(SPEC["skeinformer_table1"], runs, "quick", style=style))
+        bold = [ln.split(" | ")[0] + ": " + c for ln in md.splitlines() for c in ln.split(" | ") if "**" in c]
+        assert bold == ["| Skeinformer: **71.00" + (" ± 1.00 (3)** [68.52, 73.48]" if style == "full" else "**")]
+        pf = [ln.split(" | ")[4] for ln in md.splitlines() if ln.startswith(("| Standard", "| Performer"))]
+        assert pf == (["52.00 ± 0.00 (2) §"] * 2 if style == "full" else ["52.00 §"] * 2)
+        assert "§ after our value: its seeds ended at the majority-class rate (their records say stuck)" in md
+        assert "Bold: the best mean of a column" in md and "the same number of seeds" in md

@@ -160,12 +160,13 @@ def test_results_notebook_on_real_quick_runs(quick_run, tmp_path, monkeypatch):
     # TINY's extra overrides name a sub-folder, so these rows read "softmax [protocol...]", after the paper's
     t1 = res.tables[("quick", "skeinformer_table1")]
     std = next(r for r in t1.rows if r.key.startswith("softmax [protocol.data.n_test=64,"))
-    assert not std.in_paper and std.name.startswith("Standard [n_test=64, ")  # the changed keys, short
+    assert not std.in_paper and std.name == "Standard"  # the overrides every row shares: in the note, once
+    assert "Every row: " in (tmp_path / "tables" / "quick" / "skeinformer_table1.md").read_text()
     assert "softmax" not in [r.key for r in t1.rows] and not t1.compare  # no empty paper row; quick: no paper
     j = next(i for i, c in enumerate(t1.columns) if c.task == "listops")
     assert std.cells[j].n == 2 and 0 <= std.cells[j].mean <= 100
     md = (tmp_path / "tables" / "quick" / "skeinformer_table4.md").read_text()
-    none = next(ln for ln in md.splitlines() if ln.startswith("| none (no attention) [")).strip("| ").split(" | ")
+    none = next(ln for ln in md.splitlines() if ln.startswith("| none (no attention) |")).strip("| ").split(" | ")
     assert none[1:3] == ["--"] * 2 and none[3:5] == ["**32**", "**1**"]  # Text, then ListOps: bz and accu
     monkeypatch.setenv("LRA_TABLES", str(tmp_path / "tables"))
     nb = execute("results.ipynb")

@@ -340,3 +340,21 @@ def test_a_dollar_in_a_record_name_is_drawn_as_written_not_as_math(tmp_path):
     runs, _ = load_runs(runs_root)
     files, _ = plot_preset(runs, summary(runs), runs_root, "quick", tmp_path / "out")
     assert {p.suffix for p in files} == {".png", ".pdf"}
+
+
+def test_point_labels_cut_alike_keep_their_whole_names(tmp_path):
+    """Bug caught (issue 40): two rows whose labels share their first 34 characters got the same point label, in
+    the efficiency figure and in the LRA chart."""
+    for seed in range(2):
+        make_record(tmp_path, "softmax", seed)
+        make_record(tmp_path, "performer", seed)
+    runs, _ = load_runs(tmp_path)
+    names = {
+        k: f"Standard [lr=0.001, max_steps=150, warmup=30, dropout=0.{i}]"
+        for i, k in enumerate(("softmax", "performer"))
+    }
+    fig = efficiency_figure(summary(runs), "quick", "listops", names)
+    labels = sorted(a.get_text() for a in fig.axes[0].texts if isinstance(a, Annotation))
+    assert labels == sorted(names.values())
+    fig, _ = lra_chart_figure(summary(runs), "quick", names)
+    assert sorted(a.get_text() for a in fig.axes[0].texts if isinstance(a, Annotation)) == labels

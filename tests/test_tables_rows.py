@@ -4,16 +4,17 @@ Every test writes its own records (tests/test_collect.py::make_record) and names
 """
 
 import csv
+import json
 import math
 
 import pandas as pd
 import pytest
 from test_collect import make_record
 
-from lra.tools.collect import collect
+from lra.tools.collect import collect, main
 from lra.tools.collect.records import load_runs
 from lra.tools.collect.render import to_latex, to_markdown
-from lra.tools.collect.rows import short_tag, short_value
+from lra.tools.collect.rows import parse_tag, short_tag, short_value
 from lra.tools.collect.stats import CANNOT_SEPARATE, NOT_COMPARABLE, SEPARATED
 from lra.tools.collect.tables import TABLES, build
 
@@ -24,7 +25,8 @@ REL = {"id": "rel000000002", "kind": "release", "description": "ListOps release 
 
 
 def tagged(root, attn, seed, tag, preset="quick", **fields):
-    """A run with overrides, as lra.train writes it: the tag in the folder and in the config's run_tag."""
+    """A run with overrides, as lra.train writes it: the tag in the folder and in the config's run_tag, the values
+    it names in the config (numbers as numbers)."""
     cfg = {
         "task": {"name": fields.get("task", "listops"), "max_length": 128},
         "attn": {"name": attn, "label": attn},
@@ -33,6 +35,15 @@ def tagged(root, attn, seed, tag, preset="quick", **fields):
         "train": {"max_steps": 40},
         "run_tag": tag,
     }
+    for key, value in parse_tag(tag):
+        *heads, last = key.split(".")
+        node = cfg
+        for h in heads:
+            node = node.setdefault(h, {})
+        try:
+            node[last] = json.loads(value)
+        except ValueError:
+            node[last] = value
     return make_record(root, attn, seed, preset=preset, sub=tag, config=cfg, **fields)
 
 
@@ -106,7 +117,7 @@ def test_quick_preset_gets_its_own_caption_and_no_paper_column(tmp_path):
     assert "Not compared with Skeinformer" in md and "Δ" not in md and "38.15" not in md
     pmd = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
     assert pmd.startswith("### Skeinformer Table 1: Classification accuracy (%) on the test sets of LRA")
-    assert md_cells(pmd, "Standard")[4:7] == ["**37.00**", "38.15", "-1.15"]
+    assert md_cells(pmd, "Standard")[4:7] == ["37.00", "38.15", "-1.15"]  # a lone cell: no best to crown
     tex = (tmp_path / "out" / "quick" / "skeinformer_table1.tex").read_text()
     assert r"\caption{Classification accuracy (\%) on the test sets of LRA, preset quick (laid out" in tex
 
@@ -121,13 +132,13 @@ def test_paper_style_in_markdown_and_latex_full_statistics_in_the_csv(tmp_path):
     collect(tmp_path, tmp_path / "out", plots=False)
     md = (tmp_path / "out" / P / "skeinformer_table1.md").read_text()
     assert md_cells(md, "Standard")[1:3] == ["--", "38.00"]
-    assert md_cells(md, "Skeinformer")[1:3] == ["--", "**39.00**"]
+    assert md_cells(md, "Skeinformer")[1:3] == ["--", "39.00"]  # 39 ± 1 and 38 ± 1 over 3 seeds: no best
     assert md_cells(md, "Performer")[1:3] == ["--", "30.00"]
     assert "Mean over 3 seeds per cell (Performer: fewer)." in md
     tex = (tmp_path / "out" / P / "skeinformer_table1.tex").read_text()
     assert r"\caption{Classification accuracy (\%) on the test sets of LRA}" in tex  # the paper's caption
     body = {ln.split(" & ")[0]: ln for ln in tex.splitlines() if " & " in ln}
-    assert body["Skeinformer"] == r"Skeinformer & -- & \textbf{39.00} & -- & -- & -- & -- \\"
+    assert body["Skeinformer"] == r"Skeinformer & -- & 39.00 & -- & -- & -- & -- \\"
     assert body["Standard"] == r"Standard & -- & 38.00 & -- & -- & -- & -- \\"
     assert "±" not in tex and r"\pm" not in tex and "CI" not in tex
     # the CSV keeps every statistic whatever the style
@@ -135,7 +146,7 @@ def test_paper_style_in_markdown_and_latex_full_statistics_in_the_csv(tmp_path):
     assert rows["Skeinformer"]["listops:acc:n"] == "3" and rows["Skeinformer"]["listops:acc:std"] == "1"
     assert float(rows["Skeinformer"]["listops:acc:ci95_low"]) == pytest.approx(39 - 4.302653 / math.sqrt(3), abs=1e-5)
     full = collect(tmp_path, tmp_path / "full", plots=False, style="full")
-    assert "**39.00 ± 1.00 (3)** [36.52, 41.48] †" in (tmp_path / "full" / P / "skeinformer_table1.md").read_text()
+    assert "| 39.00 ± 1.00 (3) [36.52, 41.48] † |" in (tmp_path / "full" / P / "skeinformer_table1.md").read_text()
     assert full.tables[(P, "skeinformer_table1")].style == "full"
 
 
@@ -210,7 +221,7 @@ def test_rows_are_named_and_labels_short(tmp_path):
         tagged(tmp_path, "nystrom", seed, "train.lr=0.0016181912728325774", test_acc=0.3, name="nys-fast-lr")
     res = collect(tmp_path, tmp_path / "out", plots=False)
     t1 = res.tables[("quick", "skeinformer_table1")]
-    assert [r.name for r in t1.rows] == ["Standard", "my-variant", "nys-fast-lr"]
+    assert [r.name for r in t1.rows] == ["Standard", "nys-fast-lr", "my-variant"]  # the paper's attentions first
     md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
     assert "| nys-fast-lr<sup>1</sup> |" in md and "[1] nys-fast-lr: train.lr=0.0016181912728325774" in md
     assert row(t1, "my-variant").base == "softmax"  # a name is a label: compared with plain Standard
@@ -274,3 +285,118 @@ def test_logger_folders_are_no_problem_runs(tmp_path):
     (run / "wandb" / "run-1").mkdir(parents=True)
     _, issues = load_runs(tmp_path)
     assert issues == []
+
+
+def nest(flat: dict) -> dict:
+    """{"train.lr": 1} -> {"train": {"lr": 1}}: a resolved config from its dotted keys."""
+    out: dict = {}
+    for key, value in flat.items():
+        *heads, last = key.split(".")
+        node = out
+        for h in heads:
+            node = node.setdefault(h, {})
+        node[last] = value
+    return out
+
+
+# the quick preset's ListOps configuration as a record's resolved config holds it (conf/protocol/quick/listops.yaml)
+QUICK = {
+    "model.dropout": 0.1,
+    "task.name": "listops",
+    "task.max_length": 120,
+    **{f"task.generator.{k}": v for k, v in dict(max_depth=6, max_length=120, n_test=1000, n_train=20000).items()},
+    "task.generator.n_val": 1000,
+    **{f"train.{k}": v for k, v in dict(batch_size=32, lr=0.001, warmup=100, max_steps=600, eval_every=150).items()},
+    "train.weight_decay": 0.0,
+    **{f"protocol.{k}": v for k, v in dict(batch_size=32, lr=0.001, warmup=100, max_steps=600, eval_every=150).items()},
+    "num_threads": 1,
+    "runs_root": "$LRA_RUNS",
+}
+# what every row of the tester's grid overrode (small data, frequent evaluation)
+SMALL = {
+    "model.dropout": 0.0,
+    "task.generator.max_depth": 4,
+    "task.generator.max_length": 60,
+    "task.generator.n_test": 200,
+    "task.generator.n_train": 1000,
+    "task.generator.n_val": 200,
+    "train.eval_every": 50,
+}
+
+
+def configured(root, attn, seed, changed: dict, **fields):
+    """A run as lra.train writes it: its folder tag names the changed keys (sorted, cut and hashed past 200
+    characters: lra.conf_nodes.folder_name), its record's config holds every resolved value."""
+    from lra.conf_nodes import folder_name
+
+    tag = folder_name(",".join(f"{k}={v}" for k, v in sorted(changed.items())))
+    flat = {**QUICK, **changed, "attn.name": attn, "attn.label": attn, "seed": seed, "preset": "quick", "run_tag": tag}
+    return make_record(root, attn, seed, sub=tag, config=nest(flat), **fields), tag
+
+
+def test_a_hashed_folder_tag_never_labels_a_row_the_record_config_does(tmp_path):
+    """Bug caught (issue 40): a run whose overrides run past 200 characters has a cut, hashed folder tag, and its
+    row read 'Standard [n_test=200, ..., max_steps=4-89c44667e]' in the tables, legends and runs.csv, without the
+    warmup=2 its record holds; and every label repeated the seven overrides all rows share."""
+    short = {**SMALL, "train.max_steps": 4, "train.warmup": 2, "train.weight_decay": 0.01}
+    _, cut = configured(tmp_path, "softmax", 0, short)
+    assert cut.endswith("train.max_steps=4-16438da81") and "warmup" not in cut  # the folder as lra.train names it
+    for seed in range(2):
+        configured(tmp_path, "softmax", seed, short)
+        configured(tmp_path, "softmax", seed, {**SMALL, "train.max_steps": 150}, test_acc=0.30)
+        configured(tmp_path, "performer", seed, {**SMALL, "train.max_steps": 150}, test_acc=0.31)
+    res = collect(tmp_path, tmp_path / "out", formats=("md", "csv"), plots=False, html=False)
+    t1 = res.tables[("quick", "skeinformer_table1")]
+    assert [r.name for r in t1.rows] == [  # weight_decay: no run without overrides says the preset's, so both
+        "Standard [max_steps=150, weight_decay=0]",
+        "Standard [max_steps=4, warmup=2, weight_decay=0.01]",
+        "Performer [max_steps=150, weight_decay=0]",
+    ]
+    md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
+    shared = "model.dropout=0.0, task.generator.max_depth=4, task.generator.max_length=60, task.generator.n_test=200"
+    assert md.count(shared) == 1 and "<sup>" not in md  # said once; no label cut a value: no footnote
+    assert not [ln for ln in md.splitlines() if ln.startswith("| ") and "n_test" in ln]  # said once, in the note
+    assert (
+        row(t1, "Performer [max_steps=150, weight_decay=0]").base
+        == row(t1, "Standard [max_steps=150, weight_decay=0]").key
+    )
+    for f in (tmp_path / "out").rglob("*.*"):  # no output but the run folder's path (runs.csv) carries the hash
+        assert f.name == "runs.csv" or "16438da81" not in f.read_text(), f
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv", keep_default_na=False)
+    assert set(runs["overrides"]) == {
+        ",".join(f"{k}={v}" for k, v in sorted(settings.items()))
+        for settings in (short, {**SMALL, "train.max_steps": 150, "train.weight_decay": 0.0})
+    }
+
+
+def test_the_collectors_copy_of_what_no_tag_names_is_lra_namings():
+    """The collector cannot import lra.naming (it imports torch): its copy of the keys that are no setting must
+    not drift from the one lra.train names run folders by."""
+    from lra.naming import UNTAGGED
+    from lra.tools.collect.rows import NOT_SETTINGS
+
+    assert sorted(NOT_SETTINGS) == sorted(UNTAGGED)
+
+
+def test_a_labels_file_renames_rows_without_retraining(tmp_path, capsys):
+    """Bug caught: a row's name came only from name= at training time; renaming a row meant retraining it."""
+    for seed in range(2):
+        # the preset's own configuration, from two commits whose default warmup differs: still one plain row
+        cfg = {"task": {"name": "listops"}, "attn": {"name": "softmax", "label": "softmax"}, "seed": seed}
+        cfg |= {"preset": "quick", "train": {"batch_size": 32, "warmup": (100, 50)[seed]}, "run_tag": ""}
+        make_record(tmp_path, "softmax", seed, test_acc=0.4, config=cfg)
+        tagged(tmp_path, "performer", seed, "train.max_steps=40", test_acc=0.3)
+    (tmp_path / "labels.yaml").write_text(
+        '"quick/clean/listops/performer/seed*/train.max_steps=40": Performer, 40 steps\n"quick/clean/text/*": nothing\n'
+    )
+    res = collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, html=False)
+    t1 = res.tables[("quick", "skeinformer_table1")]
+    assert [(r.name, r.cells[1].n) for r in t1.rows] == [("Standard", 2), ("Performer, 40 steps", 2)]
+    assert [(i.path, i.kind) for i in res.issues] == [("quick/clean/text/*", "labels")]  # a pattern that names no run
+    other = tmp_path / "names.yaml"
+    other.write_text('"quick/clean/listops/softmax": Softmax (ours)\n')
+    assert main(["--runs", str(tmp_path), "--out", str(tmp_path / "o2"), "--labels", str(other), "--no-plots"]) == 0
+    assert "| Softmax (ours) |" in (tmp_path / "o2" / "quick" / "skeinformer_table1.md").read_text()
+    other.write_text("- a list\n")
+    assert main(["--runs", str(tmp_path), "--labels", str(other), "--no-plots"]) == 2
+    assert "names.yaml" in capsys.readouterr().err

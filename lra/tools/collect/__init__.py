@@ -1,7 +1,8 @@
 """Results collector: run records → the papers' tables, plots and reports (``make tables``).
 
     python -m lra.tools.collect [--runs DIR] [--out DIR] [--format csv,tex,md] [--compare PAPER[,PAPER]|all]
-                          [--style paper|full] [--preset NAME] [--all-rows] [--trials] [--no-plots] [--no-html]
+                          [--style paper|full] [--preset NAME] [--all-rows] [--trials] [--labels FILE]
+                          [--no-plots] [--no-html]
 
 Reads every ``result.json`` under the runs root (default ``$LRA_RUNS`` or ``runs/``), groups the
 finished runs by preset × task × row (one row per configuration: attention, overrides, name, data;
@@ -9,7 +10,7 @@ lra/tools/collect/rows.py), and writes under ``--out`` (default ``<runs>/tables`
 
     index.html               the results page: every table (deltas, marks), the figures inline, each cell
                              linking to its runs' records, failed runs and problems; self-contained (offline)
-    index.md                 what was read, per preset, failed runs and every problem found
+    index.md                 what was read, per preset, failed runs and every problem found (debug runs apart)
     runs.csv                 one normalised row per record (``usable``: finished; ``kept``: not a duplicate)
     failed.{csv,md}          runs that did not finish (failed, interrupted, running), with their reason
     issues.{csv,md}          old-schema records, duplicates, folders without a record, NaN metrics ...
@@ -22,20 +23,24 @@ lra/tools/collect/rows.py), and writes under ``--out`` (default ``<runs>/tables`
 Presets (``quick``, ``skeinformer_paper`` ...) are never mixed in one table. ``--compare skeinformer``
 adds the paper's number and our delta beside the rows that ran the paper's configuration in the
 paper's own preset (numbers in ``lra/tools/collect/paper_results.csv`` with their source); other presets get their own
-caption and no paper column. Every file is written atomically and holds nothing
-time-dependent: the same runs give byte-identical files. Layout and reading rules: docs/results.md.
+caption and no paper column. A labels file (``<runs>/labels.yaml``, or ``--labels FILE``) names rows
+without retraining: ``"<run folder pattern>": <name>``, as ``name=`` would have. Every file is written
+atomically and holds nothing time-dependent: the same runs give byte-identical files. Layout and reading
+rules: docs/results.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pandas as pd
@@ -49,9 +54,11 @@ from lra.tools.collect.plots import plot_preset
 from lra.tools.collect.records import Issue, failed_frame, issues_frame, load_runs
 from lra.tools.collect.render import frame_csv, frame_markdown, safe_name, to_csv, to_latex, to_markdown
 from lra.tools.collect.rows import searches as search_frame
-from lra.tools.collect.tables import PAPERS, STYLES, TABLES, build, own_paper, summary
+from lra.tools.collect.tables import METRICS, PAPERS, STYLES, TABLES, build, own_paper, summary
 
 FORMATS = ("csv", "tex", "md")
+LABELS = "labels.yaml"  # <runs root>/labels.yaml: display names of rows, read by every collection
+DEBUG = "skipped"  # the issue kind of a debug run's record: a check of the pipeline, no problem
 
 
 class CollectError(ValueError):
@@ -82,6 +89,7 @@ def collect(
     html: bool = True,
     trials: bool = False,
     style: str | None = None,
+    labels: Path | None = None,
 ) -> Result:
     """Read the records under ``runs_root`` and write every table, report and figure into ``out``.
 
@@ -96,6 +104,7 @@ def collect(
         html: also write the results page ``index.html`` (lra/tools/collect/page.py).
         trials: show search trials as rows (else each search is summarised by its best trial).
         style: ``paper`` or ``full`` for Markdown and LaTeX (default: paper in a paper's own preset).
+        labels: a labels file (:func:`read_labels`; default ``<runs_root>/labels.yaml`` where it exists).
 
     Returns:
         A :class:`Result`: the runs read, the problems found (a run folder without a record, a failed
@@ -109,6 +118,8 @@ def collect(
     runs_root = Path(runs_root)
     out = Path(out) if out is not None else runs_root / "tables"
     runs, issues = load_runs(runs_root, exclude=(out,))
+    if labels is not None or (runs_root / LABELS).is_file():
+        issues += relabel(runs, read_labels(Path(labels or runs_root / LABELS)))
     res = Result(out, runs, issues)
     all_presets = sorted(set(runs["preset"]))
     unknown = sorted(set(presets or ()) - set(all_presets))
@@ -161,19 +172,23 @@ def collect(
             figures[preset] = files
             issues += [Issue(p, "plot", n) for p, n in notes]
     issues.sort(key=lambda i: (i.path, i.kind, i.detail))
+    problems = [i for i in issues if i.kind != DEBUG]
+    debug = issues_frame([i for i in issues if i.kind == DEBUG]).drop(columns="kind")
 
     failed = failed_frame(runs)
-    iss = issues_frame(issues)
-    emit("runs.csv", frame_csv(runs))
+    iss = issues_frame(problems)
+    emit("runs.csv", frame_csv(runs.drop(columns="tag")))  # the folder's tag: in path; the row's: overrides
     emit("failed.csv", frame_csv(failed))
     emit("issues.csv", frame_csv(iss))
     failed_md = frame_markdown(failed, "## Failed or unfinished runs (never in a mean)", "No failed runs.")
     issues_md = frame_markdown(iss, "## Problems found in the records", "No problems found.")
+    if len(debug):
+        issues_md += "\n" + frame_markdown(debug, "## Debug runs: skipped (checks of the pipeline, not results)")
     emit("failed.md", failed_md)
     emit("issues.md", issues_md)
-    emit("index.md", _index(runs, issues, chosen, summ, failed_md, issues_md, compare))
+    emit("index.md", _index(runs, problems, chosen, summ, failed_md, issues_md, compare))
     if html:
-        emit("index.html", page_html(res.tables, runs, issues, runs_root, out, figures, compare, trials, found))
+        emit("index.html", page_html(res.tables, runs, problems, runs_root, out, figures, compare, trials, found))
     res.files = sorted(set(res.files))
     return res
 
@@ -202,13 +217,40 @@ def _index(runs, issues, presets, summ, failed_md, issues_md, compare) -> str:
         ]
         if len(s):
             view = s[["task", "label", "seeds", "test_acc_mean", "test_acc_std", "test_acc_ci95", "test_acc_n"]].copy()
-            for c in ("test_acc_mean", "test_acc_std", "test_acc_ci95"):
-                view[c] = 100 * view[c]
+            for c in ("test_acc_mean", "test_acc_std", "test_acc_ci95"):  # as the tables print them
+                view[c] = [f"{100 * x:.{METRICS['acc'].decimals}f}" if math.isfinite(x) else "" for x in view[c]]
             # the half-width of the 95% t-interval over seeds (empty under 3 seeds: docs/results.md)
             view.columns = ["task", "row", "seeds", "test acc (%)", "std", "95% ±", "n"]
             lines.append(frame_markdown(view))
     lines += [failed_md, issues_md]
     return "\n".join(lines)
+
+
+def read_labels(path: Path) -> dict:
+    """{run-folder pattern: display name} from a labels file: a YAML mapping such as
+    ``"quick/clean/*/performer/seed*/train.max_steps=40": Performer, 40 steps``; :class:`CollectError` if none."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        data = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - missing, unreadable, not YAML: one line
+        raise CollectError(f"--labels {path}: cannot read it ({type(e).__name__}: {str(e)[:120]})") from None
+    data = OmegaConf.to_container(data) if isinstance(data, DictConfig) else None
+    if not data or not all(isinstance(v, str) and v.strip() for v in data.values()):
+        raise CollectError(f'--labels {path}: not a mapping of run-folder pattern to name ("quick/*/performer": Mine)')
+    return {str(k): v.strip() for k, v in data.items()}
+
+
+def relabel(runs: pd.DataFrame, labels: dict) -> list[Issue]:
+    """Name the runs whose folder (its path under the runs root) or a folder above it matches a pattern
+    (``fnmatch``; a later pattern wins), as ``name=`` would have; a pattern that matches no run is an issue."""
+    issues = []
+    for pattern, name in labels.items():
+        hit = runs["path"].map(lambda p, pat=pattern: fnmatchcase(p, pat) or fnmatchcase(p, pat.rstrip("/") + "/*"))
+        runs.loc[hit, "name"] = name
+        if not hit.any():
+            issues.append(Issue(pattern, "labels", f"a labels-file pattern that matches no run folder ({name!r})"))
+    return issues
 
 
 def out_problem(out: Path) -> str | None:
@@ -229,7 +271,8 @@ EXAMPLES = """examples:
   python -m lra.tools.collect                                  # every run under runs/ -> runs/tables (make tables)
   python -m lra.tools.collect --preset quick --no-plots        # the quick preset's tables only
   python -m lra.tools.collect --compare skeinformer --runs /scratch/runs --out report/
-  python -m lra.tools.collect --style full --all-rows --trials  # every statistic, every paper row, every trial"""
+  python -m lra.tools.collect --style full --all-rows --trials  # every statistic, every paper row, every trial
+  python -m lra.tools.collect --labels names.yaml              # rows named by run folder, without retraining"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -257,6 +300,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--trials",
         action="store_true",
         help="show every search trial as a row (default: each " "search's best trial in searches.md)",
+    )
+    p.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help=f'row names by run folder: a YAML mapping such as "quick/*/performer": Mine (default <runs>/{LABELS})',
     )
     p.add_argument("--no-plots", action="store_true", help="tables and reports only")
     p.add_argument("--no-html", action="store_true", help="no results page (index.html)")
@@ -311,6 +360,7 @@ def main(argv=None) -> int:
                 html=not args.no_html,
                 trials=args.trials,
                 style=args.style,
+                labels=args.labels,
             )
     except (KeyboardInterrupt, Interrupted) as e:
         sig = signal.Signals(signal_of(e))

@@ -29,7 +29,7 @@ from lra.tools.collect.drawing import (
     place_labels,
     preset_rows,
     scatter_by_source,
-    short,
+    shorts,
     source_handles,
     task_name,
 )
@@ -230,9 +230,9 @@ def lra_chart_figure(summary: pd.DataFrame, preset: str, names: dict | None = No
         frameon=False,
     )
     all_loaded = bool(d["loaded"].all())  # said once in the title instead of at every point
-    texts = []
+    texts, points = [], shorts({k: names.get(k, k) for k in d["row"]})
     for r in d.itertuples():
-        t = short(names.get(r.row, r.row))
+        t = points[r.row]
         extra = (
             ([] if r.tasks == r.of else [f"{r.tasks} of {r.of} tasks"])
             + ([] if r.seeds > 1 else ["1 seed"])

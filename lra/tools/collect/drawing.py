@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,13 @@ def short(name: str, width: int = 34) -> str:
     head, tag = name.split(" [", 1)
     room = max(width - len(head) - 4, 8)
     return f"{head} [{tag[:room].rstrip(', ')}…]"
+
+
+def shorts(names: dict, width: int = 34) -> dict:
+    """{key: point label}: each name cut by :func:`short`, but whole where its cut would read like another's."""
+    cut = {k: short(v, width) for k, v in names.items()}
+    seen = Counter(cut.values())
+    return {k: c if seen[c] == 1 else names[k] for k, c in cut.items()}
 
 
 def label(key: str, width: int = 90) -> str:
@@ -99,7 +107,8 @@ def legend_below(fig: Figure, handles, labels, title: str):
 
 def full_names_legend(fig: Figure, keys, names: dict, col: dict, width: int = 34):
     """Under the axes, the full names of the rows whose point label had to be cut (long override tags)."""
-    cut = [k for k in keys if short(names[k], width) != names[k]]
+    points = shorts({k: names[k] for k in keys}, width)
+    cut = [k for k in keys if points[k] != names[k]]
     if cut:
         legend_below(
             fig,

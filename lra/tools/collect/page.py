@@ -177,7 +177,7 @@ def _delta_class(cell, metric: str, paper_marks: list) -> str:
 def _table(built: Built, pid: int, run_ids: dict, row_ids: dict) -> str:
     """One paper table: each cell as the Markdown prints it (value, interval, marks), the value linking to
     the runs behind it."""
-    body, first_extra = [], True
+    body, first_extra = [], any(r.in_paper for r in built.rows)  # a rule between the paper's rows and ours
     for row, texts in zip(built.rows, render.cell_texts(built)):
         cls = ""
         if not row.in_paper and first_extra:
@@ -254,7 +254,7 @@ def _runs_table(
     ]
     for r, key in enumerate(rows):
         row_ids[key] = _anchor("r", pid, r)
-        full = infos[key].tag
+        full = infos[key].over
         text = _e(label[key]) + (f"<br><code>{_e(full)}</code>" if full else "")
         cells = [f'<th class="model" scope="row" id="{row_ids[key]}">{text}</th>']
         for c, task in enumerate(tasks):

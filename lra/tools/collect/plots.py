@@ -49,7 +49,7 @@ from lra.tools.collect.drawing import (
     readable_names,
     save,
     scatter_by_source,
-    short,
+    shorts,
     task_name,
     time_unit,
 )
@@ -325,7 +325,8 @@ def efficiency_figure(summary: pd.DataFrame, preset: str, task: str, names: dict
         ),
     )
     seeds = s["test_acc_n"].to_numpy(dtype=int)
-    texts = [short(names[k]) + ("" if n > 1 else " (1 seed)") for k, n in zip(keys, seeds)]
+    points = shorts({k: names[k] for k in keys})
+    texts = [points[k] + ("" if n > 1 else " (1 seed)") for k, n in zip(keys, seeds)]
     for ax, x, x_sd, src, xlabel, empty in panels:
         ok = np.isfinite(x)
         idx = np.flatnonzero(ok)

@@ -20,7 +20,12 @@ Bad input is reported, never fatal and never averaged silently:
 * a seed that is not an integer (record field or ``seed<N>`` folder, e.g. ``seed1.5``): the run is not
   counted (``unusable``), since it is no seed of the plain row;
 * a record of a ``debug=<name>`` run (``debug`` field; conf/debug/): never read into the tables, listed as
-  ``skipped`` with the debug run's name.
+  ``skipped`` with the debug run's name (a check of the pipeline, not a problem: the reports list it apart).
+
+Accuracies and losses are the run's float32 values: they are read at the digits a float32 holds (0.52, not
+0.5199999809265137), so every output rounds the same number once. A run's ``overrides`` are read from its
+record's resolved ``config`` (:func:`lra.tools.collect.rows.overrides`), never from its folder's tag, which
+is cut and hashed past 200 characters.
 
 Runs whose status is not ``completed``, ``stopped_early`` or ``stuck`` (failed, interrupted, still
 ``running`` ...) never enter a mean; they are listed with their reason in the failed-runs table.
@@ -41,9 +46,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from lra.record import CORE, SCHEMA_VERSION, Record  # the newest run-record schema this reader knows
+from lra.tools.collect.rows import overrides
 
 # Finished runs (= lra.train.FINISHED). "stuck" (training ran, but stayed at chance level) is a real
 # outcome the papers count too (YOSO Table 3: Performer 18.80 on ListOps): it enters the means and is
@@ -71,6 +78,7 @@ NUMERIC = (
     "test_loss",
 )
 ACCURACIES = ("test_acc", "best_val_acc", "majority_acc")
+FLOAT32 = (*ACCURACIES, "test_loss")  # what the run computed in float32 (torch metrics)
 # Values that cannot be: counts, times, memory and losses are never negative; a time per step, a
 # throughput or a batch is never zero either (it would put a run at infinite speed in the figures).
 NON_NEGATIVE = ("steps", "train_time_s", "eval_time_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "test_loss")
@@ -90,6 +98,7 @@ TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware"
 # what identifies a row beyond task and attention (lra/tools/collect/rows.py), and what the tables say about it
 CONTEXT = (
     "tag",
+    "overrides",
     "name",
     "data_id",
     "data_kind",
@@ -123,6 +132,7 @@ COLUMNS = (
     *CONTEXT,
     *CONTEXT_NUMERIC,
     "loaded",
+    "stuck",
 )
 
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
@@ -320,6 +330,8 @@ def normalise(record: Record, rel: str) -> tuple[dict, list[Issue]]:
         if problem is None:
             problem = _impossible(key, v)
             v = v if problem is None else math.nan
+        if key in FLOAT32 and problem is None and v == float(np.float32(v)):
+            v = float(str(np.float32(v)))  # the digits the float32 holds: 0.5199999809265137 -> 0.52
         out[key] = v
         if not usable or problem is None or key not in rec:
             continue
@@ -358,8 +370,17 @@ def normalise(record: Record, rel: str) -> tuple[dict, list[Issue]]:
     out["semantics"] = str(semantics)
     out["preset"] = table_set(out["preset"] or "unknown", out["semantics"])
     out["usable"] = usable
+    out["stuck"] = status == "stuck" or rec.get("stuck_at_end") is True  # ended at the majority-class rate
     out.update(context(rec, cfg, out["variant"]))
+    out["_cfg"] = _flat(cfg)
     return out, issues
+
+
+def _flat(node, prefix: str = "") -> dict:
+    """A resolved config as {dotted key: value as its run tag spells it} (lra.naming: text as it is, else JSON)."""
+    if isinstance(node, dict) and node:
+        return {k: v for key, sub in node.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node if isinstance(node, str) else json.dumps(node, sort_keys=True, separators=(",", ":"))}
 
 
 def _text(x) -> str:
@@ -390,6 +411,7 @@ def context(rec: dict, cfg: dict, variant: str) -> dict:
     trial, _ = _number(search.get("trial")) if search else (math.nan, None)
     out = {
         "tag": tag if isinstance(tag, str) else variant,
+        "overrides": "",  # from every record's config at once: load_runs
         "name": _text(rec.get("name")),
         "data_id": _text(data.get("id")),
         "data_kind": _text(data.get("kind")),
@@ -441,7 +463,7 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
     """Every record under ``root`` (one row each, ``kept`` False for superseded duplicates) and the issues."""
     root = Path(root)
     records, orphans = discover(root, exclude)
-    rows, issues, mtimes = [], [], []
+    rows, issues, mtimes, cfgs = [], [], [], []
     for f in records:
         rel = _rel(f.parent, root)
         try:
@@ -463,6 +485,7 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
             issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}: skipped"))
             continue
         issues += found
+        cfgs.append(row.pop("_cfg"))
         rows.append(row)
         try:
             mtimes.append(f.stat().st_mtime_ns)
@@ -483,10 +506,12 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
         df[c] = df[c].astype(float)
     for c in ("path", "variant", *TEXT, *CONTEXT, "loaded"):
         df[c] = df[c].astype(object)
+    df["stuck"] = df["stuck"].astype(bool)
     if len(df):
         df["_mtime"] = mtimes
         issues += _resolve_duplicates(df)
         df = df.drop(columns="_mtime")
+        df["overrides"] = overrides(df, cfgs)
     df = df[list(COLUMNS)].sort_values("path", kind="stable").reset_index(drop=True)
     issues.sort(key=lambda i: (i.path, i.kind, i.detail))
     return df, issues

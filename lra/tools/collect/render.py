@@ -3,20 +3,24 @@
 Two styles (``Built.style``, lra/tools/collect/tables.py STYLES):
 
 * ``paper`` (the default of a paper's own preset): the cell as the paper prints it, the mean, with the best
-  of each column in bold; the legend says over how many seeds, and that the page and the CSV hold the rest.
+  of each column in bold (:func:`best_rows`) and the chance mark; the legend says over how many seeds, and
+  that the page and the CSV hold the rest.
 * ``full``: ``mean ± std (n) [low, high]`` and marks: mean and sample std over seeds, n the seeds with a
   value, the 95% t-interval of the mean with MIN_SEEDS seeds or more (cut to what the quantity allows).
   One seed prints ``mean (1)``, two ``mean ± std (2)``: the legend says once why there is no interval.
 
 Settings (batch, accumulation) print their value, ``a/b`` when seeds disagree; ``--`` marks a missing
-cell. The best value of each column among our rows (highest accuracy or batch; lowest steps, time,
-memory, accumulation), compared as printed, is bold. With a comparison, each column gains the paper's
-value and our delta (ours minus paper). Marks (:func:`marks`, :func:`legend`): ``≈`` after a delta, the
-seeds cannot separate ours from the paper; ``†`` after ours, they cannot separate the row from its
-baseline (Standard under the same settings); ``?``, not testable against it; ``‡``, a timing with a run
-on a shared or busy machine. A row whose label shortened its overrides carries a footnote with the full
-text. The results page and the CSV always carry the full statistics. Nothing time-dependent is printed,
-so the same runs give byte-identical files.
+cell. Bold (:func:`best_rows`): the best mean of a column (highest accuracy; lowest steps, time, memory),
+only where every cell of the column has as many seeds and Welch's interval separates the best from each,
+never a cell at the majority-class rate; a setting's best value (largest batch, fewest accumulation
+steps). With a comparison, each column gains the paper's value and our delta (ours minus paper). Marks
+(:func:`marks`, :func:`legend`): ``≈`` after a delta, the seeds cannot separate ours from the paper; ``†``
+after ours, they cannot separate the row from its baseline (Standard under the same settings); ``?``, not
+testable against it; ``‡``, a timing with a run on a shared or busy machine; ``§``, an accuracy whose seeds
+ended at the majority-class rate (the records say stuck). A row whose label shortened its overrides carries
+a footnote with the full text; the overrides every row shares are one note. A LaTeX table wider than an
+article page is scaled to its width (:func:`tabular_width`). The results page and the CSV always carry the
+full statistics. Nothing time-dependent is printed, so the same runs give byte-identical files.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
 from lra.tools.collect.escape import csv_cell, md, md_inline, tex, tex_comment
-from lra.tools.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_TESTABLE
+from lra.tools.collect.stats import CANNOT_SEPARATE, MIN_SEEDS, NOT_TESTABLE, SEPARATED, verdict, welch_interval
 from lra.tools.collect.tables import BASELINE, METRICS, PAPERS, Built, Cell
 
 MISSING = "--"
@@ -38,6 +44,8 @@ PAPER_MARK = "≈"  # after a delta: the seeds cannot separate ours from the pap
 BASELINE_MARK = "†"  # after ours: the seeds cannot separate this row from its baseline (Welch, 95%)
 UNTESTED_MARK = "?"  # after ours: not testable against the baseline (too few seeds there)
 LOADED_MARK = "‡"  # after a timing: a run of it was timed on a shared or busy machine
+CHANCE_MARK = "§"  # after an accuracy: its seeds ended at the majority-class rate (the records say stuck)
+TEXT_WIDTH_PT = 345.0  # \textwidth of LaTeX's article class at 10 pt, on A4 or letter paper
 
 
 NAME_MAX = 96  # a file-name component stays far below the file systems' 255 bytes (with a prefix and suffix)
@@ -166,6 +174,9 @@ def marks(
                 "timed with a run on a shared or busy machine (the record's machine field): " "compare with care",
             )
         )
+    if standard and cell.stuck:
+        some = "its" if cell.stuck >= cell.n else f"{cell.stuck} of its {cell.n}"
+        out.append((CHANCE_MARK, f"{some} seeds ended at the majority-class rate (their records say stuck)"))
     return out
 
 
@@ -182,10 +193,21 @@ def legend(built: Built) -> list[str]:
     if all(METRICS[c.metric].setting for c in built.columns):
         return []
     base = baseline_name(built)
+    rule = [
+        f"Bold: the best mean of a column, only where every cell of the column has the same number of seeds "
+        f"({MIN_SEEDS} or more; times from one device) and Welch's 95% interval separates the best from each "
+        f"other cell; never a cell marked {CHANCE_MARK}."
+    ]
+    if any(c.stuck for r in built.rows for c in r.cells):
+        rule.append(
+            f"{CHANCE_MARK} after our value: its seeds ended at the majority-class rate (their records say stuck): "
+            f"the model did not learn the task."
+        )
     if built.style == "paper":
         return [
             _seeds_line(built) + " The results page (index.html) and the CSV carry the std, the number of "
-            "seeds, the 95% intervals and the comparisons."
+            "seeds, the 95% intervals and the comparisons.",
+            *rule,
         ]
     lines = [
         (
@@ -215,7 +237,7 @@ def legend(built: Built) -> list[str]:
     )
     if any(c.loaded for r in built.rows for c in r.cells):
         lines.append(f"{LOADED_MARK} after a time or memory: a run of it was timed on a shared or busy machine.")
-    return lines
+    return lines + rule
 
 
 def _seeds_line(built: Built) -> str:
@@ -226,20 +248,28 @@ def _seeds_line(built: Built) -> str:
 
 
 def best_rows(built: Built) -> list[set]:
-    """For each column, the indices of our rows holding the best printed value."""
+    """For each column, the indices of our rows in bold. A setting (batch, accumulation; no noise): those holding
+    the best printed value. A measurement: the row with the best mean, where every other cell of the column has
+    as many seeds, Welch's 95% interval (MIN_SEEDS seeds or more) separates it from each, a time was taken on
+    the same device, and its seeds did not end at the majority-class rate; else none."""
     best = []
     for j, col in enumerate(built.columns):
         m = METRICS[col.metric]
-        vals = {}
-        for i, row in enumerate(built.rows):
-            c = row.cells[j]
-            if not c.empty:
-                vals[i] = round(c.mean, m.decimals)
-        if not vals:
-            best.append(set())
+        cells = {i: row.cells[j] for i, row in enumerate(built.rows) if not row.cells[j].empty}
+        pick = max if m.higher_better else min
+        if m.setting:
+            vals = {i: round(c.mean, m.decimals) for i, c in cells.items()}
+            best.append({i for i, v in vals.items() if v == pick(vals.values())})
             continue
-        target = max(vals.values()) if m.higher_better else min(vals.values())
-        best.append({i for i, v in vals.items() if v == target})
+        top = pick(cells, key=lambda i: cells[i].mean, default=None)
+        t = cells.get(top)
+        ok = len(cells) > 1 and not t.stuck
+        for i, c in cells.items() if ok else ():
+            if i != top:
+                diff = welch_interval(t.mean, t.std, t.n, c.mean, c.std, c.n, min_n=MIN_SEEDS)
+                same = c.n == t.n and (not m.timing or c.devices == t.devices)
+                ok = ok and same and verdict(diff[1], diff[2], 0.0) == SEPARATED
+        best.append({top} if ok else set())
     return best
 
 
@@ -284,7 +314,7 @@ def cell_texts(built: Built, minus: str = "-", style: str = "full") -> list[list
                 value,
                 i in best[j] and value != MISSING,
                 interval_text(cell, col.metric, minus) if full else "",
-                tuple(marks(cell, base, paper=False)) if full else (),
+                tuple(x for x in marks(cell, base, paper=False) if full or x[0] == CHANCE_MARK),
             )
             if built.compare:
                 t = replace(
@@ -341,6 +371,11 @@ def notes(built: Built) -> list[str]:
     """The lines under a table: what its cells are (protocol, task settings, data), what was not compared and
     why, the rows without a baseline, and the footnotes' full override texts."""
     lines = list(built.about)
+    if built.shared:
+        lines.append(
+            f"Every row: {', '.join(f'{k}={v}' for k, v in built.shared)} (overrides of the preset's configuration, "
+            f"as the run records' configs hold them)."
+        )
     lines.append(
         f"{built.n_runs} finished run{'' if built.n_runs == 1 else 's'}. "
         "Settings (batch, accumulation) as their value, a/b when seeds differ; -- no run."
@@ -392,7 +427,7 @@ def to_csv(built: Built) -> str:
             "attn": info.attn if info else row.key,
             "in_paper": int(row.in_paper),
             "seeds": row.seeds,
-            "overrides": info.tag if info else "",
+            "overrides": info.over if info else "",
             "name": info.name if info else "",
             "data": info.data if info else "",
             "baseline": row.base or "",
@@ -443,6 +478,7 @@ _TEX_SYMBOLS = {
     PAPER_MARK: r"$\approx$",
     BASELINE_MARK: r"\textdagger{}",
     LOADED_MARK: r"\ddag{}",
+    CHANCE_MARK: r"\S{}",
     "Δ": r"$\Delta$",
     "—": "---",
     "×": r"$\times$",
@@ -458,20 +494,26 @@ def _tex_cell(t: str) -> str:
     return t
 
 
-def _tex_header(heads: list[tuple]) -> list[str]:
-    """Header rows with \\multicolumn spans and \\cmidrule under every span wider than one column."""
-    depth = max(len(p) for p in heads)
-    lines = []
-    for level in range(depth):
+def _spans(heads: list[tuple]) -> list[list[tuple]]:
+    """Per header level, its spans (first column, last column, text) over the columns whose paths agree so far."""
+    out = []
+    for level in range(max(len(p) for p in heads)):
         spans, j = [], 0
         while j < len(heads):
-            key = heads[j][: level + 1]
             k = j
-            while k + 1 < len(heads) and heads[k + 1][: level + 1] == key:
+            while k + 1 < len(heads) and heads[k + 1][: level + 1] == heads[j][: level + 1]:
                 k += 1
             spans.append((j, k, heads[j][level] if level < len(heads[j]) else ""))
             j = k + 1
-        last = level == depth - 1
+        out.append(spans)
+    return out
+
+
+def _tex_header(heads: list[tuple]) -> list[str]:
+    """Header rows with \\multicolumn spans and \\cmidrule under every span wider than one column."""
+    lines, levels = [], _spans(heads)
+    for level, spans in enumerate(levels):
+        last = level == len(levels) - 1
         cells = ["Model" if last else ""]
         rules = []
         for a, b, text in spans:
@@ -485,35 +527,76 @@ def _tex_header(heads: list[tuple]) -> list[str]:
     return lines
 
 
+@lru_cache(maxsize=1)
+def _cmr10():
+    from matplotlib import ft2font, get_data_path
+
+    font = ft2font.FT2Font(str(Path(get_data_path()) / "fonts" / "ttf" / "cmr10.ttf"))
+    font.set_size(1000, 72)  # 1000 pt: widths to a thousandth of an em, no hinting to whole pixels
+    return font
+
+
+def tex_width(text: str, size: float = 10.0, bold: bool = False) -> float:
+    """``text``'s width in pt in Computer Modern Roman at ``size`` pt, from matplotlib's copy of cmr10 (TeX's own
+    metrics); a character outside printable ASCII (±, †, ≈, Δ, ö) as wide as "M" (wider than each); bold (cmbx) 15 %
+    wider, as its digits are."""
+    font = _cmr10()
+    font.set_text("".join(c if " " <= c <= "~" else "M" for c in text))
+    return font.get_width_height()[0] / 64 / 1000 * size * (1.15 if bold else 1.0)
+
+
+def tabular_width(built: Built) -> float:
+    """The natural width in pt of :func:`to_latex`'s tabular: each column as wide as its widest cell at \\small
+    (9 pt: cmr9, whose glyphs are 2.8 % wider per em than cmr10's), a header wider than the columns it spans
+    widening the last of them (as TeX does), and \\tabcolsep (6 pt) either side of every column."""
+    heads = leaves(built)
+    body = [
+        [row_name(built, row, str, str), *cells]
+        for row, cells in zip(built.rows, _row_texts(built, str, lambda t: "\x01" + t))
+    ]
+    size = 9 * 1.028
+    cols = zip(["Model"] + [""] * len(heads), *body)  # the header's texts: its spans, below
+    widths = [max(tex_width(c.replace("\x01", ""), size, "\x01" in c) for c in col) for col in cols]
+    for spans in _spans(heads):
+        for a, b, text in spans:
+            need = tex_width(text, size) - sum(widths[a + 1 : b + 2]) - 12.0 * (b - a)
+            widths[b + 1] += max(need, 0.0)
+    return sum(widths) + 12.0 * len(widths)
+
+
 def to_latex(built: Built) -> str:
     """A booktabs table. In the paper style of the paper's own preset the caption is the paper's, so the
-    tabular can go under it; the notes and legend follow in small type."""
+    tabular can go under it; the notes and legend follow in small type. A tabular wider than an article page
+    (:data:`TEXT_WIDTH_PT`) is scaled to the text width, as papers do (``\\resizebox``: needs graphicx)."""
     heads = leaves(built)
     spec = built.spec
     caption = _tex_cell(spec.caption if built.own else title(built))
+    wide = tabular_width(built) > TEXT_WIDTH_PT
     lines = [
         f"% {tex_comment(title(built))}",
         f"% generated by lra.tools.collect from the run records (preset {tex_comment(built.preset)}, "
         f"{built.style} style); do not edit by hand",
+        *(["% wider than an article page: scaled to \\textwidth (\\usepackage{graphicx})"] if wide else []),
         r"\begin{table}[ht]",
         r"\centering",
         r"\small",
         f"\\caption{{{caption}}}",
         f"\\label{{tab:{safe_name(built.preset)}:{spec.key}}}",
+        *([r"\resizebox{\textwidth}{!}{%"] if wide else []),
         f"\\begin{{tabular}}{{l{'r' * len(heads)}}}",
         r"\toprule",
     ]
     lines += _tex_header(heads)
     lines.append(r"\midrule")
     texts = _row_texts(built, _tex_cell, lambda t: f"\\textbf{{{t}}}")
-    first_extra = True
+    first_extra = any(r.in_paper for r in built.rows)  # a rule between the paper's rows and ours, where both are
     for row, cells in zip(built.rows, texts):
         if not row.in_paper and first_extra:
             lines.append(r"\midrule")
             first_extra = False
         name = row_name(built, row, _tex_cell, lambda n: f"\\textsuperscript{{{n}}}")
         lines.append(" & ".join([name] + cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [r"\bottomrule", r"\end{tabular}" + ("}" if wide else "")]
     below = notes(built) + legend(built)
     if below:
         lines += [r"\par\smallskip\footnotesize\raggedright"] + [_tex_cell(x) + r"\par" for x in below]

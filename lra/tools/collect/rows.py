@@ -1,12 +1,14 @@
 """Which table row a run belongs to, how the row is printed, and which Standard row it is compared with.
 
-A row is one configuration: the attention, the run's overrides (its tag: every resolved value that differs
-from the preset's, ``lra.naming.run_tag``), its display name (``name=``) and the data it read. Runs of one
-row and task are the seeds a cell averages; nothing else is ever averaged into it.
+A row is one configuration: the attention, the run's overrides (every resolved value that differs from the
+preset's, read from its record's ``config``: :func:`overrides`), its display name (``name=``, or a labels file:
+lra/tools/collect/__init__.py) and the data it read. Runs of one row and task are the seeds a cell averages;
+nothing else is ever averaged into it.
 
 * **Label.** The name the run was given, else the paper's row name (or the attention key) followed by the
-  changed keys only, numbers at 3 significant digits: ``Performer [lr=0.00162, max_steps=40]``. The full
-  override text goes into a footnote when the label shortened it.
+  changed keys that tell it from the table set's other rows, numbers at 3 significant digits: ``Performer
+  [lr=0.00162, max_steps=40]``. Overrides every row shares are said once, under each table (:func:`shared`).
+  The full text goes into a footnote when the label shortened it. Two rows never print alike.
 * **Data.** Per task, the data most of the table set's runs read is the task's data (the table says what
   it was); runs on other data get their own row, ``[data <id>]``.
 * **Baseline.** A row is compared with the Standard (``softmax``) row run under the same settings:
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import pandas as pd
@@ -30,24 +32,32 @@ from lra.display import paper_names
 
 BASELINE = "softmax"  # the attention every other row is compared with (Standard / Self-Attention / softmax)
 _ITEM = re.compile(r",(?=[+~]?[A-Za-z_][\w.@/-]*=)")  # a comma that starts the next key=value of a tag
+_HASHED = re.compile(r"-[0-9a-f]{9}$")  # a folder tag cut, or made safe, and given a hash (lra.conf_nodes.folder_name)
 # overrides that belong to the attention (its options and variants): set aside when finding the baseline
 ATTN_KEYS = ("attn", "attn_options", "attn_checkpointing")
+# Resolved keys that say where or how a run ran, not what it computed: lra.naming.UNTAGGED, copied since that
+# module imports torch (tests/test_tables_rows.py checks that the two agree)
+NOT_SETTINGS = tuple(
+    "preset semantics seed name task.name attn.name attn.label attn.target attn.base_options protocol attn_options "
+    "quirks runs_root data_root run_tag force num_threads fit hardware logger trainer.progress trainer.num_workers "
+    "trainer.log_every_n_steps train.compile train.ckpt_every_steps".split()
+)
 
 
 @dataclass(frozen=True)
 class RowInfo:
-    key: str  # unique within a table set: attn, tag, name, data, trial
+    key: str  # unique within a table set: attn, overrides, name, data, trial
     attn: str
-    tag: str = ""  # the full override text ("" for the preset's own configuration)
+    over: str = ""  # the overrides, key=value,... from the records' configs ("" for the preset's own configuration)
     name: str = ""  # the display name the runs carry (name=...)
     data: str = ""  # "" for the task's data, else the data id of these runs
     trial: str = ""  # "<study> #<n>" for a search trial shown with --trials
-    setting: str = ""  # the tag without the attention's own keys, plus the data: what the baseline must share
+    setting: str = ""  # the overrides without the attention's own keys, plus the data: what the baseline must share
 
     @property
     def plain(self) -> bool:
         """The preset's own configuration on the task's data: the only row a paper's number describes."""
-        return not (self.tag or self.data or self.trial)
+        return not (self.over or self.data or self.trial)
 
 
 def parse_tag(tag: str) -> list[tuple[str, str]]:
@@ -89,6 +99,46 @@ def short_tag(tag: str) -> str:
     return ", ".join(parts)
 
 
+def _setting(key: str) -> bool:
+    return not any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
+
+
+def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
+    """Each run's overrides as ``key=value,...`` (sorted; values as its tag spells them), read from ``cfgs``, the
+    runs' flat resolved configs (records.load_runs), never from the folder's tag (cut and hashed past 200
+    characters): the keys its tag names, the ``train.*`` keys the preset's ``protocol`` also sets, and every key
+    in which the finished runs of its table set and task differ (an attention's own keys: among that attention's
+    runs), less those at the preset's own value (what the table set's runs without overrides agree on, else the
+    protocol's). A run without overrides (empty tag) has none; a key its tag names and its config lacks (an old
+    or hand-made record) keeps the tag's value where the tag is whole."""
+    out = list(runs["tag"].fillna(""))
+    ok = (runs["usable"] & runs["kept"]).tolist()
+    for _, g in runs.groupby(["preset", "task"], sort=False, dropna=False):
+        seen, plain = defaultdict(set), defaultdict(set)  # (attention or "", key) -> values
+        for i in g.index:
+            for k, v in cfgs[i].items() if ok[i] else ():
+                a = runs.at[i, "attn"] if _attn_key(k) else ""
+                seen[a, k].add(v)
+                if not out[i]:
+                    plain[a, k].add(v)
+        for i in g.index:
+            cfg = cfgs[i]
+            if not out[i] or not cfg:
+                continue
+            named = {k.lstrip("+~"): v for k, v in parse_tag(out[i])}
+            # a key the tag names and the config lacks keeps the tag's value, unless the tag was cut (hashed)
+            items = {} if _HASHED.search(out[i]) else {k: v for k, v in named.items() if k not in cfg}
+            for k, v in cfg.items():
+                a = runs.at[i, "attn"] if _attn_key(k) else ""
+                proto = f"protocol.{k[6:]}" if k.startswith("train.") else None
+                if k in named or _setting(k) and (len(seen[a, k]) > 1 or proto in cfg):
+                    ref = plain[a, k]
+                    if v != (next(iter(ref)) if len(ref) == 1 else cfg.get(proto)):
+                        items[k] = v
+            out[i] = ",".join(f"{k}={v}" for k, v in sorted(items.items()))
+    return out
+
+
 def setting_of(tag: str, data: str) -> str:
     """What a row shares with its baseline: the overrides that are not the attention's own, and the data."""
     kept = ",".join(f"{k}={v}" for k, v in parse_tag(tag) if not _attn_key(k))
@@ -118,17 +168,17 @@ def assign(runs: pd.DataFrame, trials: bool = False) -> tuple[pd.DataFrame, dict
     for r in ok.itertuples():
         data = "" if (r.data_id or "") == main.get(r.task, "") else (r.data_id or "not recorded")
         trial = f"{r.study} #{int(r.trial)}" if trials and r.study and not _nan(r.trial) else ""
-        name, tag = r.name or "", r.tag or ""
+        name, over = r.name or "", r.overrides or ""
         # the plain row's key is the attention itself (the paper's rows look it up so): softmax,
         # softmax [train.lr=0.002], softmax "my name", softmax <data ab12>, linformer [..] #study #3
         parts = (
-            f"[{tag}]" if tag else "",
+            f"[{over}]" if over else "",
             f'"{name}"' if name else "",
             f"<data {data}>" if data else "",
             f"#{trial}" if trial else "",
         )
         key = " ".join([r.attn, *(p for p in parts if p)])
-        infos.setdefault(key, RowInfo(key, r.attn, tag, name, data, trial, setting_of(tag, data)))
+        infos.setdefault(key, RowInfo(key, r.attn, over, name, data, trial, setting_of(over, data)))
         keys.append(key)
     ok["row"] = keys
     return ok, infos
@@ -152,24 +202,39 @@ def baselines(infos: dict) -> dict:
     return out
 
 
+def shared(infos: dict) -> list[tuple[str, str]]:
+    """The overrides (key, value) every row of a table set has: said once under each table, in no label."""
+    sets = [set(parse_tag(i.over)) for i in infos.values()]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
 def labels(infos: dict, row_names: dict | None = None) -> tuple[dict, dict]:
-    """({row key: printed label}, {row key: full override text where the label shortened it}).
+    """({row key: printed label}, {row key: its overrides in full where the label hides or cuts a value}); overrides
+    every row shares (:func:`shared`) are in neither. Labels that would read alike are numbered (#1, #2).
 
     ``row_names``: the table's own names of attentions (the paper's row names); else the papers' names."""
     names = {**paper_names(), **(row_names or {})}
+    common = set(shared(infos))
     out, notes = {}, {}
     for key, info in infos.items():
+        own = [(k, v) for k, v in parse_tag(info.over) if (k, v) not in common]
+        short = short_tag(",".join(f"{k}={v}" for k, v in own))
         base = info.name or names.get(info.attn, info.attn)
-        extra = [] if info.name or not info.tag else [short_tag(info.tag)]
+        extra = [] if info.name or not own else [short]
         if info.data:
             extra.append("data not recorded" if info.data == "not recorded" else f"data {info.data[:8]}")
         if info.trial:
             extra.append(f"trial {info.trial}")
         out[key] = f"{base} [{'; '.join(extra)}]" if extra else base
-        if info.tag and (info.name or short_tag(info.tag) != info.tag.replace(",", ", ")):
-            notes[key] = info.tag
-    counts = Counter(out.values())
-    return {k: (f"{v} ({k})" if counts[v] > 1 else v) for k, v in out.items()}, notes
+        cut = any(short_value(v) not in (v, v.rstrip("0").rstrip(".")) for _, v in own)  # 0.0 -> 0 cuts nothing
+        if own and (info.name or cut):  # the label hides or cuts a value
+            notes[key] = ", ".join(f"{k}={v}" for k, v in own)
+    counts, seen = Counter(out.values()), Counter()
+    for key in sorted(out):
+        if counts[out[key]] > 1:
+            seen[out[key]] += 1
+            out[key] = f"{out[key]} #{seen[out[key]]}"
+    return out, notes
 
 
 def searches(runs: pd.DataFrame) -> pd.DataFrame:

@@ -228,6 +228,7 @@ class Cell:
     base_test: str = ""  # stats.CANNOT_SEPARATE / SEPARATED / NOT_TESTABLE / NOT_COMPARABLE, or ""
     loaded: bool = False  # a timing with a run on a shared or busy machine (records.loaded)
     devices: tuple = ()  # the devices its runs ran on
+    stuck: int = 0  # an accuracy: its seeds that ended at the majority-class rate (records: stuck)
 
     @property
     def empty(self) -> bool:
@@ -284,6 +285,7 @@ class Built:
     own: bool = False  # the preset runs this table's paper's protocol: the paper's caption
     about: list = field(default_factory=list)  # what the cells are: protocol, task settings, data
     refused: str = ""  # why a comparison asked for is not printed
+    shared: list = field(default_factory=list)  # the overrides (key, value) every row has (rows.shared)
 
 
 @lru_cache(maxsize=1)
@@ -326,6 +328,7 @@ def cell_stats(assigned: pd.DataFrame) -> dict:
             "_seeds": int(g["seed"].nunique()),
             "_loaded": bool(g["loaded"].eq(True).any()),
             "_devices": tuple(sorted({str(d) for d in g["device"].dropna()})),
+            "_stuck": int(g["stuck"].sum()),
         }
         seeds = g["seed"].to_numpy()
         fast = g["execution"].eq("fast").to_numpy() if "execution" in g else np.zeros(len(g), dtype=bool)
@@ -396,7 +399,7 @@ def _compare_with_baseline(rows: list, cols: list) -> None:
 def _about(spec: TableSpec, assigned: pd.DataFrame, preset: str, own: bool) -> list[str]:
     """What the table's cells are: the protocol and task settings of its runs, and the data per task."""
     lines = []
-    plain = assigned[assigned["tag"].fillna("") == ""] if len(assigned) else assigned
+    plain = assigned[assigned["overrides"].fillna("") == ""] if len(assigned) else assigned
     tasks = (
         [t for t, _ in spec.tasks if t in set(assigned["task"])]
         + sorted(set(assigned["task"]) - {t for t, _ in spec.tasks})
@@ -478,8 +481,10 @@ def build(
     base_of = R.baselines(infos)
     # the paper's rows: its attentions under the preset's own configuration, unnamed (rows.assign keys them so)
     rows = [Row(attn, name, True, info=infos.get(attn)) for attn, name in spec.rows]
-    taken = {r.key for r in rows}
-    extra = sorted((k for k in infos if k not in taken), key=lambda k: (label[k].lower(), k))
+    taken, order = {r.key for r in rows}, {attn: i for i, (attn, _) in enumerate(spec.rows)}
+    extra = sorted(  # in the paper's order of their attentions (Standard first), then by label
+        (k for k in infos if k not in taken), key=lambda k: (order.get(infos[k].attn, len(order)), label[k].lower(), k)
+    )
     rows += [Row(k, label[k], False, info=infos[k], settings=settings.get(k, "")) for k in extra]
     for row in rows:
         row.base = base_of.get(row.key)
@@ -506,6 +511,7 @@ def build(
                     tuple(v * metric.scale for v in values),
                     loaded=metric.timing and st["_loaded"],
                     devices=st["_devices"],
+                    stuck=st["_stuck"] if metric.field == "test_acc" else 0,
                 )
                 if not metric.setting:
                     _set_interval(cell, metric)
@@ -523,11 +529,16 @@ def build(
             row.cells.append(cell)
     if drop_empty:
         rows = [r for r in rows if any(not c.empty for c in r.cells)]
+    if shown and not any(math.isfinite(c.paper) for r in rows for c in r.cells):
+        shown = False  # no paper value beside any row: no columns of "--"
+        refused = (
+            f"Not compared with {PAPERS[spec.paper]}: no row ran the paper's configuration unchanged (each has "
+            f"overrides, a name or other data)."
+        )
     _compare_with_baseline(rows, cols)
     style = style or ("paper" if own else "full")
-    return Built(
-        spec, preset, cols, rows, shown, len(assigned), style, own, _about(spec, assigned, preset, own), refused
-    )
+    about = _about(spec, assigned, preset, own)
+    return Built(spec, preset, cols, rows, shown, len(assigned), style, own, about, refused, R.shared(infos))
 
 
 def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
@@ -560,7 +571,7 @@ def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
                 "preset": preset,
                 "task": task,
                 "attn": info.attn,
-                "variant": info.tag,
+                "variant": info.over,
                 "row": key,
                 "label": label[key],
                 "name": info.name,
