@@ -52,10 +52,6 @@ def test_debug_fast_trains_a_few_steps_in_its_own_folder_and_again_when_rerun(en
     assert "train." not in rec["config"]["run_tag"]  # the debug settings name the folder, not an override tag
     out = proc.stdout + proc.stderr
     assert out.count("effective batch") == 1 and "takes hours" not in out  # said once; seconds, not hours
-    with open(run_dir / "metrics.csv") as f:
-        last_val = [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")][-1]
-    chance = [ln for ln in out.splitlines() if "at chance level" in ln]  # 10 steps of ListOps: at chance
-    assert chance and f"(loss {last_val:.4f}," in chance[0], chance  # the last validation's, not best.ckpt's
     again, _ = debug_run(env, "fast", "debug=fast")
     assert "already holds a finished run" not in again.stdout + again.stderr
     assert only_record(root)[1]["steps"] == 10 and "10 steps" in again.stdout + again.stderr
