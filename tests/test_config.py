@@ -132,6 +132,7 @@ def test_bad_values_are_one_line_naming_key_and_value(override, key):
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # ~19 s of a subprocess run: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_train_refuses_bad_input_before_any_folder_exists(tmp_path):
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     for bad in ("seed=1.5", "attn=skeinformer attn.options.num_features=0", "attn=linformer attn.options.nope=3"):

@@ -190,6 +190,7 @@ def test_micro_batch_one_not_fitting_is_an_error_with_the_estimate(tmp_path):
         plan(cfg)
 
 
+@pytest.mark.slow  # ~19 s of a subprocess run: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_train_refuses_before_training_when_nothing_fits(tmp_path):
     env = {**os.environ, "LRA_DATA": str(tmp_path / "data"), "LRA_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     from tests.helpers import TINY

@@ -107,6 +107,7 @@ def test_ctrl_c_before_the_run_starts_is_one_line(monkeypatch, capsys):
     assert e.value.code == 130 and err.startswith("interrupted (SIGINT) before the run started") and "\n" not in err
 
 
+@pytest.mark.slow  # ~19 s of a subprocess run: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_failed_run_exits_1_with_one_line_and_a_failed_record(tmp_path):
     env = {
         **os.environ,
