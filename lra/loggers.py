@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import csv
-import datetime
 import importlib.util
 import logging
 import os
@@ -34,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from lra import compat
 from lra.config import ConfigError, RunSpec
+from lra.data.base import hms
 from lra.files import write_text
 from lra.targets import instantiate, locate
 from lra.wandb_extras import WandbTables
@@ -230,8 +230,8 @@ class EvalLog(L.Callback):
             _fmt(loss),
             _fmt(acc),
             best,
-            _hms(self.elapsed()),
-            _hms(eta),
+            hms(self.elapsed()),
+            hms(eta),
         )
 
     def state_dict(self):
@@ -251,10 +251,6 @@ def _float(x) -> float | None:
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
-
-
-def _hms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
 
 
 # ---------------------------------------------------------------------------------------------

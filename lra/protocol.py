@@ -12,7 +12,6 @@ what the outcome of a run is (docs/protocol.md).
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 import os
@@ -30,7 +29,7 @@ from tqdm.auto import tqdm
 
 from lra.compat import should_accumulate
 from lra.config import RunSpec
-from lra.data.base import Split
+from lra.data.base import Split, hms
 from lra.data.module import ResumableLoader
 
 progress_log = logging.getLogger("lra.progress")
@@ -128,8 +127,8 @@ class StepProgress(L.Callback):
             self.max_steps,
             100.0 * step / max(self.max_steps, 1),
             "n/a" if loss is None else f"{loss:.4f}",
-            _hms(spent),
-            _hms(eta),
+            hms(spent),
+            hms(eta),
         )
 
     def on_train_end(self, trainer, pl_module):
@@ -164,10 +163,6 @@ class _AboveBar:
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
-
-
-def _hms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
 
 
 def selectable(step: int, select_after: float, max_steps: int) -> bool:

@@ -160,13 +160,14 @@ class LogProgress:
                 self.total,
                 self.unit,
                 100 * done,
-                _hms(elapsed),
-                _hms(elapsed * (1 - done) / done) if done else "n/a",
+                hms(elapsed),
+                hms(elapsed * (1 - done) / done) if done else "n/a",
             )
 
     def close(self) -> None:
         pass
 
 
-def _hms(seconds: float) -> str:
-    return str(datetime.timedelta(seconds=round(seconds)))
+def hms(seconds: float | None) -> str:
+    """``0:01:05``: elapsed times and ETAs in progress lines (data steps, training, evaluation)."""
+    return "n/a" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
