@@ -286,7 +286,7 @@ def _old_record(spec: RunSpec) -> Record | None:
     path = spec.run_dir / "result.json"
     try:
         old = read_record(spec.run_dir)
-    except (ValueError, UnicodeDecodeError) as e:
+    except ValueError as e:  # UnicodeDecodeError included
         old, why = None, f"is not a readable run record ({e})"
     else:
         ours = {"task": spec.task, "attn": spec.attn.label, "seed": spec.seed}

@@ -382,6 +382,20 @@ def test_a_generated_file_edited_in_place_is_one_line_naming_it_and_is_never_use
     assert path.read_bytes() == original and np.array_equal(np.asarray(again["train"].labels), first["train"].labels)
 
 
+def _draws_at_most(monkeypatch, limit: int) -> list:
+    """The generator's chunks drawn (a list that grows by one a chunk); a test fails past ``limit`` of them."""
+    draws, real = [], lo._chunk
+
+    def chunk(args):
+        draws.append(1)
+        if len(draws) > limit:
+            pytest.fail("the generator kept drawing")
+        return real(args)
+
+    monkeypatch.setattr(lo, "_chunk", chunk)
+    return draws
+
+
 @pytest.mark.parametrize(
     "over,message",
     [
@@ -412,15 +426,7 @@ def test_data_options_that_contradict_the_task_are_one_line_before_anything_is_g
     tokenising, after the whole set was generated; a generator that can draw no tree long enough drew forever."""
     from lra.data import load_task
 
-    made, draws, real = spy_generation(monkeypatch), [], lo._chunk
-
-    def chunk(args):
-        draws.append(1)
-        if len(draws) > 50:
-            pytest.fail("the generator kept drawing: no tree it can draw is long enough")
-        return real(args)
-
-    monkeypatch.setattr(lo, "_chunk", chunk)
+    made, draws = spy_generation(monkeypatch), _draws_at_most(monkeypatch, 50)
     node = {**_node("listops-small", **SMALL), "generate": True, "max_length": 60, "seq_len": 64, **over}
     with pytest.raises(DataError) as e:
         load_task(node, tmp_path)
@@ -431,15 +437,7 @@ def test_data_options_that_contradict_the_task_are_one_line_before_anything_is_g
 def test_a_generator_that_runs_out_of_distinct_trees_stops_with_one_line(monkeypatch):
     """Bug caught (issue 39): settings with fewer distinct trees than examples asked for (depth 2, two arguments:
     400 trees) drew forever."""
-    draws, real = [], lo._chunk
-
-    def chunk(args):
-        draws.append(1)
-        if len(draws) > 100:
-            pytest.fail("the generator kept drawing")
-        return real(args)
-
-    monkeypatch.setattr(lo, "_chunk", chunk)
+    _draws_at_most(monkeypatch, 100)
     params = lo.GeneratorParams(n_train=500, n_val=1, n_test=1, min_length=3, max_length=5, max_depth=2, max_args=2)
     with pytest.raises(DataError) as e:
         lo.generate(params, workers=1, progress=False)
