@@ -694,29 +694,28 @@ def test_export_replaces_a_local_folder_only_as_a_whole_path(tmp_path, capsys):
 
 
 REPO = Path(__file__).resolve().parent.parent
-FIRST_WINDOW = REPO / "carry" / "skeinformer_paper-listops-seed0"
-PACK_COMMIT = "007b0e3"  # whose history holds the first window's pack (its README's restore command)
+CARRIED = REPO / "carry" / "skeinformer_paper-listops-seed0"
+PACK_COMMIT = "e448d5f"  # whose history holds the latest window's pack (its README's restore command)
 
 
-def _first_window_pack(to: Path) -> Path:
-    """The first window's pack as its README restores it: the parts from the history of PACK_COMMIT, the
-    tracked checksum beside them (a shallow clone without that commit skips the test: nothing to restore)."""
-    rel = FIRST_WINDOW.relative_to(REPO).as_posix()
+def _carried_pack(to: Path) -> Path:
+    """The latest window's pack as its README restores it: the parts and their checksum from the history of
+    PACK_COMMIT (a shallow clone without that commit skips the test: nothing to restore)."""
+    rel = CARRIED.relative_to(REPO).as_posix()
     git = ["git", "-C", str(REPO)]
     names = subprocess.run([*git, "show", "--name-only", "--format=", PACK_COMMIT, "--", rel], capture_output=True)
     if names.returncode != 0:
         pytest.skip(f"this clone does not hold commit {PACK_COMMIT} (shallow?): the pack cannot be restored")
     to.mkdir()
-    for name in [n for n in names.stdout.decode().split() if ".part" in n]:
+    for name in [n for n in names.stdout.decode().split() if ".part" in n or n.endswith("runs.sha256")]:
         blob = subprocess.run([*git, "show", f"{PACK_COMMIT}:{name}"], capture_output=True, check=True).stdout
         (to / Path(name).name).write_bytes(blob)
-    (to / "runs.sha256").write_bytes((FIRST_WINDOW / "runs.sha256").read_bytes())
     return to
 
 
-def test_the_first_windows_pack_restores_its_five_runs_ready_to_resume(tmp_path, capsys):
-    """The first GPU window's pack, restored as its README says in a fresh clone: it unpacks to the runs its
-    README lists, each at the step the README says, and each checkpoint's resume key is the one this harness computes
+def test_the_carried_pack_restores_its_runs_ready_to_resume(tmp_path, capsys):
+    """The carried pack, restored as its README says in a fresh clone: it unpacks to the runs its README
+    lists, each at the step the README says, and each checkpoint's resume key is the one this harness computes
     for that run today (its overrides, the memory fit's micro-batch, the generated data's fingerprint that the
     README names): the window's command continues them instead of refusing or starting over. A change to the
     config, the fit or the key that would strand them fails here, not on the next GPU."""
@@ -724,12 +723,14 @@ def test_the_first_windows_pack_restores_its_five_runs_ready_to_resume(tmp_path,
     from lra.fit import plan
     from lra.protocol import read_checkpoint
 
-    readme = (FIRST_WINDOW / "README.md").read_text()
+    readme = (CARRIED / "README.md").read_text()
     rows = re.findall(r"^\| [^|]+ \| (\w+) \| (\d+) \|", readme, flags=re.M)
+    finished = re.findall(r"^\| [^|]+ \| (\w+) \| finished \|", readme, flags=re.M)
     data = re.search(r"data fingerprint `([0-9a-f]{16})`", readme).group(1)
-    assert len(rows) == 5
-    code, out, _ = cli(capsys, "unpack", _first_window_pack(tmp_path / "pack"), "--runs", tmp_path / "runs")
+    assert len(rows) == 4 and finished == ["linformer"]
+    code, out, _ = cli(capsys, "unpack", _carried_pack(tmp_path / "pack"), "--runs", tmp_path / "runs")
     assert code == 0 and "5 runs into" in out
+    assert "unpacked skeinformer_paper/paper/listops/linformer/seed0: stopped_early, finished" in out
     for attn, step in rows:
         rel = f"skeinformer_paper/paper/listops/{attn}/seed0"
         run = tmp_path / "runs" / rel

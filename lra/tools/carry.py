@@ -376,7 +376,7 @@ def unpack(folder: Path, runs_root: Path) -> int:
 def _place(tree: Tree, runs_root: Path) -> int:
     """Put each run of the extracted ``tree`` in place whole (its files gathered under a temporary name beside its
     folder, then renamed to it: a failure leaves nothing of it), then each manifest; whatever is there is kept."""
-    from lra.protocol import resumes_at  # torch: only once there is a pack to place
+    from lra.protocol import FINISHED, resumes_at  # torch: only once there is a pack to place
 
     placed, kept = [], 0
     for run, files in sorted(tree.runs.items()):  # a run before the runs inside it
@@ -404,7 +404,8 @@ def _place(tree: Tree, runs_root: Path) -> int:
                 code=1,
             ) from None
         placed.append(run)
-        print(f"unpacked {run}: {info['status']}, {resumes_at(dest / LAST)}")
+        done = info["status"] in FINISHED  # its record only: a rerun of its command skips it
+        print(f"unpacked {run}: {info['status']}, " + ("finished" if done else resumes_at(dest / LAST)))
     for f in tree.sweeps:
         if os.path.lexists(runs_root / f):
             print(f"kept the existing {f}: not replaced")
