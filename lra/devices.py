@@ -194,6 +194,7 @@ def machine_loaded(m: dict | None) -> bool | None:
     * ``gpu_share < 1``: the run was one of several on its GPU (lra.tools.sweep ``jobs_per_gpu``: also ``gpu_jobs``);
     * ``gpu_others_gib_start`` or ``gpu_others_gib_end > LOADED_GPU_GIB`` (2 GiB): GPU memory held outside this
       run's allocator, i.e. another process on the GPU (this run's own CUDA context, under 1 GiB, counts too).
+    * ``devices`` names more than one device: its stretches' times sum two cards'.
 
     Speed ratios should come only from runs for which this is False (and the same ``device``)."""
     if not m:
@@ -204,7 +205,8 @@ def machine_loaded(m: dict | None) -> bool | None:
     else:
         cpu = m.get("loadavg_start") is not None and m["loadavg_start"] / cpus > LOADED_CPU
     gpu_others = max((m.get(k) or 0.0) for k in ("gpu_others_gib_start", "gpu_others_gib_end"))
-    return bool(cpu or (m.get("gpu_share") or 1.0) < 1.0 or gpu_others > LOADED_GPU_GIB)
+    cards = len(m.get("devices") or ()) > 1
+    return bool(cpu or (m.get("gpu_share") or 1.0) < 1.0 or gpu_others > LOADED_GPU_GIB or cards)
 
 
 def _loadavg() -> float | None:
@@ -265,6 +267,8 @@ class LoadMeter:
     * ``gpu_others_gib_start`` / ``gpu_others_gib_end``: GPU memory in use outside this run's allocator;
     * ``stretches``: the processes the training took: a resumed run folds its earlier stretches in (the
       highest load and memory, the lowest share, ``cpu_others`` weighted by time), as its timing sums them;
+    * ``devices``: the device names its stretches trained on (a run carried from one GPU window to another can
+      sum times from two cards: then its timing is no card's);
     * ``loaded``: :func:`machine_loaded` of these fields, the rule to use."""
 
     def __init__(self, device: str | torch.device, loader_workers: int = 0, earlier: dict | None = None, env=None):
@@ -286,6 +290,7 @@ class LoadMeter:
             "gpu_others_gib_start": _gpu_others_gib(self.device),
             "gpu_others_gib_end": None,
             "stretches": 1,
+            "devices": [device_name(self.device)],
         }
 
     @property
@@ -324,6 +329,7 @@ class LoadMeter:
                 "gpu_others_gib_start": pick("gpu_others_gib_start"),
                 "gpu_others_gib_end": pick("gpu_others_gib_end"),
                 "stretches": int(e.get("stretches") or 1) + 1,
+                "devices": sorted({*(e.get("devices") or ()), *m["devices"]}),
                 "window_s": round(total, 3) if timed else None,
                 "cpu_others": round(sum(t * c for t, c in timed) / total, 4) if timed else None,
             }

@@ -218,6 +218,18 @@ def test_a_resumed_run_keeps_the_load_of_its_earlier_stretches(monkeypatch):
     assert m["loadavg_start"] == 3.5 and m["loaded"] is True
 
 
+def test_a_run_carried_to_another_card_is_no_cards_timing(monkeypatch):
+    """Bug caught: a run resumed on an H200 after 5,200 steps on an H100 recorded device "NVIDIA H200" and one
+    time per 1k steps summed over both cards, shown in Table 2 as the H200's."""
+    monkeypatch.setattr(devices, "_loadavg", lambda: 0.0)
+    earlier = {"cpu_others": 0.0, "window_s": 30.0, "stretches": 1, "devices": ["NVIDIA H100 80GB HBM3"]}
+    here = devices.LoadMeter("cpu").fields["devices"]
+    m = devices.LoadMeter("cpu", earlier=earlier).end()
+    assert m["devices"] == sorted(["NVIDIA H100 80GB HBM3", *here]) and m["loaded"] is True
+    same = devices.LoadMeter("cpu", earlier={**earlier, "devices": here}).end()
+    assert same["devices"] == here and devices.machine_loaded({**same, "cpu_others": 0.0}) is False
+
+
 def test_a_gpu_shared_with_other_runs_is_loaded():
     """Bug caught: a run that was one of k on its GPU (lra.tools.sweep jobs_per_gpu), or beside another process's
     memory, counted as an idle-machine timing."""

@@ -398,6 +398,8 @@ def loaded(machine) -> tuple[object, str]:
     share = machine.get("gpu_share")
     if isinstance(share, (int, float)) and 0 < share < 1:
         why.append(f"GPU shared ({share:.2g} of it)")
+    if isinstance(machine.get("devices"), list) and len(machine["devices"]) > 1:
+        why.append(f"its stretches trained on {len(machine['devices'])} devices: {', '.join(map(str, machine['devices']))}")
     return machine["loaded"], "; ".join(why) if machine["loaded"] else ""
 
 

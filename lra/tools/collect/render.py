@@ -13,7 +13,7 @@ Settings (batch, accumulation) print their value, ``a/b`` when seeds disagree; `
 cell. Bold (:func:`best_rows`): the best mean of a column (highest accuracy; lowest steps, time, memory),
 only where every cell of the column has as many seeds and Welch's interval separates the best from each,
 never a cell at the majority-class rate; a setting's best value (largest batch, fewest accumulation
-steps). With a comparison, each column gains the paper's value and our delta (ours minus paper). Marks
+steps) where the column's values differ. With a comparison, each column gains the paper's value and our delta (ours minus paper). Marks
 (:func:`marks`, :func:`legend`): ``≈`` after a delta, the seeds cannot separate ours from the paper; ``†``
 after ours, they cannot separate the row from its baseline (Standard under the same settings); ``?``, not
 testable against it; ``‡``, a timing with a run on a shared or busy machine; ``§``, an accuracy whose seeds
@@ -203,6 +203,8 @@ def legend(built: Built) -> list[str]:
             f"{CHANCE_MARK} after our value: its seeds ended at the majority-class rate (their records say stuck): "
             f"the model did not learn the task."
         )
+    if any(c.loaded for r in built.rows for c in r.cells):
+        rule.append(f"{LOADED_MARK} after a time or memory: a run of it was timed on a shared or busy machine.")
     if built.style == "paper":
         return [
             _seeds_line(built) + " The results page (index.html) and the CSV carry the std, the number of "
@@ -235,8 +237,6 @@ def legend(built: Built) -> list[str]:
         f"against it (fewer than {MIN_SEEDS} seeds there). A difference with an interval and no mark is "
         f"separated at 95%; a mark means the seeds cannot tell the values apart, not that they are equal."
     )
-    if any(c.loaded for r in built.rows for c in r.cells):
-        lines.append(f"{LOADED_MARK} after a time or memory: a run of it was timed on a shared or busy machine.")
     return lines + rule
 
 
@@ -257,9 +257,10 @@ def best_rows(built: Built) -> list[set]:
         m = METRICS[col.metric]
         cells = {i: row.cells[j] for i, row in enumerate(built.rows) if not row.cells[j].empty}
         pick = max if m.higher_better else min
-        if m.setting:
+        if m.setting:  # bold only where the column's values differ: one value crowns nothing
             vals = {i: round(c.mean, m.decimals) for i, c in cells.items()}
-            best.append({i for i, v in vals.items() if v == pick(vals.values())})
+            differ = len(set(vals.values())) > 1
+            best.append({i for i, v in vals.items() if differ and v == pick(vals.values())})
             continue
         top = pick(cells, key=lambda i: cells[i].mean, default=None)
         t = cells.get(top)
@@ -314,7 +315,7 @@ def cell_texts(built: Built, minus: str = "-", style: str = "full") -> list[list
                 value,
                 i in best[j] and value != MISSING,
                 interval_text(cell, col.metric, minus) if full else "",
-                tuple(x for x in marks(cell, base, paper=False) if full or x[0] == CHANCE_MARK),
+                tuple(x for x in marks(cell, base, paper=False) if full or x[0] in (CHANCE_MARK, LOADED_MARK)),
             )
             if built.compare:
                 t = replace(
