@@ -344,3 +344,18 @@ def test_onecycle_rejects_warmup_outside_its_range(warmup, steps):
     with pytest.raises(ConfigError, match=r"train.warmup=.*train.max_steps"):
         TrainSpec(lr=1e-3, warmup=warmup, max_steps=steps, schedule="onecycle")
     TrainSpec(lr=1e-3, warmup=warmup, max_steps=steps, schedule="linear")  # the linear schedule takes any warmup
+
+
+def test_the_at_chance_warning_quotes_the_last_validation_not_the_first(caplog):
+    """Bug caught: debug=fast's 'at chance' line quoted step 5's validation while step 10's was the last."""
+    from lra.protocol import RunGuard
+    from lra.train import _warn_about
+
+    guard = RunGuard(baseline_loss=2.30, majority_acc=0.19)
+    for loss, acc in ((2.3010, 0.125), (2.3123, 0.1250)):
+        trainer = SimpleNamespace(sanity_checking=False, global_step=5, should_stop=False)
+        trainer.callback_metrics = {"val/loss": torch.tensor(loss), "val/acc": torch.tensor(acc)}
+        guard.on_validation_end(trainer, None)
+    with caplog.at_level("WARNING", logger="lra.train"):
+        _warn_about(SimpleNamespace(status="completed", reason=None), SimpleNamespace(guard=guard))
+    assert "at chance level (loss 2.3123, accuracy 0.1250, majority 0.1900)" in caplog.text
