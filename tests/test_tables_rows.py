@@ -93,6 +93,33 @@ def test_a_row_with_overrides_is_compared_with_standard_under_the_same_overrides
     assert res.tables[("quick", "skeinformer_table1")].rows[0].name == "Standard"
 
 
+def test_a_setting_the_presets_quirks_give_one_backend_is_no_override_of_its_row(tmp_path):
+    """Bug caught: under skeinformer_paper the public code's train.chunks=2 for Skeinformer (a quirk, the paper's
+    setting) told its row apart from Standard's chunks=1 once every run had overrides ('Standard [chunks=1]',
+    'Skeinformer [chunks=2]', no comparison between them), or once another run set chunks itself."""
+    for seed in range(3):
+        for attn, chunks, quirks in (("softmax", 1, {}), ("skeinformer", 2, {"train.chunks": 2})):
+            for tag in ("", "train.max_steps=4"):
+                d = tagged(tmp_path, attn, seed, tag, preset=P, test_acc=0.3, quirks=quirks)
+                rec = json.loads((d / "result.json").read_text())
+                rec["config"]["train"]["chunks"] = chunks  # Standard's 1 is the base default, never a quirk
+                (d / "result.json").write_text(json.dumps(rec))
+    runs, _ = load_runs(tmp_path)
+    assert sorted(runs["overrides"]) == [""] * 6 + ["train.max_steps=4"] * 6
+    t1 = build(SPEC["skeinformer_table1"], runs, P)
+    assert {r.name for r in t1.rows} == {
+        "Standard",
+        "Skeinformer",
+        "Standard [max_steps=4]",
+        "Skeinformer [max_steps=4]",
+    }
+    assert row(t1, "Skeinformer [max_steps=4]").base == "softmax [train.max_steps=4]"
+    tagged(tmp_path, "softmax", 0, "train.chunks=4,train.max_steps=4", preset=P)  # a user's chunks: an override
+    runs, _ = load_runs(tmp_path)
+    sk = runs[(runs["attn"] == "skeinformer") & (runs["tag"] != "")]
+    assert set(sk["overrides"]) == {"train.max_steps=4"}
+
+
 def test_quick_preset_gets_its_own_caption_and_no_paper_column(tmp_path):
     """Bug caught: quick runs (ListOps at length 128, 600 steps) were titled 'Skeinformer Table 1' and got
     a Δ against the paper's length-2000 number under --compare."""

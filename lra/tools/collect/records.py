@@ -373,6 +373,8 @@ def normalise(record: Record, rel: str) -> tuple[dict, list[Issue]]:
     out["stuck"] = status == "stuck" or rec.get("stuck_at_end") is True  # ended at the majority-class rate
     out.update(context(rec, cfg, out["variant"]))
     out["_cfg"] = _flat(cfg)
+    q = rec.get("quirks")  # what the preset's quirks set for this backend: its own values, no override
+    out["_quirks"] = _flat(q) if isinstance(q, dict) and q else {}
     return out, issues
 
 
@@ -399,7 +401,9 @@ def loaded(machine) -> tuple[object, str]:
     if isinstance(share, (int, float)) and 0 < share < 1:
         why.append(f"GPU shared ({share:.2g} of it)")
     if isinstance(machine.get("devices"), list) and len(machine["devices"]) > 1:
-        why.append(f"its stretches trained on {len(machine['devices'])} devices: {', '.join(map(str, machine['devices']))}")
+        why.append(
+            f"its stretches trained on {len(machine['devices'])} devices: {', '.join(map(str, machine['devices']))}"
+        )
     return machine["loaded"], "; ".join(why) if machine["loaded"] else ""
 
 
@@ -487,7 +491,7 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
             issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}: skipped"))
             continue
         issues += found
-        cfgs.append(row.pop("_cfg"))
+        cfgs.append((row.pop("_cfg"), row.pop("_quirks")))
         rows.append(row)
         try:
             mtimes.append(f.stat().st_mtime_ns)

@@ -105,18 +105,24 @@ def _setting(key: str) -> bool:
 
 def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
     """Each run's overrides as ``key=value,...`` (sorted; values as its tag spells them), read from ``cfgs``, the
-    runs' flat resolved configs (records.load_runs), never from the folder's tag (cut and hashed past 200
-    characters): the keys its tag names, the ``train.*`` keys the preset's ``protocol`` also sets, and every key
-    in which the finished runs of its table set and task differ (an attention's own keys: among that attention's
-    runs), less those at the preset's own value (what the table set's runs without overrides agree on, else the
-    protocol's). A run without overrides (empty tag) has none; a key its tag names and its config lacks (an old
-    or hand-made record) keeps the tag's value where the tag is whole."""
+    runs' (flat resolved config, flat quirks) pairs (records.load_runs), never from the folder's tag (cut and
+    hashed past 200 characters): the keys its tag names, the ``train.*`` keys the preset's ``protocol`` also
+    sets, and every key in which the finished runs of its table set and task differ (an attention's own keys:
+    among that attention's runs), less those at the preset's own value (what the table set's runs without
+    overrides agree on, else the protocol's) and those at the value the preset's quirks give its backend (the
+    public code's ``train.chunks=2`` for Skeinformer is the paper's setting, not the user's). A run without
+    overrides (empty tag) has none; a key its tag names and its config lacks (an old or hand-made record) keeps
+    the tag's value where the tag is whole."""
     out = list(runs["tag"].fillna(""))
     ok = (runs["usable"] & runs["kept"]).tolist()
+    quirks = [q for _, q in cfgs]
+    cfgs = [c for c, _ in cfgs]
     for _, g in runs.groupby(["preset", "task"], sort=False, dropna=False):
         seen, plain = defaultdict(set), defaultdict(set)  # (attention or "", key) -> values
         for i in g.index:
             for k, v in cfgs[i].items() if ok[i] else ():
+                if quirks[i].get(k) == v:  # the preset's own value for this backend
+                    continue
                 a = runs.at[i, "attn"] if _attn_key(k) else ""
                 seen[a, k].add(v)
                 if not out[i]:
@@ -131,7 +137,8 @@ def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
             for k, v in cfg.items():
                 a = runs.at[i, "attn"] if _attn_key(k) else ""
                 proto = f"protocol.{k[6:]}" if k.startswith("train.") else None
-                if k in named or _setting(k) and (len(seen[a, k]) > 1 or proto in cfg):
+                own = quirks[i].get(k) == v
+                if k in named or _setting(k) and not own and (len(seen[a, k]) > 1 or proto in cfg):
                     ref = plain[a, k]
                     if v != (next(iter(ref)) if len(ref) == 1 else cfg.get(proto)):
                         items[k] = v
