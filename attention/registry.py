@@ -323,9 +323,16 @@ def _shown(value) -> str:
     return str(value).removeprefix("torch.")
 
 
+# words spelled with capitals around a small letter, one word each in snake_case (``NaNOut`` -> ``nan_out``, where
+# the capitals alone would split it into ``na_n_out``); not where a small letter follows (``NaNa`` is no NaN)
+_MIXED_WORDS = re.compile(r"NaN(?=s?(?![a-z]))")
+
+
 def snake_case(class_name: str) -> str:
-    """``TempSoftmax`` -> ``temp_softmax``, ``YOSOConv`` -> ``yoso_conv``: a class's name in the registry."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
+    """``TempSoftmax`` -> ``temp_softmax``, ``YOSOConv`` -> ``yoso_conv``, ``NaNOut`` -> ``nan_out``: a class's
+    name in the registry."""
+    name = _MIXED_WORDS.sub(lambda m: m.group(0).capitalize(), class_name)
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def load_external(target: str) -> str:

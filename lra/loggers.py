@@ -9,6 +9,9 @@
   Hydra list: ``logger=[wandb,tensorboard]``; ``logger=csv`` (an empty node) adds nothing to metrics.csv.
   Returns the Lightning loggers (CSV first: ``trainer.log_dir`` is the run folder) and the callbacks they
   need (W&B's tables wherever a WandbLogger is among them).
+* :class:`StepsTaken`: the harness's own loggers (metrics.csv, ``tensorboard``, ``wandb``) count a row's step
+  as the run's log and record do, the optimizer steps taken when it was logged (the validation after step 50
+  is step 50), where Lightning hands a logger its 0-based logging step while training (49).
 * :class:`EvalLog`: one line per validation in the run's log (``train.log``), what a batch-job user tails.
 * :func:`quiet_lightning`: silences Lightning's advertising tips, its checkpoint-load lines that repeat
   the harness's own, and a torch deprecation warning Lightning triggers on every run, and nothing else.
@@ -46,7 +49,48 @@ WANDB_ID_FILE = Path("wandb") / "run-id"  # in the run folder: a resumed run con
 
 class Logging(NamedTuple):
     loggers: list[Logger]  # Trainer(logger=...); CSVLogger first
-    callbacks: list[L.Callback]  # Trainer(callbacks=...) besides the protocol's: EvalLog, W&B tables
+    callbacks: list[L.Callback]  # Trainer(callbacks=...) besides the protocol's: StepsTakenStage, EvalLog, W&B tables
+
+
+class StepsTaken:
+    """A Lightning logger whose rows say the optimizer steps taken when they were logged, as the run's log
+    (``eval step 50/600``), its record (``steps``, ``steps_to_best``) and the tables count them.
+
+    While fitting, Lightning passes a logger the number of optimizer steps done *before* the one just
+    taken (its ``_batches_that_stepped``: the validation after step 50 comes as step 49, a training row
+    of step 50 as 49, LearningRateMonitor's row of the rate step 50 uses as 49, with or without gradient
+    accumulation, and on after a resume); such rows are written at ``step + 1``. Outside fitting (the test
+    after training) Lightning passes the steps done already: written as given (the test row of a
+    600-step run is at 600, the record's ``steps``). :class:`StepsTakenStage` tells it which (a mixin:
+    first among the bases, before the Lightning logger class)."""
+
+    fitting = False  # set by StepsTakenStage at every trainer.fit / validate / test
+
+    @rank_zero_only
+    def log_metrics(self, metrics, step: int | None = None) -> None:
+        super().log_metrics(metrics, step + 1 if self.fitting and step is not None else step)
+
+
+class StepsTakenStage(L.Callback):
+    """Tells the trainer's :class:`StepsTaken` loggers whether it is fitting (``setup`` of each stage)."""
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        for lg in trainer.loggers:
+            if isinstance(lg, StepsTaken):
+                lg.fitting = stage == "fit"  # TrainerFn.FITTING, a str enum
+
+
+class StepCSVLogger(StepsTaken, CSVLogger):
+    """Lightning's CSVLogger counting optimizer steps taken (:class:`StepsTaken`): ``metrics.csv``."""
+
+
+class StepTensorBoardLogger(StepsTaken, TensorBoardLogger):
+    """Lightning's TensorBoardLogger counting optimizer steps taken (:class:`StepsTaken`)."""
+
+
+class StepWandbLogger(StepsTaken, WandbLogger):
+    """Lightning's WandbLogger counting optimizer steps taken (:class:`StepsTaken`): its ``trainer/global_step``
+    is then the trainer's ``global_step``, the step of the ``val_history`` table (lra/wandb_extras.py)."""
 
 
 class Run(NamedTuple):
@@ -78,7 +122,7 @@ def make_logger(spec: RunSpec, run_dir: Path, resume_from: int | None = None) ->
         if node:  # logger=csv: an empty node, metrics.csv alone
             late = {"run": run} if getattr(_target(name, node), "takes_run", False) else {}
             loggers.append(instantiate(f"logger.{name}", node, **late))
-    callbacks: list[L.Callback] = [EvalLog(spec.train.max_steps)]
+    callbacks: list[L.Callback] = [StepsTakenStage(), EvalLog(spec.train.max_steps)]
     if any(isinstance(lg, WandbLogger) for lg in loggers):
         callbacks.append(WandbTables())
     return Logging(loggers, callbacks)
@@ -110,13 +154,13 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def csv_logger(run_dir: Path, resume_from: int | None) -> CSVLogger:
-    """Lightning's CSVLogger, keeping the history of a resumed run.
+def csv_logger(run_dir: Path, resume_from: int | None) -> StepCSVLogger:
+    """Lightning's CSVLogger counting optimizer steps taken (:class:`StepsTaken`), keeping the history of a
+    resumed run.
 
-    Its writer deletes an existing metrics.csv when it starts; a resumed run keeps the rows logged
-    before the optimizer step it resumes from, so curves cover the whole run and each row is there once.
-    A row's ``step`` is Lightning's logging step, one less than the optimizer steps done when it was
-    logged: rows at ``resume_from`` and later come from the steps that are trained (and logged) again.
+    Its writer deletes an existing metrics.csv when it starts; a resumed run keeps the rows logged up to
+    the optimizer step it resumes from, so curves cover the whole run and each row is there once: rows
+    after ``resume_from`` come from the steps that are trained (and logged) again.
     """
     path = run_dir / "metrics.csv"
     old, keys = [], []
@@ -124,9 +168,9 @@ def csv_logger(run_dir: Path, resume_from: int | None) -> CSVLogger:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             keys = list(reader.fieldnames or [])
-            old = [r for r in reader if r.get("step", "") == "" or int(float(r["step"])) < resume_from]
+            old = [r for r in reader if r.get("step", "") == "" or int(float(r["step"])) <= resume_from]
     # flush at every logging call: a killed run keeps its history up to its last checkpoint
-    logger = CSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
+    logger = StepCSVLogger(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
     with warnings.catch_warnings():  # the run folder already holds result.json: nothing of ours is deleted
         warnings.filterwarnings("ignore", message="Experiment logs directory")
         writer = logger.experiment
@@ -143,8 +187,8 @@ def csv_logger(run_dir: Path, resume_from: int | None) -> CSVLogger:
 def wandb_logger(
     run: Run, project: str | None = None, mode: str | None = "offline", group=None, tags=(), **kwargs
 ) -> WandbLogger:
-    """W&B under <run folder>/wandb/; a resumed run continues the W&B run whose id the folder keeps.
-    ``kwargs``: any other argument of WandbLogger (``logger.wandb.entity=...``)."""
+    """W&B under <run folder>/wandb/, steps counted as taken (:class:`StepsTaken`); a resumed run continues the
+    W&B run whose id the folder keeps. ``kwargs``: any other argument of WandbLogger (``logger.wandb.entity=...``)."""
     spec = run.spec
     mode = str(mode or "offline")
     os.environ.setdefault("WANDB_MODE", mode)
@@ -159,7 +203,7 @@ def wandb_logger(
         id=wandb_run_id(run.run_dir, run.resume_from),
         resume="allow",
     )
-    wl = WandbLogger(**{**args, **kwargs})
+    wl = StepWandbLogger(**{**args, **kwargs})
     if "anonymous" not in kwargs:
         # Lightning hands wandb.init anonymous=None when nobody set it, and W&B warns on every run that the
         # setting will be removed: pass it only when the user sets it (+logger.wandb.anonymous=...)
@@ -183,12 +227,13 @@ def wandb_run_id(run_dir: Path, resume_from: int | None) -> str:
 
 @run_logger("tensorboard", lambda: compat.tensorboard_available())
 def tensorboard_logger(run: Run, **kwargs) -> TensorBoardLogger:
-    """Event files in <run folder>/tensorboard/. A resumed run logs again the steps after its checkpoint
-    (logging steps ``resume_from`` and later, see csv_logger): ``purge_step`` hides the earlier copies
-    of those steps, as csv_logger drops their rows. ``kwargs``: any other argument of TensorBoardLogger."""
-    purge = {} if run.resume_from is None else {"purge_step": run.resume_from}
+    """Event files in <run folder>/tensorboard/, steps counted as taken (:class:`StepsTaken`). A resumed run
+    logs again the steps after its checkpoint (``resume_from + 1`` and later, see csv_logger): ``purge_step``
+    hides the earlier copies of those steps, as csv_logger drops their rows. ``kwargs``: any other argument
+    of TensorBoardLogger."""
+    purge = {} if run.resume_from is None else {"purge_step": run.resume_from + 1}
     args = dict(save_dir=str(run.run_dir), name="tensorboard", version="", default_hp_metric=False, **purge)
-    return TensorBoardLogger(**{**args, **kwargs})
+    return StepTensorBoardLogger(**{**args, **kwargs})
 
 
 # ---------------------------------------------------------------------------------------------

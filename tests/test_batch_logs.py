@@ -67,7 +67,7 @@ def resumed(tmp_path_factory):
 
 def _metric_steps(root, runs: str, key: str) -> list[int]:
     with open(next((root / runs).rglob("metrics.csv")), newline="") as f:
-        return [int(float(r["step"])) + 1 for r in csv.DictReader(f) if r.get(key)]  # optimizer steps done
+        return [int(float(r["step"])) for r in csv.DictReader(f) if r.get(key)]  # optimizer steps done
 
 
 def test_a_batch_job_log_has_plain_progress_lines_and_no_bar(resumed):

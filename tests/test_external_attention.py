@@ -66,6 +66,10 @@ class NanOut(TempSoftmax):
     def forward(self, q, k, v, mask=None):
         out = super().forward(q, k, v, mask)
         return out / (out * 0).sum(-1, keepdim=True)
+
+
+class NaNOut(NanOut):
+    """The same, its name spelled with NaN's capitals."""
 '''
 
 
@@ -239,6 +243,30 @@ def test_external_backend_returning_nan_names_the_backend(user_package):
     tokens, mask = tokens_and_mask()
     mask[0] = False  # a sample without real tokens: its rows are all padding, NaN there is allowed
     assert torch.isfinite(good(tokens, mask)[1]).all()
+
+
+def test_a_class_spelled_with_nan_is_named_nan_not_na_n(user_package, fresh_registry):
+    """Before: the class ``NaNOut`` was registered, named in the contract's messages and given a run folder as
+    ``na_n_out`` (every capital a word). Now NaN is one word: ``nan_out``; other names are split as before."""
+    from lra.config import load
+
+    names = ["NaNOut", "ToyNaN", "HandleNaNsFast", "BaNaNa", "TempSoftmax", "YOSOConv", "LSHAttention"]
+    assert [registry.snake_case(n) for n in names] == [
+        "nan_out",
+        "toy_nan",
+        "handle_nans_fast",
+        "ba_na_na",
+        "temp_softmax",
+        "yoso_conv",
+        "lsh_attention",
+    ]
+    spec = load(["preset=quick", "attn=external", "attn.target=my_pkg.attn:NaNOut"])
+    assert (spec.attn.label, spec.attn.name) == ("nan_out", "nan_out")  # the folder and table row, the registry
+    with pytest.raises(
+        attention.BackendContractError,
+        match=r"^attention 'nan_out' \(my_pkg\.attn:NaNOut\) returned NaN or inf at real \(unmasked\) positions",
+    ):
+        tiny_classifier("nan_out")(*tokens_and_mask())
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -155,15 +155,25 @@ def test_make_logger_puts_csv_first_and_adds_the_callbacks(tmp_path):
     pytest.importorskip("tensorboard")
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
-    from lra.loggers import EvalLog, make_logger
+    from lra.loggers import (
+        EvalLog,
+        StepCSVLogger,
+        StepsTakenStage,
+        StepTensorBoardLogger,
+        StepWandbLogger,
+        make_logger,
+    )
     from lra.wandb_extras import WandbTables
 
     spec = load(["preset=quick", "logger=[tensorboard,wandb]"])
     logs = make_logger(spec, tmp_path, None)
-    assert [type(lg) for lg in logs.loggers] == [CSVLogger, TensorBoardLogger, WandbLogger]  # CSV, then as listed
-    assert {type(c) for c in logs.callbacks} == {EvalLog, WandbTables}
+    # CSV, then as listed: Lightning's loggers, counting the optimizer steps taken (lra.loggers.StepsTaken)
+    assert [type(lg) for lg in logs.loggers] == [StepCSVLogger, StepTensorBoardLogger, StepWandbLogger]
+    assert [isinstance(lg, t) for lg, t in zip(logs.loggers, (CSVLogger, TensorBoardLogger, WandbLogger))] == [True] * 3
+    assert {type(c) for c in logs.callbacks} == {StepsTakenStage, EvalLog, WandbTables}
     csv_only = make_logger(load(["preset=quick"]), tmp_path / "b", None)
-    assert [type(lg) for lg in csv_only.loggers] == [CSVLogger] and [type(c) for c in csv_only.callbacks] == [EvalLog]
+    assert [type(lg) for lg in csv_only.loggers] == [StepCSVLogger]
+    assert [type(c) for c in csv_only.callbacks] == [StepsTakenStage, EvalLog]
 
 
 def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
@@ -171,7 +181,7 @@ def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
     callback is built; a bad one is one line naming it, before any work."""
     from lightning.pytorch.loggers import CSVLogger
 
-    from lra.loggers import check_loggers, make_logger
+    from lra.loggers import StepCSVLogger, check_loggers, make_logger
 
     sys.path.insert(0, str(TESTS))
     try:
@@ -180,7 +190,7 @@ def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
     finally:
         sys.path.remove(str(TESTS))
     first, other, mine = logs.loggers
-    assert type(first) is CSVLogger and Path(first.log_dir) == tmp_path / "run"  # the harness's own, unchanged
+    assert type(first) is StepCSVLogger and Path(first.log_dir) == tmp_path / "run"  # the harness's own, unchanged
     assert type(other) is CSVLogger and Path(other.log_dir) == tmp_path / "elsewhere" / "mine" / "version_0"
     assert type(mine).__name__ == "MetricsRecorder" and mine.label == "yours"
     for override, says in [
@@ -194,7 +204,8 @@ def test_a_user_logger_is_a_target_node_built_with_its_arguments(tmp_path):
 
 def test_a_user_logger_receives_the_metrics(tmp_path):
     """A real run with Lightning's CSVLogger into another folder and a logger of the user's own: both get the
-    rows metrics.csv gets (the harness's metrics.csv is still written, in the run folder) (~10 s)."""
+    rows metrics.csv gets (the harness's metrics.csv is still written, in the run folder), at Lightning's own
+    step while training (one less than the optimizer steps taken, which metrics.csv says) (~10 s)."""
     env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-m", "lra.train", *TINY, *_user_loggers(tmp_path), "trainer.progress=false"],
@@ -208,13 +219,16 @@ def test_a_user_logger_receives_the_metrics(tmp_path):
     csv_vals = _csv_val_steps(run_dir)
     assert len(csv_vals) == 2
     other = tmp_path / "elsewhere" / "mine" / "version_0"
-    assert _csv_val_steps(other) == csv_vals
+    assert [(s + 1, a) for s, a in _csv_val_steps(other)] == csv_vals  # Lightning's logging step: one less
     with open(run_dir / "metrics.csv", newline="") as a, open(other / "metrics.csv", newline="") as b:
         assert set(next(csv.reader(a))) == set(next(csv.reader(b)))  # the same keys reach both
     seen = json.loads((tmp_path / "recorder.json").read_text())
     assert seen["label"] == "yours" and seen["status"] == "success"
-    assert [(r["step"], round(r["val/acc"], 6)) for r in seen["rows"] if "val/acc" in r] == csv_vals
+    assert [(r["step"] + 1, round(r["val/acc"], 6)) for r in seen["rows"] if "val/acc" in r] == csv_vals
     assert any("test/acc" in r for r in seen["rows"])
+    with open(run_dir / "metrics.csv", newline="") as f:  # the test row: the steps taken, as given to both
+        (test_step,) = [int(r["step"]) for r in csv.DictReader(f) if r.get("test/acc")]
+    assert [r["step"] for r in seen["rows"] if "test/acc" in r] == [test_step] == [12]
     rec = json.loads((run_dir / "result.json").read_text())
     assert rec["config"]["logger"]["mine"]["label"] == "yours"
 
@@ -295,3 +309,39 @@ def test_quiet_lightning_drops_exactly_the_tips():
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
         warnings.warn("another FutureWarning", FutureWarning)
     assert [str(w.message) for w in caught] == ["another FutureWarning"]
+
+
+def _steps(path):
+    with open(path, newline="") as f:
+        return [(int(r["step"]), r["train/loss"] or r["val/acc"] or r["test/acc"]) for r in csv.DictReader(f)]
+
+
+def test_a_resumed_run_keeps_its_rows_up_to_its_checkpoint(tmp_path):
+    """A run resumed from its checkpoint at step 100 keeps the rows of steps 50 and 100 (counted as taken) and
+    drops step 150's (trained again); the header stays, ``epoch`` included."""
+    from lra.loggers import csv_logger
+
+    head = "epoch,step,train/loss,val/acc,val/loss,test/acc"
+    rows = ["0,50,1.0,,,", "0,50,,0.3,2.0,", "0,100,0.9,,,", "0,100,,0.4,1.9,", "0,150,0.8,,,", "0,150,,0.5,1.8,"]
+    (tmp_path / "metrics.csv").write_text("\n".join([head, *rows]) + "\n")
+    csv_logger(tmp_path, 100)
+    assert _steps(tmp_path / "metrics.csv") == [(50, "1.0"), (50, "0.3"), (100, "0.9"), (100, "0.4")]
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == head
+
+
+def test_rows_are_written_at_the_steps_taken_while_fitting_and_as_given_after(tmp_path):
+    """Lightning hands a logger its logging step while fitting (one less than the steps taken) and the steps
+    taken after it (the test): StepsTakenStage tells the logger which at every stage's setup."""
+    from types import SimpleNamespace
+
+    from lra.loggers import StepsTakenStage, csv_logger
+
+    logger = csv_logger(tmp_path, None)
+    stage, trainer = StepsTakenStage(), SimpleNamespace(loggers=[logger])
+    stage.setup(trainer, None, "fit")
+    logger.log_metrics({"train/loss": 1.0}, step=49)
+    logger.log_metrics({"val/acc": 0.3}, step=49)
+    stage.setup(trainer, None, "test")
+    logger.log_metrics({"test/acc": 0.4}, step=50)
+    logger.save()
+    assert _steps(tmp_path / "metrics.csv") == [(50, "1.0"), (50, "0.3"), (50, "0.4")]

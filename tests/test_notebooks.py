@@ -169,7 +169,7 @@ def test_results_notebook_on_real_quick_runs(quick_run, tmp_path, monkeypatch):
     assert std.cells[j].n == 2 and 0 <= std.cells[j].mean <= 100
     md = (tmp_path / "tables" / "quick" / "skeinformer_table4.md").read_text()
     none = next(ln for ln in md.splitlines() if ln.startswith("| none (no attention) |")).strip("| ").split(" | ")
-    assert none[1:3] == ["--"] * 2 and none[3:5] == ["32", "1"]  # Text, then ListOps: bz and accu, as every row: no bold
+    assert none[1:3] == ["--"] * 2 and none[3:5] == ["32", "1"]  # Text, then ListOps: bz, accu; as every row: no bold
     monkeypatch.setenv("LRA_TABLES", str(tmp_path / "tables"))
     nb = execute("results.ipynb")
     text = text_of(nb)

@@ -245,8 +245,8 @@ def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path, 
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 10
 
     expected = _metrics_rows(tmp_path / "runs" / "ref")
-    # the epoch of the data: 4 optimizer steps per epoch; a row at logging step k comes from step k + 1
-    assert [e for _, e, m in expected if "train/loss" in m] == [k // 4 for k in range(14)]
+    # the epoch of the data: 4 optimizer steps per epoch; a row at step k comes from optimizer step k
+    assert [(s, e) for s, e, m in expected if "train/loss" in m] == [(k, (k - 1) // 4) for k in range(1, 15)]
     assert expected[-1][1:] == (4, ("test/acc", "test/count", "test/loss"))  # after training: epochs begun
     assert _metrics_rows(tmp_path / "runs" / "resumed") == expected
     # the curves' time axis goes on from where each stretch stopped: training time only ever grows

@@ -64,7 +64,7 @@ def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path):
     expected = _expected(1e-3, 4, 12)
     lr_max = max(lr for lr, _ in expected)
     for r in rows:
-        lr, beta1 = expected[int(r["step"])]  # the row of optimizer step s+1 says what step s+1 used
+        lr, beta1 = expected[int(r["step"]) - 1]  # the row of optimizer step s says what step s used
         assert float(r["lr"]) == pytest.approx(lr, rel=1e-6) and float(r["beta1"]) == pytest.approx(beta1, rel=1e-6)
         samples = float(r["throughput/samples_per_s"])
         assert samples > 0 and float(r["throughput/tokens_per_s"]) == pytest.approx(samples * 128, rel=1e-6)
@@ -76,7 +76,7 @@ def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path):
     # every evaluation row says how much training time (evaluation excluded) the run had spent by then:
     # the time axis of the curves (lra/tools/collect/plots.py), from the same clock as the record's train_time_s
     evals = [r for r in csv.DictReader(path.open()) if r.get("val/acc")]
-    assert [int(r["step"]) for r in evals] == [3, 7, 11]  # eval_every=4: after optimizer steps 4, 8, 12
+    assert [int(r["step"]) for r in evals] == [4, 8, 12]  # eval_every=4: after optimizer steps 4, 8, 12
     times = [float(r["time/train_s"]) for r in evals]
     assert 0 < times[0] < times[1] < times[2]
     record = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())

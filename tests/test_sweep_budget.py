@@ -159,7 +159,7 @@ def test_steps_and_times_a_record_marker_checkpoint_or_metrics_file_gives_are_ch
         est.learn_from([done])
         assert est.rates == {}, marker  # no wall time: no start-up, no rate to keep
     metrics = done.run_dir / "metrics.csv"  # a diverged validation (NaN) is no best; an infinite time no pace
-    metrics.write_text("step,time/train_s,val/loss\n99,10.0,nan\n199,inf,1.5\n")
+    metrics.write_text("step,time/train_s,val/loss\n100,10.0,nan\n200,inf,1.5\n")  # steps as taken
     assert cost.rate_of_metrics(metrics, 1) is None and cost._best_val_step(metrics) == 200
 
 
@@ -187,7 +187,7 @@ def test_a_probe_whose_first_steps_ran_faster_than_its_last_keeps_no_negative_st
 def _window1_run(tmp_path, attn, ckpt_step, ms_per_step, best_step, val_every=500):
     """A run as the first GPU window left it: a record written before records counted an interrupted run's
     steps (steps 0, no times), its pace only in metrics.csv (training seconds so far at each validation, rows
-    counting steps from 0) and its step only in last.ckpt."""
+    at the steps taken, as the pack holds them) and its step only in last.ckpt."""
     j = _job(
         tmp_path,
         "interrupted",
@@ -202,7 +202,7 @@ def _window1_run(tmp_path, attn, ckpt_step, ms_per_step, best_step, val_every=50
     j.rel = attn
     rows = ["step,time/train_s,val/loss"]
     for s in range(val_every, ckpt_step + 1, val_every):
-        rows.append(f"{s - 1},{s * ms_per_step / 1000},{2.0 - (s if s <= best_step else best_step) / 10000}")
+        rows.append(f"{s},{s * ms_per_step / 1000},{2.0 - (s if s <= best_step else best_step) / 10000}")
     (j.run_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
     return j
 

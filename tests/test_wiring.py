@@ -7,7 +7,9 @@ Tiny ListOps runs in this process, observed by a callback (:class:`Probe`) given
 user's callbacks go (``lra.loop.user_callbacks``, patched); the data is generated once for the module.
 """
 
+import logging
 import math
+import re
 
 import lightning as L
 import numpy as np
@@ -73,6 +75,7 @@ class Probe(L.Callback):
         self.trained = self.tested = None
         self.test_logged = self.test_exact = None
         self.losses = []  # (optimizer steps done after it, training loss / accumulation) of every micro-batch
+        self.eval_lines = []  # the run's log lines of its evaluations (lra.eval: train.log's "eval step ...")
 
     def on_train_start(self, trainer, pl_module):
         self.train_split = trainer.datamodule.splits["train"]
@@ -113,6 +116,17 @@ class Probe(L.Callback):
         self.test_exact = exact_metrics(pl_module, trainer.datamodule.splits["test"])
 
 
+class _Lines(logging.Handler):
+    """Keeps the messages of the run's log lines (in a list of the probe's)."""
+
+    def __init__(self, into: list):
+        super().__init__(logging.INFO)
+        self.into = into
+
+    def emit(self, record):
+        self.into.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def trainer_env(tmp_path_factory):
     """One data root (ListOps generated once) and a runner: ``run(name, *overrides) -> (record, probe,
@@ -123,8 +137,12 @@ def trainer_env(tmp_path_factory):
 
     def run(name, *overrides, patch=None):
         probe = Probe()
+        lines = _Lines(probe.eval_lines)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("lra.loop.user_callbacks", lambda spec: [probe])
+            eval_log = logging.getLogger("lra.eval")
+            mp.setattr(eval_log, "level", logging.INFO)
+            mp.setattr(eval_log, "handlers", [*eval_log.handlers, lines])  # both undone after the run
             if patch is not None:
                 patch(mp)
             spec = load(
@@ -189,17 +207,37 @@ def test_each_epoch_trains_on_every_example_once_in_a_new_order(accum_runs):
 
 
 def test_training_rows_are_written_every_log_every_n_steps_with_the_loss_that_ended_the_step(trainer_env):
-    """metrics.csv gets a training row at every ``log_every_n_steps``-th optimizer step (Lightning's step
-    column counts the steps before it), holding the loss of the micro-batch that ended that step. LitLRA
+    """metrics.csv gets a training row at every ``log_every_n_steps``-th optimizer step (its step column counts
+    the optimizer steps taken, as the log and the record do), holding the loss of the micro-batch that ended that
+    step, under gradient accumulation too. LitLRA
     calls self.log only for those rows (0.5 ms of host work a call on every micro-batch before): a wrong
     step, a missing row under accumulation or another micro-batch's loss fails here."""
     _, probe, run_dir = trainer_env("log_rows", *ACCUM, "trainer.log_every_n_steps=3")
     train = pd.read_csv(run_dir / "metrics.csv").dropna(subset=["train/loss"])
-    assert list(train["step"]) == [2, 5, 8, 11]  # after optimizer steps 3, 6, 9, 12
+    assert list(train["step"]) == [3, 6, 9, 12]  # after optimizer steps 3, 6, 9, 12 (4 micro-batches each)
     ended = {}  # optimizer step -> loss of its last micro-batch: the first micro-batch seen once it is done
     for done, loss in probe.losses:
         ended.setdefault(done, loss * 4)  # outputs["loss"] is divided by the accumulation (4)
     assert list(train["train/loss"]) == pytest.approx([ended[k] for k in (3, 6, 9, 12)], rel=1e-6)
+
+
+def test_metrics_csv_counts_the_optimizer_steps_the_log_and_the_record_count(accum_runs):
+    """metrics.csv's step column says the optimizer step a row comes after, as train.log's "eval step 5/12" and
+    the record's ``steps`` do, under gradient accumulation (4 micro-batches a step): validation rows at 5 and 10
+    (eval_every 5), a training row at every step 1..12, the test row at the record's 12. Lightning hands its
+    loggers one less while training (its validation rows said 4 and 9, the training rows 0..11); its columns
+    stay, ``epoch`` included."""
+    rec, probe, run_dir = accum_runs["last"]
+    rows = pd.read_csv(run_dir / "metrics.csv")
+    said = [int(m) for line in probe.eval_lines for m in re.findall(r"^eval step (\d+)/12 ", line)]
+    assert said == [step for step, *_ in probe.vals] == [5, 10]
+    assert list(rows.dropna(subset=["val/acc"])["step"]) == said
+    assert rec["steps_to_best"] in said
+    assert list(rows.dropna(subset=["train/loss"])["step"]) == list(range(1, 13))
+    last = rows.iloc[-1]
+    assert last["step"] == rec["steps"] == 12 and not math.isnan(last["test/acc"])
+    assert {"step", "epoch", "train/loss", "val/acc", "test/acc", "lr", "time/train_s"} <= set(rows.columns)
+    assert rows["epoch"].notna().all() and list(rows["step"]) == sorted(rows["step"])
 
 
 def test_gradients_are_clipped_by_value_before_each_step(accum_runs):

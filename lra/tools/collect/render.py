@@ -13,7 +13,8 @@ Settings (batch, accumulation) print their value, ``a/b`` when seeds disagree; `
 cell. Bold (:func:`best_rows`): the best mean of a column (highest accuracy; lowest steps, time, memory),
 only where every cell of the column has as many seeds and Welch's interval separates the best from each,
 never a cell at the majority-class rate; a setting's best value (largest batch, fewest accumulation
-steps) where the column's values differ. With a comparison, each column gains the paper's value and our delta (ours minus paper). Marks
+steps) where the column's values differ. With a comparison, each column gains the paper's value and our
+delta (ours minus paper). Marks
 (:func:`marks`, :func:`legend`): ``≈`` after a delta, the seeds cannot separate ours from the paper; ``†``
 after ours, they cannot separate the row from its baseline (Standard under the same settings); ``?``, not
 testable against it; ``‡``, a timing with a run on a shared or busy machine; ``§``, an accuracy whose seeds

@@ -162,10 +162,10 @@ def _checkpoint_step(last: Path) -> int:
 
 def _best_val_step(metrics: Path) -> int | None:
     """The optimizer step of the lowest validation loss so far (what early stopping watches), from metrics.csv
-    (its rows count steps from 0: the validation after step 500 is row 499)."""
+    (its rows count the steps taken: the validation after step 500 is at 500)."""
     with contextlib.suppress(OSError, ValueError, KeyError, csv.Error):
         with open(metrics, newline="") as f:
-            vals = [(float(r["val/loss"]), int(r["step"]) + 1) for r in csv.DictReader(f) if r.get("val/loss")]
+            vals = [(float(r["val/loss"]), int(r["step"])) for r in csv.DictReader(f) if r.get("val/loss")]
         vals = [v for v in vals if math.isfinite(v[0]) and v[1] > 0]  # a diverged validation is no best
         if vals:
             return min(vals, key=lambda v: (v[0], v[1]))[1]  # the first of equal losses: a tie is no improvement
@@ -211,7 +211,7 @@ def rate_of_metrics(metrics: Path, parallel: int) -> Rate | None:
     over every stretch); its validations are not timed there, so they count as none."""
     with contextlib.suppress(OSError, ValueError, KeyError, csv.Error):
         with open(metrics, newline="") as f:
-            timed = [(int(r["step"]) + 1, float(r["time/train_s"])) for r in csv.DictReader(f) if r.get("time/train_s")]
+            timed = [(int(r["step"]), float(r["time/train_s"])) for r in csv.DictReader(f) if r.get("time/train_s")]
         if timed and timed[-1][0] > 0 and number(timed[-1][1], above_zero=True):
             steps, train_s = timed[-1]
             return Rate(float("nan"), train_s / steps, 0.0, "own metrics (validations not timed)", "", parallel)
