@@ -36,7 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import attention
 from lra import CONF_DIR
-from lra.checks import (  # noqa: F401  (re-exported: ``from lra.config import ConfigError``)
+from lra.checks import (  # re-exported: ``from lra.config import ConfigError``
     SEED_MAX,
     ConfigError,
     build,

@@ -238,7 +238,7 @@ def _gpu_others_gib(device: torch.device) -> float | None:
     try:
         free, total = torch.cuda.mem_get_info(device)
         return round(max(0, total - free - torch.cuda.memory_reserved(device)) / GIB, 3)
-    except Exception:  # noqa: BLE001 - a query that fails says nothing, it must not stop the run
+    except Exception:  # a query that fails says nothing, it must not stop the run
         return None
 
 

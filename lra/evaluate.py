@@ -222,7 +222,7 @@ def evaluate(t: Target) -> dict:
         spec = run_spec(t)
         trained_on = dataclasses.replace(spec.hardware, precision=t.record["precision"], devices=t.record["devices"])
         as_run = dataclasses.replace(spec, hardware=trained_on)  # as its key was computed, on the machine it ran
-    except Exception as e:  # noqa: BLE001 - a record from elsewhere, whatever it holds: one line
+    except Exception as e:  # a record from elsewhere, whatever it holds: one line
         said = (str(e).strip().splitlines() or [""])[0]
         raise EvalError(
             f"{t.run_dir}: the run's configuration does not resolve here ({said or type(e).__name__})"

@@ -161,7 +161,7 @@ class LitLRA(L.LightningModule):
         if self.compiled and self.compile_time_s is None:
             try:
                 self.compile_time_s = self._compile()
-            except Exception as e:  # noqa: BLE001 - a missing Triton, a backend's inductor bug: any of them
+            except Exception as e:  # a missing Triton, a backend's inductor bug: any of them
                 self._uncompile(e)
 
     def _uncompile(self, e: Exception) -> None:

@@ -393,7 +393,7 @@ def read_checkpoint(path: Path) -> dict:
     damaged, or holding objects that would run code when loaded (not loaded, so nothing in it ran)."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - one line naming the file, not the zip's or the unpickler's error
+    except Exception as e:  # one line naming the file, not the zip's or the unpickler's error
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         code = next((ln for ln in lines if "GLOBAL" in ln), None)  # what weights_only refuses: a callable to call
         if isinstance(e, pickle.UnpicklingError) and code is not None:

@@ -46,7 +46,7 @@ def instantiate(key: str, node: dict, **late):
         if not late:
             return hydra.utils.instantiate(node, _convert_="all")
         return hydra.utils.instantiate(node, _convert_="all", _partial_=True)(**late)
-    except Exception as e:  # noqa: BLE001 - the user's class and arguments: one line naming them
+    except Exception as e:  # the user's class and arguments: one line naming them
         cause = e.__cause__ or e
         raise ConfigError(
             f"{key}: {node['_target_']}({', '.join(k for k in node if k != '_target_')}) "

@@ -102,7 +102,7 @@ class WandbTables(L.Callback):
             import wandb
 
             run.log({"val_history": wandb.Table(columns=["step", "val/acc", "val/loss"], data=self.rows)})
-        except Exception as e:  # noqa: BLE001 - never break training for a dashboard
+        except Exception as e:  # never break training for a dashboard
             log.warning("could not log val_history to W&B: %s", e)
 
 
@@ -138,7 +138,7 @@ def log_record(target, record: dict, run_dir: Path | str | None = None) -> None:
             )
             art.add_file(str(path))
             run.log_artifact(art)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         log.warning("could not log the run record to W&B: %s", e)
 
 

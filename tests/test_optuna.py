@@ -455,7 +455,7 @@ def test_storage_opens_while_another_reader_creates_it(tmp_path):
             barrier.wait()
             try:
                 storage_for(url).get_all_studies()
-            except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            except Exception as e:  # collected for the assertion below
                 failures.append(f"round {r}: {type(e).__name__}: {e}"[:300])
 
         def theirs():

@@ -95,7 +95,7 @@ def _start_and_kill(tmp_path, runs, sig, min_step):
             if last is not None:
                 try:
                     step = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
-                except Exception:  # noqa: BLE001 - being replaced right now
+                except Exception:  # being replaced right now
                     step = None
                 if step is not None and step >= min_step:
                     proc.send_signal(sig)

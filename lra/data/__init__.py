@@ -9,7 +9,7 @@ and reading the release archive: ``release.py``. The data root is ``$LRA_DATA`` 
 (layout: ``data/README.md``; formats, keys and numbers: ``docs/data.md``).
 """
 
-from lra.data import image, listops, pathfinder, retrieval, text  # noqa: F401  (each registers its task)
+from lra.data import image, listops, pathfinder, retrieval, text  # each registers its task
 from lra.data.base import DataError, Split
 from lra.data.cache import fingerprint
 from lra.data.provenance import data_record

@@ -117,7 +117,7 @@ def made_parents(folder: Path):
 def hf_datasets(why: str):
     """Hugging Face ``datasets`` (the ``data`` extra), or a one-line DataError saying how to get it."""
     try:
-        import datasets  # noqa: PLC0415 - optional dependency, only for the HF formats
+        import datasets  # optional dependency, only for the HF formats
     except ImportError:
         raise DataError(
             f"{why} needs the `datasets` package: pip install 'lra-harness[data]' " f"(or pip install datasets)"

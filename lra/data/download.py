@@ -216,7 +216,7 @@ def _load_dataset(src: HubSource, where: str, tmp: Path, out: Path) -> dict:
     # is left in ~/.cache once the data is in place.
     try:
         dd = datasets.load_dataset(where, revision=src.revision, cache_dir=str(tmp / "hf-cache"))
-    except Exception as e:  # noqa: BLE001 - network, auth and format errors come in many types
+    except Exception as e:  # network, auth and format errors come in many types
         raise DataError(
             f"downloading {where} (revision {src.revision[:12]}) failed: {type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}. Check the network (HF_ENDPOINT, HF_TOKEN) "
@@ -270,7 +270,7 @@ def _file_info(src: HubSource, where: str, hub: str | None) -> dict:
 
     try:
         found = HfApi().get_paths_info(src.repo, names, revision=src.revision, repo_type="dataset")
-    except Exception as e:  # noqa: BLE001 - network, auth and server errors come in many types
+    except Exception as e:  # network, auth and server errors come in many types
         raise DataError(
             f"cannot reach {src.repo}@{src.revision[:12]} on the Hub ({type(e).__name__}: "
             f"{_first_line(e)}); check the network (HF_ENDPOINT, HF_TOKEN) or {HUB_ENV}"
@@ -302,7 +302,7 @@ def _hub_download(src: HubSource, name: str, tmp: Path, progress: bool) -> Path:
         return Path(
             hf_hub_download(src.repo, name, repo_type="dataset", revision=src.revision, local_dir=str(tmp / "hub"))
         )
-    except Exception as e:  # noqa: BLE001 - a dropped connection or a full disk, in many types
+    except Exception as e:  # a dropped connection or a full disk, in many types
         raise DataError(
             f"downloading {src.repo}/{name} stopped ({type(e).__name__}: {_first_line(e)}); run "
             f"again: it continues from there"

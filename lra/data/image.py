@@ -117,7 +117,7 @@ def _torchvision(folder: Path):
             out[split] = (np.asarray(ds.data, dtype=np.uint8), np.asarray(ds.targets, dtype=np.int64))
         log.info("CIFAR-10: read %s with torchvision", folder)
         return out
-    except Exception as e:  # noqa: BLE001 - a broken torchvision (CPU torch) fails in many ways
+    except Exception as e:  # a broken torchvision (CPU torch) fails in many ways
         log.info(
             "CIFAR-10: torchvision cannot read %s (%s: %s); reading the pickles directly",
             folder,
@@ -168,7 +168,7 @@ def _decode_images(blobs, where) -> np.ndarray:
         try:
             with Image.open(io.BytesIO(data)) as im:
                 arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise DataError(f"{where}: row {i}: 'img' is not a readable image ({type(e).__name__})") from None
         if arr.shape != (32, 32, 3):
             raise DataError(f"{where}: row {i}: image is {arr.shape[1]}x{arr.shape[0]}, expected 32x32")
@@ -198,7 +198,7 @@ def read_parquet(folder: Path, files: dict) -> dict:
             f = folder / name
             try:
                 df = pd.read_parquet(f, columns=["img", "label"])
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise DataError(
                     f"{f}: cannot read the columns 'img' and 'label' ({type(e).__name__}: {e}); "
                     f"expected the HF uoft-cs/cifar10 parquet files"
@@ -214,7 +214,7 @@ def read_hf_disk(folder: Path) -> dict:
 
     try:
         dd = datasets.load_from_disk(str(folder))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise DataError(f"{folder}: datasets.load_from_disk failed ({type(e).__name__}: {e})") from None
     out = {}
     for split in ("train", "test"):

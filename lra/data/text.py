@@ -242,7 +242,7 @@ def read_parquet(files: list[Path]) -> Rows:
         split = "train" if _split_files([f.name], "train", "parquet") else "test"
         try:
             df = pd.read_parquet(f, columns=["text", "label"])
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files
+        except Exception as e:  # pyarrow raises several types for bad files
             raise DataError(
                 f"{f}: cannot read the columns 'text' and 'label' ({type(e).__name__}: {e}); "
                 f"expected the HF stanfordnlp/imdb parquet files"
@@ -266,7 +266,7 @@ def read_hf_disk(folder: Path) -> Rows:
 
     try:
         dd = datasets.load_from_disk(str(folder))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise DataError(
             f"{folder}: datasets.load_from_disk failed ({type(e).__name__}: {e}); expected a folder "
             f"written by DatasetDict.save_to_disk"
@@ -285,7 +285,7 @@ def read_hf_arrow(files: list[Path]) -> Rows:
         split = "train" if _split_files([f.name], "train", "arrow") else "test"
         try:
             ds = datasets.Dataset.from_file(str(f))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise DataError(f"{f}: not a readable HF datasets arrow file ({type(e).__name__}: {e})") from None
         out[split] += _rows_from_dataset(ds, f)
     return out

@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(rows)}] {row.key}", file=sys.stderr, flush=True)
         try:
             results.append((compare_chunks if row.attn == "chunks" else compare)(row, roots))
-        except Exception as err:  # noqa: BLE001 - a row that cannot run is reported (and fails), not fatal
+        except Exception as err:  # a row that cannot run is reported (and fails), not fatal
             why = " ".join(f"{type(err).__name__}: {err}".replace("|", "/").split())  # one table cell
             results.append(
                 {

@@ -30,7 +30,7 @@ from lra.tools.approx.command import (
     DEFAULT_BUDGETS,
     DEFAULT_LENGTHS,
     DEFAULT_TRIALS_AT_1024,
-    EXAMPLES,  # noqa: F401
+    EXAMPLES,
     QUICK,
     QUICK_PREFERENCE,
     cli,
@@ -43,7 +43,7 @@ from lra.tools.approx.inputs import (
     SOURCES,
     STDLIB_MODULES,
     PretrainedInputs,
-    RandomLRAInputs,  # noqa: F401
+    RandomLRAInputs,
     find_imdb,
     imdb_text,
     load_text,
@@ -54,7 +54,7 @@ from lra.tools.approx.methods import (
     BUDGET_FREE,
     BUDGET_OPTIONS,
     BUILTIN,
-    GENERIC_BUDGET_OPTIONS,  # noqa: F401
+    GENERIC_BUDGET_OPTIONS,
     NOT_STUDIED,
     ORDER,
     AmmOracle,
@@ -68,17 +68,17 @@ from lra.tools.approx.references import (
     Reference,
     gaussian_attention,
     reference_for,
-    relative_error,  # noqa: F401
+    relative_error,
     shared_qk_attention,
     softmax_attention,
     spectral_norm,
 )
-from lra.tools.approx.render import PLOT_YMAX, SKETCH_GROUP, plot, summary_table  # noqa: F401
+from lra.tools.approx.render import PLOT_YMAX, SKETCH_GROUP, plot, summary_table
 from lra.tools.approx.study import (
     COLUMNS,
     HEADS_PER_CALL,
     MIN_DRAWS_FOR_CLUSTER_SE,
     TRIAL_COLUMNS,
-    Cell,  # noqa: F401
+    Cell,
     run_study,
 )

@@ -18,19 +18,19 @@ The timer and memory meter are :mod:`lra.tools.meter`, the device helpers :mod:`
 names are re-exported here (``bench.Config``, ``bench.run``, ...).
 """
 
-from lra.tools.bench.analyse import crossover, growth, loglog_slope, ratios, read_csv  # noqa: F401
-from lra.tools.bench.cli import main, parser  # noqa: F401
-from lra.tools.bench.flops import EXTRA_FLOP_FORMULAS, OpNames, flop_counter  # noqa: F401
-from lra.tools.bench.layer import check_layer_args, config_from_args, run_layer  # noqa: F401
-from lra.tools.bench.measure import _predict, _slope, fwd_bwd, make_inputs, measure_point, run  # noqa: F401
-from lra.tools.bench.render import plot, render_markdown  # noqa: F401
+from lra.tools.bench.analyse import crossover, growth, loglog_slope, ratios, read_csv
+from lra.tools.bench.cli import main, parser
+from lra.tools.bench.flops import EXTRA_FLOP_FORMULAS, OpNames, flop_counter
+from lra.tools.bench.layer import check_layer_args, config_from_args, run_layer
+from lra.tools.bench.measure import _predict, _slope, fwd_bwd, make_inputs, measure_point, run
+from lra.tools.bench.render import plot, render_markdown
 from lra.tools.bench.rows import (
     BASELINE,
     CSV_COLUMNS,
     DEFAULT_LENGTHS,
     MATERIALIZED,
     QUICK_LENGTHS,
-    Config,  # noqa: F401
+    Config,
     Row,
     all_rows,
     build_module,

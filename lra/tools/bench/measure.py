@@ -193,7 +193,7 @@ def run(
             else:
                 try:
                     rec.update(measure_point(row, n, cfg, budget), status="ok")
-                except Exception as err:  # noqa: BLE001 - a broken backend must not end the sweep
+                except Exception as err:  # a broken backend must not end the sweep
                     msg = " ".join(f"{type(err).__name__}: {err}".split())[:300]
                     if is_oom(err):
                         rec.update(status="oom", reason=msg)

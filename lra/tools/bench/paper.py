@@ -187,7 +187,7 @@ def their_fit(cell: dict, root: Path) -> list[dict]:
                 if at[m] <= budget:
                     break
             at.setdefault(paper, peak(paper, swap(attn_type, changes)))
-        except Exception as e:  # noqa: BLE001 - e.g. their Reformer needs pip transformers: said, not fatal
+        except Exception as e:  # e.g. their Reformer needs pip transformers: said, not fatal
             out.append({**r, "explains": f"no estimate ({type(e).__name__}: {str(e).splitlines()[0][:80]})"})
             continue
         their_bz = next((m for m in cands if at.get(m, budget + 1) <= budget), None)

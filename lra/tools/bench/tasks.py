@@ -288,7 +288,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             r.update(measure(call, cfg, compiled, known[r["part"]]), status="ok")
             if backend == BASELINE and not compiled and not r["sdpa_ops"]:  # composite: no SDPA op reaches dispatch
                 r["sdpa_ops"] = "none: SDPA took the math path (matmul + softmax, n x n)"
-        except Exception as err:  # noqa: BLE001 - a backend dynamo or the device cannot run must not end the benchmark
+        except Exception as err:  # a backend dynamo or the device cannot run must not end the benchmark
             r.update(
                 status="oom" if is_oom(err) else "error", reason=" ".join(f"{type(err).__name__}: {err}".split())[:300]
             )
@@ -318,7 +318,7 @@ def double_probe(train: TrainStep, model, spec: RunSpec, micro: int, cfg: TaskCo
     try:
         train(model, make_batches(spec, micro, 1, cfg.device, cfg.seed))
         return "fits"
-    except Exception as err:  # noqa: BLE001 - a probe that fails is a finding, not the end of the table
+    except Exception as err:  # a probe that fails is a finding, not the end of the table
         return "oom" if is_oom(err) else " ".join(f"error: {type(err).__name__}: {err}".split())[:200]
     finally:
         train.opt.zero_grad(set_to_none=True)
@@ -364,7 +364,7 @@ def run(
         else:
             try:
                 rows += measure_backend(cfg, task, backend, counted)
-            except Exception as err:  # noqa: BLE001 - its spec, fit or model failing is one line; the table goes on
+            except Exception as err:  # its spec, fit or model failing is one line; the table goes on
                 why = f"{type(err).__name__}: {err}"
                 rows.append(_unmeasured(task, backend, "oom" if is_oom(err) else "error", why))
                 counted(f"{task}/{backend}: {rows[-1]['status']} ({rows[-1]['reason']})")

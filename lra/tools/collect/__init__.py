@@ -233,7 +233,7 @@ def read_labels(path: Path) -> dict:
 
     try:
         data = OmegaConf.load(path)
-    except Exception as e:  # noqa: BLE001 - missing, unreadable, not YAML: one line
+    except Exception as e:  # missing, unreadable, not YAML: one line
         raise CollectError(f"--labels {path}: cannot read it ({type(e).__name__}: {str(e)[:120]})") from None
     data = OmegaConf.to_container(data) if isinstance(data, DictConfig) else None
     if not data or not all(isinstance(v, str) and v.strip() for v in data.values()):

@@ -487,7 +487,7 @@ def load_runs(root: Path, exclude: tuple[Path, ...] = ()) -> tuple[pd.DataFrame,
         except _Unusable as e:
             issues.append(Issue(rel, "unreadable", f"result.json {e}: skipped"))
             continue
-        except Exception as e:  # noqa: BLE001 - one record the collector cannot use never stops the others
+        except Exception as e:  # one record the collector cannot use never stops the others
             issues.append(Issue(rel, "unreadable", f"result.json: {type(e).__name__}: {str(e)[:120]}: skipped"))
             continue
         issues += found

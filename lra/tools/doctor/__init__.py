@@ -83,7 +83,7 @@ def run(
             except OverBudget:
                 r, ended = budget.cut_result(name), True
                 _settle()
-            except Exception as e:  # noqa: BLE001 - one check's own failure must not stop the others
+            except Exception as e:  # one check's own failure must not stop the others
                 r, ended = Result(name, "check", "fail", detail=one_line(e)), True
             if r is None:
                 break
@@ -103,7 +103,7 @@ def _settle() -> None:
     if "torch._dynamo" in sys.modules:  # imported by a compile; importing it costs a second
         try:
             torch._dynamo.reset()
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:  # best effort
             pass
 
 

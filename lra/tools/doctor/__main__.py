@@ -94,7 +94,7 @@ def options(args: argparse.Namespace) -> Options:
     for b in external:
         try:
             attention.load_external(b)
-        except Exception as e:  # noqa: BLE001 - the user's module: what failed, in one line
+        except Exception as e:  # the user's module: what failed, in one line
             raise ValueError(f"--backends {b}: cannot load it ({type(e).__name__}: {e})") from None
     opts = Options(
         checks=tuple(dict.fromkeys(args.checks or CHECKS)),

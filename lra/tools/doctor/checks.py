@@ -79,7 +79,7 @@ def _measure(cfg: bench.TaskConfig, task: str, backend: str) -> list[dict]:
     """bench's rows for one (task, backend); an error outside a row (the spec, the model) becomes one."""
     try:
         rows = bench.measure_backend(cfg, task, backend, log=lambda _: None)
-    except Exception as e:  # noqa: BLE001 - a broken backend is named, the others go on
+    except Exception as e:  # a broken backend is named, the others go on
         rows = [
             {"task": task, "backend": backend, "part": "step", "mode": m, "status": "error", "reason": one_line(e)}
             for m in cfg.modes or ("eager",)
@@ -136,7 +136,7 @@ def _modes(opts: Options, backend: str) -> tuple:
         return ("eager",)
     try:
         compiles = load(_overrides(opts, opts.tasks[0], backend)).hardware.compile
-    except Exception:  # noqa: BLE001 - the measurement names the error
+    except Exception:  # the measurement names the error
         compiles = False
     return ("eager", "compiled") if compiles else ("eager",)
 
@@ -167,7 +167,7 @@ def fit(opts: Options, budget: Budget) -> Iterator[Result]:
             precision = bench.precision_on(spec, opts.device)
             est = train_step_peak(spec.model, micro, precision=precision, cuda_sdpa=_cuda(opts))
             peak = step_peak(spec, micro, precision, opts.device)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             yield Result("fit", item, "fail", detail=one_line(e))
             return
         err = peak / est - 1.0
@@ -235,7 +235,7 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
                 **sizes,
                 budget_s=share,
             )
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             yield Result("overhead", item, "fail", detail=one_line(e))
             return
         cut = f"cut short at its share of the time budget ({share:.0f} s): {o.blocks} of {sizes['blocks']} blocks"

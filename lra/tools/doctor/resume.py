@@ -84,7 +84,7 @@ def read_step(path: Path) -> int | None:
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise NotData(f"{path}: refused, it cannot be read as data (torch.load weights_only=True: {first})") from None
-    except Exception:  # noqa: BLE001 - being replaced right now
+    except Exception:  # being replaced right now
         return None
 
 

@@ -87,7 +87,7 @@ def grid_or_search(grid, opts: dict, hydra_ovs: list[str], t0: float | None = No
             "(and stop it with Ctrl-C or SIGTERM, which it survives: the same command continues the study)"
         )
     try:
-        from lra.tools.sweep.search import run_search  # noqa: PLC0415 - an optional dependency, not a cycle
+        from lra.tools.sweep.search import run_search  # an optional dependency, not a cycle
     except ImportError as e:
         raise SystemExit(
             f"lra.tools.sweep: grid={grid.name} is an Optuna search and {e.name or 'optuna'} is not "

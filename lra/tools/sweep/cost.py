@@ -359,7 +359,7 @@ class Estimator:
                         f"fit.cache_dir={quote(self.root / '.fit-cache')}",
                         f"hydra.run.dir={quote(run_dir)}",
                     ]
-                    log_file = open(scratch / f"{start + i}.log", "w")  # noqa: SIM115 - closed below
+                    log_file = open(scratch / f"{start + i}.log", "w")  # closed below
                     proc = start_run(cmd, env=env, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT)
                     procs.append((j, run_dir, time.time(), proc, log_file))
                 for j, run_dir, t, p, log_file in procs:

@@ -76,7 +76,7 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
             job.hw = hw_of(cfg)
             job.train = {k: cfg.train.get(k) for k in ("max_steps", "eval_every", "patience")}
             job.cfg = cfg
-        except Exception as e:  # noqa: BLE001 - an unknown task/attn: reported, the rest still runs
+        except Exception as e:  # an unknown task/attn: reported, the rest still runs
             job.error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         jobs.append(job)
     seen: dict[Path, Job] = {}
@@ -296,7 +296,7 @@ def prepare_data(todo: list[Job]) -> None:
         try:
             load_task(j.data[0], data_root(j.data[1]))
             log.info("data for %s ready (%.0f s)", j.task, time.time() - t)
-        except Exception as e:  # noqa: BLE001 - the job reports it with the data module's own message
+        except Exception as e:  # the job reports it with the data module's own message
             log.warning("could not prepare data for %s here: %s", j.task, str(e).splitlines()[0])
 
 
@@ -357,7 +357,7 @@ def launch(
                 batch = todo[start : start + size]
                 try:
                     launcher.launch([j.overrides for j in batch], initial_job_idx=idx)
-                except Exception as e:  # noqa: BLE001 - a job killed hard (OOM, node lost): the others go on
+                except Exception as e:  # a job killed hard (OOM, node lost): the others go on
                     log.error(
                         "a job of this batch died without a result (%s: %s); its folder keeps what it wrote",
                         type(e).__name__,

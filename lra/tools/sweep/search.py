@@ -86,7 +86,7 @@ def parse_space(params: dict) -> dict[str, optuna.distributions.BaseDistribution
     for key, spec in (params or {}).items():
         try:
             ov = override_parser().parse_override(f"{key}={spec}")
-        except Exception as e:  # noqa: BLE001 - Hydra's grammar error, told in one line
+        except Exception as e:  # Hydra's grammar error, told in one line
             raise SystemExit(
                 f"lra.tools.sweep: search.params.{key}={spec!r} does not parse ({str(e).splitlines()[0]}); "
                 "use choice(a,b), range(lo,hi,step=s), interval(lo,hi) or tag(log, interval(lo,hi))"
@@ -211,7 +211,7 @@ def open_study(s: Search) -> optuna.Study:
 def recover(study: optuna.Study) -> list[int]:
     """Trials left RUNNING by a killed driver (the sweep lock says no driver is live): FAIL, marked
     ``interrupted``, and their parameters enqueued again (the same run folder: lra.train resumes it)."""
-    storage = study._storage  # noqa: SLF001 - the study's own storage object (public API on it)
+    storage = study._storage  # the study's own storage object (public API on it)
     sid = storage.get_study_id_from_name(study.study_name)
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -222,7 +222,7 @@ def recover(study: optuna.Study) -> list[int]:
 
 def requeue(study: optuna.Study, trial, tid: int, status: str | None = None) -> None:
     """An interrupted trial: FAIL, marked ``interrupted`` (it does not count), its parameters enqueued again."""
-    storage = study._storage  # noqa: SLF001
+    storage = study._storage
     storage.set_trial_user_attr(tid, "interrupted", True)
     if status:
         storage.set_trial_user_attr(tid, "status", status)
@@ -245,7 +245,7 @@ def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | No
     """Tell the study how trial ``number`` ended, from what its run left in ``run_dir``."""
     status, rec = run_status(run_dir)
     pruned = pruned_info(run_dir)
-    storage = study._storage  # noqa: SLF001
+    storage = study._storage
     tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
     storage.set_trial_user_attr(tid, "status", status)
     storage.set_trial_user_attr(tid, "returncode", returncode)
@@ -427,7 +427,7 @@ def settle(study: optuna.Study, stopped: dict[int, tuple[Path, int | None]], def
     """After an interruption, the trials the study still has RUNNING: one whose run finished anyway is
     told as usual (:func:`finish`); the others (stopped, or asked while their folder was busy) are
     re-queued as :func:`recover` would at the next start, with the status their folder shows."""
-    storage = study._storage  # noqa: SLF001
+    storage = study._storage
     sid = storage.get_study_id_from_name(study.study_name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.number in stopped:
@@ -540,7 +540,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     fixed = list(grid.overrides.values())
     try:
         primary = composer.primary(hydra_ovs + fixed)
-    except Exception as e:  # noqa: BLE001 - Hydra's own message, cut to its first line
+    except Exception as e:  # Hydra's own message, cut to its first line
         raise SystemExit(
             f"lra.tools.sweep: the search's overrides do not compose ({type(e).__name__}: "
             f"{str(e).splitlines()[0]}); check `overrides` of conf/sweep/{grid.name}.yaml and the "
@@ -556,7 +556,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     probe = {k: (d.choices[0] if isinstance(d, CategoricalDistribution) else d.low) for k, d in space.items()}
     try:
         job_dir(fixed + param_overrides(probe))
-    except Exception as e:  # noqa: BLE001 - told in one line
+    except Exception as e:  # told in one line
         raise SystemExit(
             f"lra.tools.sweep: the search's runs do not compose ({type(e).__name__}: "
             f"{str(e).splitlines()[0]}); check `overrides` and search.params of conf/sweep/{grid.name}.yaml"
