@@ -329,16 +329,6 @@ def test_generated_pathfinder_other_settings_get_their_own_folder_and_none_is_re
     assert pf.locate(tmp_path, None, 32, HARD) is None
 
 
-def test_a_pathfinder_set_generated_by_an_older_harness_is_used_as_is(tmp_path, monkeypatch):
-    params = pf.generator_params(cfg(n_images=20, generator={"seed": 1, "chunk": 1000}))
-    legacy = gen.write_dataset(tmp_path / "pf-small" / "pathfinder32" / HARD, params, workers=1, progress=False)
-    before = snapshot(legacy)
-    made = spy_generation(monkeypatch, pf)
-    c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
-    assert sum(len(x) for x in pf.load(c, tmp_path, progress=False).values()) == 20
-    assert made == [] and snapshot(legacy) == before
-
-
 def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_replaced(tmp_path):
     c = cfg(generate=True, n_images=20, gen_dir="pf-small", generator={"seed": 1, "chunk": 1000})
     pf.load(c, tmp_path, progress=False)
@@ -351,7 +341,7 @@ def test_regeneration_keeps_user_files_and_a_folder_not_generated_is_never_repla
     assert (folder / "metadata" / "0.npy").read_bytes() == old_meta  # seeded: the same images again
     assert json.loads((folder / "GENERATED.json").read_text())["params"]["seed"] == 1
     assert sorted(p.name for p in folder.parent.iterdir()) == [HARD]  # no temp or old folder left
-    # a folder where an older harness generated, without GENERATED.json (here: images without metadata), is the user's
+    # an incomplete folder at the release's name, without GENERATED.json (images without metadata), is the user's
     mine = tmp_path / "root" / "pathfinder32" / HARD
     (mine / "imgs" / "0").mkdir(parents=True)
     (mine / "imgs" / "0" / "sample_0.png").write_bytes(b"user image")
