@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attention
 from lra.cli import Parser
@@ -38,7 +39,7 @@ from lra.model import build_model, loss_and_correct
 
 log = logging.getLogger("lra.fit")
 
-ESTIMATOR_VERSION = 2  # bump when the estimate or its key changes (2: keyed by the typed run spec)
+ESTIMATOR_VERSION = 3  # bump when the estimate or its key changes (2: keyed by the typed run spec; 3: _CudaKernels)
 GIB = 2**30
 
 
@@ -104,6 +105,18 @@ def _sdpa_as_cuda():
         F.scaled_dot_product_attention = orig
 
 
+class _CudaKernels(TorchDispatchMode):
+    """What a CUDA kernel allocates beside its output where the CPU's does not, which no fake tensor sees:
+    softmax's backward writes ``grad * output`` to an input-sized temporary first (aten/src/ATen/native/cuda/
+    SoftMax.cu, ``softmax_backward_cuda_out``), one more n x n matrix at the peak of a materialised softmax."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        temp = args[0] * args[1] if func is torch.ops.aten._softmax_backward_data.default else None
+        out = func(*args, **(kwargs or {}))
+        del temp  # held until the output exists, as the kernel holds it
+        return out
+
+
 def _to_fake(model: nn.Module, mode) -> nn.Module:
     """Swap every parameter and buffer for a fake tensor of the same shape (one-element buffers keep
     their value, so code that reads a seed or a counter with ``int()`` still works)."""
@@ -141,7 +154,8 @@ def train_step_peak(
     """Peak tensor bytes of one training iteration (optimizer states present) at ``micro_batch``.
 
     ``fake=False`` runs the same iteration on real CPU tensors (for checking the fake estimate);
-    ``cuda_sdpa`` routes fused SDPA to the CUDA memory-efficient kernel (fake tensors only); ``swap``
+    ``cuda_sdpa`` estimates CUDA's kernels (fake tensors only): fused SDPA routed to the memory-efficient
+    kernel, and the softmax backward's temporary (:class:`_CudaKernels`); ``swap``
     changes the built model in place first (e.g. another code's attention block in place of ours).
     The global RNG is left untouched, so estimating never changes a run's initialisation.
     """
@@ -159,7 +173,8 @@ def train_step_peak(
         mode = fake_tensor_mode() if fake else None
         if fake:
             _to_fake(model, mode)
-        sdpa = _sdpa_as_cuda() if (fake and cuda_sdpa) else contextlib.nullcontext()
+        cuda = fake and cuda_sdpa
+        sdpa = _sdpa_as_cuda() if cuda else contextlib.nullcontext()
         with mode or contextlib.nullcontext(), sdpa:
             params = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay, foreach=True)  # CUDA's default
@@ -168,7 +183,7 @@ def train_step_peak(
             labels = torch.randint(0, classes, (micro_batch,))
             tracker = mem_tracker()
             tracker.track_external(model, opt, tokens, mask, labels)
-            with tracker:
+            with tracker, _CudaKernels() if cuda else contextlib.nullcontext():
                 for p in params:  # first step on zero gradients: creates the AdamW states
                     p.grad = torch.zeros_like(p)
                 opt.step()
@@ -266,7 +281,7 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
         whole = fits(top)
     except attention.BackendContractError:  # a broken backend: no estimate could make it train
         raise
-    except Exception as e:  # noqa: BLE001 - an op the fake tensors cannot trace must not block training
+    except Exception as e:  # an op the fake tensors cannot trace must not block training
         log.warning(
             "%s: the memory estimate failed (%s: %s); training at micro-batch %d",
             where,
@@ -376,7 +391,7 @@ def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress
             )
         except FitError as e:
             row.update(error="micro-batch 1 does not fit", detail=str(e))
-        except Exception as e:  # noqa: BLE001 - a missing task config or a backend the estimator cannot trace
+        except Exception as e:  # a missing task config or a backend the estimator cannot trace
             row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
         rows.append(row)
         if progress:

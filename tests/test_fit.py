@@ -65,6 +65,16 @@ def test_fused_sdpa_is_estimated_as_the_cuda_kernel():
     assert cuda < 0.5 * cpu and cpu == pytest.approx(materialized, rel=0.05)
 
 
+def test_the_cuda_softmax_backwards_temporary_is_counted():
+    """Bug caught: CUDA's softmax backward allocates ``grad * output`` beside its output (the CPU kernel and fake
+    tensors do not), one n x n matrix the estimate missed at the peak of a materialised softmax: Skeinformer
+    Table 4's Standard w/o dropout was fitted at 2-4x the micro-batch of Standard (32 x 4096 tokens for Text)
+    and ran out of memory under a 15 GiB cap on a GPU, where both rows peak at the same bytes."""
+    mk = small("softmax", {"impl": "materialized", "dropout": 0.0}, checkpointing=True, seq_len=256, num_layers=1)
+    cuda, cpu = train_step_peak(mk, 2), train_step_peak(mk, 2, cuda_sdpa=False)
+    assert cuda - cpu == 2 * 2 * 256 * 256 * 4  # one fp32 score matrix of micro-batch 2 (2 heads); was 0
+
+
 def test_estimate_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
