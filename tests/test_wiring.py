@@ -142,6 +142,7 @@ def trainer_env(tmp_path_factory):
             mp.setattr("lra.loop.user_callbacks", lambda spec: [probe])
             eval_log = logging.getLogger("lra.eval")
             mp.setattr(eval_log, "level", logging.INFO)
+            mp.setattr(eval_log, "disabled", False)  # an earlier in-process Hydra run may have disabled it
             mp.setattr(eval_log, "handlers", [*eval_log.handlers, lines])  # both undone after the run
             if patch is not None:
                 patch(mp)
