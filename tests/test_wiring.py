@@ -116,15 +116,19 @@ class Probe(L.Callback):
         self.test_exact = exact_metrics(pl_module, trainer.datamodule.splits["test"])
 
 
-class _Lines(logging.Handler):
-    """Keeps the messages of the run's log lines (in a list of the probe's)."""
+class _Said:
+    """lra.loggers' log, keeping the messages of its info lines (train.log's "eval step ...") in a list: taken
+    where they are made, so no logging configuration an earlier test left (Hydra's) can hide them."""
 
-    def __init__(self, into: list):
-        super().__init__(logging.INFO)
-        self.into = into
+    def __init__(self, into: list, real: logging.Logger):
+        self.into, self.real = into, real
 
-    def emit(self, record):
-        self.into.append(record.getMessage())
+    def info(self, msg, *args):
+        self.into.append(msg % args)
+        self.real.info(msg, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
 
 
 @pytest.fixture(scope="module")
@@ -137,13 +141,9 @@ def trainer_env(tmp_path_factory):
 
     def run(name, *overrides, patch=None):
         probe = Probe()
-        lines = _Lines(probe.eval_lines)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("lra.loop.user_callbacks", lambda spec: [probe])
-            eval_log = logging.getLogger("lra.eval")
-            mp.setattr(eval_log, "level", logging.INFO)
-            mp.setattr(eval_log, "disabled", False)  # an earlier in-process Hydra run may have disabled it
-            mp.setattr(eval_log, "handlers", [*eval_log.handlers, lines])  # both undone after the run
+            mp.setattr("lra.loggers.log", _Said(probe.eval_lines, logging.getLogger("lra.eval")))
             if patch is not None:
                 patch(mp)
             spec = load(
