@@ -145,7 +145,7 @@ def train_step_peak(
     *,
     precision: str = "32-true",
     fake: bool = True,
-    cuda_sdpa: bool = True,
+    cuda_kernels: bool = True,
     lr: float = 1e-4,
     eps: float = 1e-6,
     weight_decay: float = 0.0,
@@ -154,7 +154,7 @@ def train_step_peak(
     """Peak tensor bytes of one training iteration (optimizer states present) at ``micro_batch``.
 
     ``fake=False`` runs the same iteration on real CPU tensors (for checking the fake estimate);
-    ``cuda_sdpa`` estimates CUDA's kernels (fake tensors only): fused SDPA routed to the memory-efficient
+    ``cuda_kernels`` estimates CUDA's kernels (fake tensors only): fused SDPA routed to the memory-efficient
     kernel, and the softmax backward's temporary (:class:`_CudaKernels`); ``swap``
     changes the built model in place first (e.g. another code's attention block in place of ours).
     The global RNG is left untouched, so estimating never changes a run's initialisation.
@@ -173,7 +173,7 @@ def train_step_peak(
         mode = fake_tensor_mode() if fake else None
         if fake:
             _to_fake(model, mode)
-        cuda = fake and cuda_sdpa
+        cuda = fake and cuda_kernels
         sdpa = _sdpa_as_cuda() if cuda else contextlib.nullcontext()
         with mode or contextlib.nullcontext(), sdpa:
             params = [p for p in model.parameters() if p.requires_grad]

@@ -37,7 +37,7 @@ def cfg_for(tmp_path, *overrides):
 def test_fake_estimate_equals_real_tensor_peak(attn, options, ckpt):
     """FakeTensorMode allocates nothing, yet MemTracker's peak equals the one of real CPU tensors."""
     mk = small(attn, options, ckpt)
-    fake = train_step_peak(mk, 4, fake=True, cuda_sdpa=False)
+    fake = train_step_peak(mk, 4, fake=True, cuda_kernels=False)
     real = train_step_peak(mk, 4, fake=False)
     assert fake == pytest.approx(real, rel=0.01)
     assert fake > 4 * 2 * 2 * 128 * 128 * 4  # at least one fp32 score matrix per layer is counted
@@ -60,7 +60,7 @@ def test_fused_sdpa_is_estimated_as_the_cuda_kernel():
     """CPU SDPA with dropout materialises n x n; the estimate uses CUDA's memory-efficient kernel."""
     mk = small("softmax", {"impl": "fused"}, seq_len=512)
     cuda = train_step_peak(mk, 2)
-    cpu = train_step_peak(mk, 2, cuda_sdpa=False)
+    cpu = train_step_peak(mk, 2, cuda_kernels=False)
     materialized = train_step_peak(small("softmax", {"impl": "materialized"}, seq_len=512), 2)
     assert cuda < 0.5 * cpu and cpu == pytest.approx(materialized, rel=0.05)
 
@@ -71,7 +71,7 @@ def test_the_cuda_softmax_backwards_temporary_is_counted():
     Table 4's Standard w/o dropout was fitted at 2-4x the micro-batch of Standard (32 x 4096 tokens for Text)
     and ran out of memory under a 15 GiB cap on a GPU, where both rows peak at the same bytes."""
     mk = small("softmax", {"impl": "materialized", "dropout": 0.0}, checkpointing=True, seq_len=256, num_layers=1)
-    cuda, cpu = train_step_peak(mk, 2), train_step_peak(mk, 2, cuda_sdpa=False)
+    cuda, cpu = train_step_peak(mk, 2), train_step_peak(mk, 2, cuda_kernels=False)
     assert cuda - cpu == 2 * 2 * 256 * 256 * 4  # one fp32 score matrix of micro-batch 2 (2 heads); was 0
 
 

@@ -165,7 +165,7 @@ def fit(opts: Options, budget: Budget) -> Iterator[Result]:
             if not _cuda(opts) or opts.quick:
                 micro = min(micro, 8 if opts.quick else CPU_MAX_BATCH[False])
             precision = bench.precision_on(spec, opts.device)
-            est = train_step_peak(spec.model, micro, precision=precision, cuda_sdpa=_cuda(opts))
+            est = train_step_peak(spec.model, micro, precision=precision, cuda_kernels=_cuda(opts))
             peak = step_peak(spec, micro, precision, opts.device)
         except Exception as e:
             yield Result("fit", item, "fail", detail=one_line(e))
