@@ -74,7 +74,7 @@ sweep: $(STAMP)
 	$(PY) -m lra.tools.sweep grid=$(grid) $(ARGS)
 
 share-bench: $(STAMP)   # throughput of k = 1, 2, 4, 8 runs sharing one GPU (docs/sweeps.md)
-	$(PY) -m lra.tools.share_bench $(ARGS)
+	$(PY) -m lra.tools.bench share $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m lra.tools.bench $(ARGS)
@@ -83,7 +83,7 @@ approx: $(STAMP)
 	$(PY) -m lra.tools.approx $(ARGS)
 
 doctor: $(STAMP)   # the environment and six checks of this machine (docs/doctor.md); ARGS='--quick' for minutes
-	$(PY) -m lra.tools.doctor $(ARGS)
+	$(PY) -m lra.tools.bench doctor $(ARGS)
 
 check-install: $(STAMP)   # a clean pip install resolves inside pyproject's ranges (needs the index; docs/dependencies.md)
 	$(PY) tools/check_install.py

@@ -3,9 +3,10 @@
 Entry points (each ``python -m <module>``, or the console script in brackets after ``pip install``):
   lra.train    one run (Hydra; ``make lra``) [lra-train]
   lra.data     prepare a task's data [lra-data]
-  lra.fit      memory-fitted accumulation: one decision, or ``--table`` [lra-fit]
-The tools built on runs (sweeps, tables, benchmarks, the doctor, fidelity, the approximation study) are the
-package :mod:`lra.tools`, which the library never imports.
+  lra.fit      memory-fitted accumulation: one decision [lra-fit] (every task x attention: ``lra-bench fit``)
+  lra.evaluate a saved run's checkpoint evaluated again [lra-evaluate]
+The tools built on runs (sweeps, tables, measurements: ``lra-bench``, the doctor, fidelity, the approximation
+study) are the package :mod:`lra.tools`, which the library never imports.
 """
 
 from pathlib import Path

@@ -12,6 +12,9 @@ import math
 import os
 import typing
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 SEED_MAX = 2**32 - 1  # what numpy and Lightning's seed_everything accept
 NAME_MAX, PATH_MAX = 255, 4096  # bytes in one file name, in a whole path (Linux; most file systems)
@@ -157,3 +160,8 @@ def check_run_folder(run_dir) -> None:
         kind = "folder" if folder else "file"
         fix = f"move it aside (the run writes its {name} {kind} there), then run the same command again"
         place(f"the run's {name}", run_dir / name, fix, folder=folder)
+
+
+def container(node) -> Any:
+    """A config node as plain Python (resolved); anything else as it is."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node

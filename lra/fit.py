@@ -8,9 +8,8 @@ quirks), a profile without a memory budget takes the whole batch; otherwise the 
 is estimated on the CPU with fake tensors inside torch's MemTracker, and the search tries 1-4 divisors. What
 the estimate models of a CUDA run, the search and the cache: docs/protocol.md, "Memory-fitted accumulation".
 
-``python -m lra.fit task=<t> attn=<a> hardware=<h> [overrides]`` (``make fit``) prints a decision;
-``python -m lra.fit --table [hardware=...] [preset=...]`` prints the decisions for every task x
-attention config (the shape of Skeinformer Table 4: micro-batch and accumulation).
+``python -m lra.fit task=<t> attn=<a> hardware=<h> [overrides]`` (``make fit``) prints a decision; the
+table of every task x attention config (Skeinformer Table 4's shape) is a measurement, ``lra-bench fit``.
 """
 
 from __future__ import annotations
@@ -33,14 +32,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attention
 from lra.cli import Parser
 from lra.compat import fake_copy, fake_tensor_mode, mem_tracker
-from lra.config import ConfigError, ModelSpec, RunSpec, attn_configs, load
-from lra.files import write_json, write_text
+from lra.config import ConfigError, ModelSpec, RunSpec, load
+from lra.devices import GIB
+from lra.files import write_json
 from lra.model import build_model, loss_and_correct
 
 log = logging.getLogger("lra.fit")
 
 ESTIMATOR_VERSION = 3  # bump when the estimate or its key changes (2: keyed by the typed run spec; 3: _CudaKernels)
-GIB = 2**30
 
 
 class FitError(RuntimeError):
@@ -130,12 +129,15 @@ def _to_fake(model: nn.Module, mode) -> nn.Module:
     return model
 
 
-def _autocast(precision: str):
-    if precision in ("16-mixed", "bf16-mixed", "16", "bf16"):
-        # CPU autocast runs bf16; the size equals CUDA's fp16. The attention kernel stays fp32 (model.py).
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+def autocast(precision: str, device: str = "cpu"):
+    """The run's autocast for ``precision`` on ``device`` (the estimate's and the tools' one): 16-mixed is fp16 on
+    CUDA and bf16 on a CPU (same size; the CPU estimate runs there), the attention kernel stays fp32 (model.py)."""
+    kind = torch.device(device).type
+    if precision in ("16-mixed", "16", "bf16-mixed", "bf16"):
+        half = precision.startswith("16") and kind == "cuda"
+        return torch.autocast(kind, dtype=torch.float16 if half else torch.bfloat16)
     if precision not in ("32-true", "32", "64-true"):
-        raise ValueError(f"cannot estimate memory for precision {precision!r}")
+        raise ValueError(f"no autocast for precision {precision!r}")
     return contextlib.nullcontext()
 
 
@@ -189,7 +191,7 @@ def train_step_peak(
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 tracker.reset_mod_stats()
-                with _autocast(precision):
+                with autocast(precision):
                     loss, _ = loss_and_correct(model(tokens, mask), labels)
                 loss.backward()
                 opt.step()
@@ -339,160 +341,44 @@ def plan(spec: RunSpec, *, use_cache: bool = True) -> Plan:
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line: one decision, or the Table-4-shaped table
-
-TABLE_TASKS = ("text", "listops", "retrieval", "pathfinder", "image")  # the papers' column order
-
-
-def _progress_line(row: dict, i: int, total: int, elapsed: float) -> str:
-    """``fit listops/skeinformer: micro-batch 32 x 1 (3.1 s) [4/130, 41 s]``: one decision, which of
-    how many, and the time since the table started (a table takes minutes: it must be seen to move)."""
-    what = f"fit {row['task']}/{row['attn']}: "
-    if "micro_batch" in row:
-        took = "cached" if row.get("cached") else f"{row.get('seconds') or 0:.1f} s"
-        what += f"micro-batch {row['micro_batch']} x {row['accum_steps']} ({took})"
-    else:
-        what += row["error"]
-    return f"{what} [{i}/{total}, {elapsed:.0f} s]"
-
-
-FUSED = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]  # a row no attention config names
-
-
-def decision_table(overrides: list[str], tasks=TABLE_TASKS, attns=None, progress=True, extra=FUSED) -> list[dict]:
-    """One row per (attention config, task): micro-batch, accumulation, estimate, or why it was skipped.
-    ``progress``: a line per decision on stderr (:func:`_progress_line`); ``extra``: (label, overrides) rows."""
-    rows = []
-    attns = list(attns or attn_configs())
-    cells = [(label, ov, task) for label, ov in [(a, [f"attn={a}"]) for a in attns] + extra for task in tasks]
-    if progress:
-        print(
-            f"lra.fit: {len(cells)} decisions ({len(attns) + len(extra)} attention configs x {len(tasks)} tasks); "
-            f"one not cached yet takes 1-4 memory estimates of seconds each on a CPU; a line per decision, "
-            f"then the table",
-            file=sys.stderr,
-            flush=True,
-        )
-    t0 = time.perf_counter()
-    for i, (label, ov, task) in enumerate(cells, 1):
-        row = {"attn": label, "task": task}
-        try:
-            spec = load([f"task={task}", *ov, *overrides])
-            p = plan(spec)
-            row.update(
-                micro_batch=p.micro_batch,
-                accum_steps=p.accum_steps,
-                effective_batch=p.effective_batch,
-                estimate_gib=None if p.estimate_bytes is None else round(p.estimate_bytes / GIB, 3),
-                seconds=p.seconds,
-                cached=p.cached,
-                impl=spec.attn.options.get("impl"),
-                capped="train.chunks" in p.source,  # the public code's chunks, not the memory, set it
-            )
-        except FitError as e:
-            row.update(error="micro-batch 1 does not fit", detail=str(e))
-        except Exception as e:  # a missing task config or a backend the estimator cannot trace
-            row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
-        rows.append(row)
-        if progress:
-            print(_progress_line(row, i, len(cells), time.perf_counter() - t0), file=sys.stderr, flush=True)
-    return rows
-
-
-def format_table(rows: list[dict], tasks=TABLE_TASKS) -> str:
-    by = {(r["attn"], r["task"]): r for r in rows}
-    attns = list(dict.fromkeys(r["attn"] for r in rows))
-    out = ["| attention | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-    for a in attns:
-        cells = []
-        for t in tasks:
-            r = by.get((a, t), {})
-            if "micro_batch" in r:
-                cells.append(f"{r['micro_batch']} (x{r['accum_steps']})")
-            else:
-                cells.append("OOM at 1" if r.get("error", "").startswith("micro-batch 1") else "n/a")
-        out.append(f"| {a} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def parser() -> Parser:
-    """``python -m lra.fit``'s command line: two flags and the Hydra overrides, in any order."""
-    p = Parser(
-        prog="python -m lra.fit",
-        usage="%(prog)s [--table] [--out PATH] [hydra overrides ...]   (make fit)",
-        description="The micro-batch x accumulation a run would use under its hardware= memory budget; "
-        "nothing is trained.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-        epilog="examples:\n"
-        "  python -m lra.fit task=listops attn=softmax hardware=v100_16gb\n"
-        "  python -m lra.fit --table [hardware=...] [preset=...] [task=a,b] [attn=x,y] "
-        "[--out runs/fit/table]",
-    )
-    p.add_argument(
-        "--table",
-        action="store_true",
-        help="every task x attention config (the shape of Skeinformer Table 4), a line per decision on "
-        "stderr (the first table takes many minutes on a CPU, YOSO's estimates most of it; cached "
-        "decisions take none), then the table on stdout",
-    )
-    p.add_argument("--out", type=Path, metavar="PATH", help="with --table: write PATH.json and PATH.md")
-    p.add_overrides("Hydra overrides: task=, attn=, hardware=, preset=, attn.options.<name>=<value>, ...")
-    return p
+# Command line: one decision (every task x attention config: ``lra-bench fit``)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
+    p = Parser(
+        prog="python -m lra.fit",
+        usage="%(prog)s [hydra overrides ...]   (make fit)",
+        description="The micro-batch x accumulation a run would use under its hardware= memory budget; "
+        "nothing is trained. Every task x attention config: python -m lra.tools.bench fit.",
+        epilog="example:\n  python -m lra.fit task=listops attn=softmax hardware=v100_16gb",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    p.add_overrides("Hydra overrides: task=, attn=, hardware=, preset=, attn.options.<name>=<value>, ...")
     args, unknown = p.parse_known_intermixed_args(argv)
     if unknown:
         p.error(f"unknown argument {unknown[0]!r}")
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     try:
-        return _table(list(args.overrides), args.out) if args.table else _one(list(args.overrides))
+        spec = load(list(args.overrides))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def _one(args: list[str]) -> int:
-    spec = load(args)
     try:
-        p = plan(spec)
+        decided = plan(spec)
     except FitError as e:
         print(f"does not fit: {e}")
         return 3
     print(
         f"{spec.where} (n={spec.model.seq_len}, options {spec.attn.options}), hardware={spec.hardware.name}, "
-        f"precision {spec.hardware.planned_precision}: {p.describe()}"
+        f"precision {spec.hardware.planned_precision}: {decided.describe()}"
     )
-    if p.estimates:
+    if decided.estimates:
         print(
             "estimates (micro-batch: GiB): "
-            + ", ".join(f"{m}: {b / GIB:.2f}" for m, b in p.estimates.items())
-            + (" [cached]" if p.cached else f" [{p.seconds:.1f} s]")
+            + ", ".join(f"{m}: {b / GIB:.2f}" for m, b in decided.estimates.items())
+            + (" [cached]" if decided.cached else f" [{decided.seconds:.1f} s]")
         )
-    return 0
-
-
-def _table(args: list[str], out: Path | None) -> int:
-    if not any(a.startswith("hardware=") for a in args):
-        args.append("hardware=v100_16gb")
-    picked = {k: a.split("=", 1)[1].split(",") for a in args for k in ("task", "attn") if a.startswith(f"{k}=")}
-    args = [a for a in args if not a.startswith(("task=", "attn="))]
-    load(args)  # a bad override is one line before hours of estimates
-    log.setLevel(logging.WARNING)  # plan()'s line per decision would repeat the progress line
-    t0 = time.perf_counter()
-    tasks = tuple(picked.get("task", TABLE_TASKS))
-    rows = decision_table(args, tasks=tasks, attns=picked.get("attn"))
-    text = format_table(rows, tasks)
-    print(text)
-    print(
-        f"\n{len(rows)} decisions in {time.perf_counter() - t0:.0f} s "
-        f"({', '.join(args)}; cell = micro-batch (x accumulation))"
-    )
-    if out:
-        write_json(out.with_suffix(".json"), rows)
-        write_text(out.with_suffix(".md"), text + "\n")
     return 0
 
 

@@ -9,7 +9,7 @@ import functools
 import json
 from pathlib import Path
 
-from lra.conf_nodes import folder_name, tag_level
+from lra.compose import folder_name, tag_level
 from lra.config import ConfigError, RunSpec, compose_checked, container, load, resolve
 
 # Overrides that name a level of the run folder (runs/<preset>/<semantics>/<task>/<attn>/seed<s>; a debug=<name>
@@ -18,7 +18,7 @@ from lra.config import ConfigError, RunSpec, compose_checked, container, load, r
 FOLDER_KEYS = ("preset", "quirks", "task", "attn", "attn.target", "seed", "runs_root", "data_root", "debug")
 
 # Resolved keys that never enter the tag: folder levels, tables whose effect shows in the keys they feed
-# (protocol.* -> train.*, task.*; attn_options -> attn.options), and settings that change how a run
+# (attn_options -> attn.options), and settings that change how a run
 # is executed or logged but not what it computes (the resume key and record still hold them), and labels
 # (name: the record's display name).
 UNTAGGED = (
@@ -31,7 +31,6 @@ UNTAGGED = (
     "attn.label",
     "attn.target",
     "attn.base_options",
-    "protocol",
     "attn_options",
     "quirks",
     "runs_root",

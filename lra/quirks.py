@@ -9,7 +9,7 @@ import functools
 from omegaconf import DictConfig, OmegaConf
 
 from lra import CONF_DIR
-from lra.conf_nodes import container
+from lra.checks import container
 
 
 def preset_code(preset: str) -> str:

@@ -19,35 +19,20 @@ if TYPE_CHECKING:
     from lra.config import RunSpec
 
 SCHEMA_VERSION = 1  # additions that keep every earlier field are not a new version
-# what every finished record has had since schema 1 (the collector needs these of any record it reads)
-CORE = (
-    "task",
-    "attn",
-    "seed",
-    "status",
-    "test_acc",
-    "best_val_acc",
-    "steps",
-    "train_time_s",
-    "time_per_1k_steps_s",
-    "peak_mem_bytes",
-    "micro_batch",
-    "accum_steps",
-    "effective_batch",
-    "hardware",
-    "config",
-    "git_commit",
-)
-REQUIRED = (
-    *CORE,
-    # the papers' protocol (docs/protocol.md): why it stopped, selection, estimated memory, throughput
-    "reason",
-    "steps_at_stop",
-    "steps_to_best",
-    "peak_mem_estimate_bytes",
-    "tokens_per_s",
-    "attn_options",
-)
+# Named subsets of the fields, declared on the fields themselves (``_in``); every reader asks Record.fields_in
+GROUPS = {
+    "core": "every finished record has had it since schema 1 (the collector needs it of any record it reads)",
+    "protocol": "required since the papers' protocol (docs/protocol.md): why it stopped, selection, cost",
+    "measured": "a number the collector averages over seeds per table cell (summary.csv)",
+    "expected": "a finished run's metric: the collector reports it missing (peak memory only off the CPU)",
+    "text": "the collector reads it as text",
+    "fraction": "an accuracy: in [0, 1]",
+    "float32": "computed in float32 (torch metrics): read at the digits a float32 holds",
+    "non_negative": "a count, time, memory or loss: never negative",
+    "positive": "a rate or batch: never zero either (it would put a run at infinite speed)",
+    "summary": "in the run's W&B summary (lra/wandb_extras.py)",
+    "artifact": "in the metadata of the run's W&B record artifact",
+}
 
 
 class _Absent:
@@ -60,71 +45,84 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
+def _known(groups: tuple) -> tuple:
+    if not set(groups) <= GROUPS.keys():  # a misspelt group would leave its field out silently
+        raise KeyError(f"no field group {sorted(set(groups) - GROUPS.keys())}")
+    return groups
+
+
+def _in(*groups: str) -> Any:
+    """A field that is :data:`ABSENT` until set, in ``groups`` (keys of :data:`GROUPS`)."""
+    return field(default=ABSENT, metadata={"groups": _known(groups)})
+
+
 @dataclass(slots=True)  # a misspelt field (rec.tset_acc = ...) is an error, not an attribute off the record
 class Record:
     """One ``result.json``, field for field (docs/protocol.md says what each means)."""
 
     schema_version: int = ABSENT
     # what ran
-    task: str = ABSENT
-    attn: str = ABSENT
-    attn_backend: str = ABSENT
-    seed: int = ABSENT
+    task: str = _in("core", "text", "artifact")
+    attn: str = _in("core", "text", "artifact")
+    attn_backend: str = _in("text")
+    seed: int = _in("core", "artifact")
     name: str | None = ABSENT  # name=: the display name; a finished run keeps the one it ran with
     debug: str = ABSENT  # debug=<name>: a check of the pipeline, never a result (the collector skips it)
     search: dict | None = ABSENT  # a search trial's: {study, trial, grid, params, objective} (lra.tools.sweep.pruning)
-    preset: str = ABSENT
+    preset: str = _in("text", "artifact")
     semantics: str = ABSENT
     quirks: dict = ABSENT
     # how it ended
-    status: str = ABSENT  # running | completed | stopped_early | stuck | failed | interrupted
-    reason: str | None = ABSENT
+    # status: running | completed | stopped_early | stuck | failed | interrupted
+    status: str = _in("core", "text", "summary", "artifact")
+    reason: str | None = _in("protocol", "text", "summary")
     stop_reason: str = ABSENT  # max_steps | early_stopping | stopped | stuck | diverged | pruned
     stop_rule: str = ABSENT
     pruned_at_step: int = ABSENT
     tested_ckpt: str | None = ABSENT
-    test_acc: float | None = ABSENT
-    test_loss: float | None = ABSENT
-    best_val_acc: float | None = ABSENT
+    test_acc: float | None = _in("core", "measured", "expected", "fraction", "float32", "summary")
+    test_loss: float | None = _in("float32", "non_negative", "summary")
+    best_val_acc: float | None = _in("core", "measured", "expected", "fraction", "float32", "summary")
     best_ckpt: str | None = ABSENT
-    majority_acc: float | None = ABSENT
+    majority_acc: float | None = _in("measured", "fraction", "float32", "summary")
     stuck_at_end: bool = ABSENT
     # how far, how fast
-    steps: int = ABSENT
-    steps_at_stop: int | None = ABSENT
-    steps_to_best: int | None = ABSENT
+    steps: int = _in("core", "measured", "expected", "non_negative", "summary")
+    steps_at_stop: int | None = _in("protocol")
+    steps_to_best: int | None = _in("protocol")
     resumed_from_step: int | None = ABSENT
-    train_time_s: float | None = ABSENT
-    eval_time_s: float = ABSENT
-    time_per_1k_steps_s: float | None = ABSENT
-    tokens_per_s: float | None = ABSENT
+    train_time_s: float | None = _in("core", "measured", "expected", "non_negative", "summary")
+    eval_time_s: float = _in("measured", "non_negative", "summary")
+    time_per_1k_steps_s: float | None = _in("core", "measured", "expected", "positive", "summary")
+    tokens_per_s: float | None = _in("protocol", "measured", "positive")
     compile_time_s: float | None = ABSENT
     # memory and batch (lra/fit.py)
-    peak_mem_bytes: int | None = ABSENT
-    peak_mem_estimate_bytes: int | None = ABSENT
+    peak_mem_bytes: int | None = _in("core", "measured", "expected", "non_negative", "summary")
+    peak_mem_estimate_bytes: int | None = _in("protocol", "measured", "non_negative")
     peak_mem_estimate_error: float = ABSENT
-    micro_batch: int | None = ABSENT
-    accum_steps: int | None = ABSENT
-    effective_batch: int = ABSENT
+    micro_batch: int | None = _in("core", "measured", "expected", "positive", "summary")
+    accum_steps: int | None = _in("core", "measured", "expected", "positive", "summary")
+    effective_batch: int = _in("core", "measured", "positive", "summary")
     devices: int = ABSENT
     accum_source: str = ABSENT
     fit_budget_bytes: int | None = ABSENT
     fit_seconds: float | None = ABSENT
     # the model and where it ran
-    num_params: int = ABSENT
-    hardware: str = ABSENT
-    execution: str = ABSENT  # paper | fast: how it ran (docs/protocol.md); absent in older records: paper
+    num_params: int = _in("summary")
+    hardware: str = _in("core", "text", "summary")
+    execution: str = _in("text")  # paper | fast: how it ran (docs/protocol.md); absent in older records: paper
     execution_note: str | None = ABSENT  # why it ran otherwise than execution= asked
-    attn_options: dict = ABSENT
+    attn_options: dict = _in("protocol")
     attn_impl: str | None = ABSENT
     attn_checkpointing: bool = ABSENT
     precision: str = ABSENT
     compiled: bool = ABSENT
     compile_note: str | None = ABSENT
-    device: str | None = ABSENT
+    device: str | None = _in("text", "summary")
     loader_workers: int = ABSENT
-    config: dict = ABSENT
-    git_commit: str | None = ABSENT  # the commit of the code that wrote this record (its last stretch)
+    config: dict = _in("core")
+    # the commit of the code that wrote this record (its last stretch)
+    git_commit: str | None = _in("core", "text", "summary")
     commits: list = ABSENT  # every commit the run ran on, in order: a resumed run's earlier stretches' too
     torch_version: str = ABSENT
     # what was read (lra/data/provenance.py) and how shared the machine was (lra.devices.LoadMeter)
@@ -133,6 +131,12 @@ class Record:
     machine: dict | None = ABSENT
     # what else the record holds: fields the run's callbacks add (``record_fields``), a newer record's own
     extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def fields_in(cls, group: str) -> tuple[str, ...]:
+        """The names of the fields in ``group`` (a key of :data:`GROUPS`), in the record's order."""
+        _known((group,))
+        return tuple(f.name for f in dataclasses.fields(cls) if group in f.metadata.get("groups", ()))
 
     def set(self, **fields) -> None:
         """Set fields by name; a name that is no field is an error (a typo must not reach a record)."""
@@ -176,6 +180,8 @@ class Record:
 
 
 _NAMES = tuple(f.name for f in dataclasses.fields(Record) if f.name != "extra")
+CORE = Record.fields_in("core")
+REQUIRED = (*CORE, *Record.fields_in("protocol"))  # what write_record refuses a record without
 
 
 def new_record(spec: RunSpec) -> Record:

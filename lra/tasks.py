@@ -1,5 +1,5 @@
-"""The typed task specs: what a task node holds (``conf/task/<task>.yaml``, with the preset's data keys
-``protocol.data.*`` and the quirks applied), one frozen dataclass per task, checked when the
+"""The typed task specs: what a task node holds (``conf/task/<task>.yaml``, with the keys the
+preset's protocol file sets and the quirks applied), one frozen dataclass per task, checked when the
 config is resolved, before any work starts. A bad value or an unknown key raises :class:`ConfigError`:
 one line naming the key, the value and what is allowed.
 
@@ -293,8 +293,8 @@ class PathfinderSpec(TaskSpec):
             self.seq_len == self.resolution**2,
             "task.seq_len",
             self.seq_len,
-            f"{self.resolution ** 2}, the pixels of pathfinder{self.resolution} images: set both "
-            f"(protocol.data.resolution / .seq_len)",
+            f"{self.resolution ** 2}, the pixels of pathfinder{self.resolution} images: set task.resolution "
+            f"alone (task.seq_len follows it)",
         )
         integer("task.n_images", self.n_images, 1, optional=True)
         flag("task.generate", self.generate)

@@ -25,9 +25,7 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -36,20 +34,19 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, open_dict
 
-import attention
 from lra import CONF_DIR
 from lra.checks import check_roots, check_run_folder
-from lra.cli import HARNESS_OVERRIDES, UsageError, hand_to_hydra, hydra_args, wants_hydra_itself
+from lra.cli import HARNESS_OVERRIDES, hand_to_hydra, hydra_args, wants_hydra_itself
 from lra.config import ConfigError, RunSpec, compose_checked, renamed_overrides, resolve, without_hydra
-from lra.data import DataError, Split, data_record, fingerprint, load_task
+from lra.data import Split, data_record, fingerprint, load_task
 from lra.devices import LoadMeter, check_devices, limit_gpu_memory
+from lra.ending import ending, owned, progress_record, recorded, write_rank_zero
 from lra.execution import as_execution
-from lra.fit import FitError, Plan, plan
+from lra.fit import Plan, plan
 from lra.hydra_glue import run_dir_of, run_in_folder
-from lra.interrupts import Interrupted, raise_interrupted, sigterm_raises
+from lra.interrupts import sigterm_raises
 from lra.loggers import check_loggers
 from lra.loop import Wired, check_callbacks, wire
 from lra.module import CompileError, count_params
@@ -64,10 +61,9 @@ from lra.protocol import (
     moved,
     outcome,
     read_checkpoint,
-    resumes_at,
 )
-from lra.record import Record, carry_over, new_record, read_record, write_record
-from lra.runlock import EXIT_LOCKED, RunLocked, check_lockable, hold
+from lra.record import Record, carry_over, new_record, read_record
+from lra.runlock import check_lockable
 from lra.wandb_extras import log_record
 
 log = logging.getLogger("lra.train")
@@ -109,9 +105,9 @@ def _train_and_test(spec: RunSpec, splits: dict[str, Split] | None, rec: Record,
         key = spec.resume_key(p.micro_batch, p.accum_steps, fingerprint(splits))
         start = _resume(ckpt_dir / "last.ckpt", key, rec, before)
         rec.resumed_from_step = start
-        _write(spec.run_dir, rec)  # status "running": the decision is visible before training starts
+        write_rank_zero(spec.run_dir, rec)  # status "running": the decision is visible before training starts
 
-        w = wire(spec, p, splits, key, start, progress=lambda fields: _progress(spec.run_dir, rec, fields))
+        w = wire(spec, p, splits, key, start, progress=lambda fields: progress_record(spec.run_dir, rec, fields))
         lit, cb, trainer, dm = w.lit, w.cb, w.trainer, w.dm
         rec.num_params = count_params(lit)
         rec.set(**_device_fields(spec, trainer, p))
@@ -159,123 +155,6 @@ def _fit(spec: RunSpec, w: Wired, p: Plan, rec: Record, resume_from: Path | None
 
 
 # ---------------------------------------------------------------------------------------------
-# Failure policy: whatever ends a run short of SIGKILL leaves a record that says why
-
-
-@dataclasses.dataclass(frozen=True)
-class Ending:
-    """How an exception ends a run: what its record says (``status``, ``reason``) and, where the harness has
-    a policy for it, the exit code and the one line on the console (None: a bug, ended by its traceback)."""
-
-    status: str  # interrupted | failed
-    reason: str
-    code: int | None = None
-    line: str | None = None
-
-
-# Once the run has started (its record says the rest): exception types, exit code, the one line.
-_EXITS = (
-    ((ConfigError, DataError, RunError), 2, "{e}"),  # the user's to fix
-    ((attention.BackendContractError, CompileError), 1, "{e}"),  # a backend broke its contract, compile failed
-    ((FitError,), 3, "does not fit, not training: {e}"),
-    ((RunLocked,), EXIT_LOCKED, "{e}"),
-    ((OSError,), 1, "{name}: {e} (the run's record says where it stopped)"),  # disk full: the environment's
-)
-# Before it started (nothing is written): a bad command line or value.
-_EXITS_BEFORE = (((UsageError, ConfigError, DataError, RunError), 2, "error: {e}"),)
-
-
-def ending(e: BaseException, command: str | None = None, last: Path | None = None) -> Ending:
-    """The one exit policy of ``python -m lra.train``. ``command``: the command line that resumes the run;
-    None: the run has not started (an interruption then leaves nothing to resume). ``last``: the run's
-    ``last.ckpt``, where an interruption says what it kept."""
-    code = _interrupt_code(e)
-    if code is not None:
-        name = signal.Signals(code - 128).name if code > 128 else type(e).__name__
-        status, reason = "interrupted", f"{name}: run the same command again to resume from the last checkpoint"
-    else:
-        status, reason = "failed", f"{type(e).__name__}: {e}"
-    said = signal.Signals(code - 128).name if code is not None and code > 128 else f"exit {code}"
-    if command is None and isinstance(e, (KeyboardInterrupt, Interrupted)):
-        line = f"interrupted ({said}) before the run started; nothing was written to the runs root"
-        return Ending(status, reason, code, line)
-    if command is not None and isinstance(e, Interrupted):  # the record says interrupted; the line how to go on
-        kept = resumes_at(last) if last is not None else "its last checkpoint"
-        line = f"interrupted ({said}), keeping {kept}: resume with the same command: {command}"
-        return Ending(status, reason, code, line)
-    for types, exit_code, fmt in _EXITS if command is not None else _EXITS_BEFORE:
-        if isinstance(e, types):
-            return Ending(status, reason, exit_code, fmt.format(e=e, name=type(e).__name__))
-    return Ending(status, reason)
-
-
-@contextlib.contextmanager
-def recorded(run_dir: Path, rec: Record):
-    """The failure policy: SIGINT/SIGTERM become ``interrupted`` (exit 130/143), any exception
-    ``failed`` with its reason (:func:`ending`); the record is written, then the exception goes on. Signals
-    are turned into exceptions here (loader workers ignore them), so a signal to the whole process group
-    ends the run as cleanly as one to this process."""
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield rec
-    except BaseException as e:
-        end = ending(e)
-        rec.set(status=end.status, reason=end.reason)
-        code = _interrupt_code(e)
-        if code is not None and handlers:  # a second Ctrl-C must not cut the interrupted record short
-            for s in handlers:
-                signal.signal(s, signal.SIG_IGN)
-        _write_or_keep(run_dir, rec)
-        if code is not None and not isinstance(e, Interrupted):
-            raise Interrupted(code - 128 if code > 128 else None, code) from e
-        raise
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-
-
-def _interrupt_code(e: BaseException) -> int | None:
-    """128 + signal for an interruption, the exit code of another SystemExit, None for a failure."""
-    if isinstance(e, Interrupted):
-        return int(e.code)
-    if isinstance(e, SIGTERMException):  # Lightning's own SIGTERM handling
-        return 128 + signal.SIGTERM
-    if isinstance(e, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    return (e.code if isinstance(e.code, int) else 1) if isinstance(e, SystemExit) else None
-
-
-@contextlib.contextmanager
-def owned(run_dir: Path):
-    """Global rank zero owns the run folder (lra/runlock.py); the other DDP ranks share its run."""
-    with hold(run_dir) if getattr(rank_zero_only, "rank", 0) == 0 else contextlib.nullcontext():
-        yield
-
-
-def _write(run_dir: Path, rec: Record) -> None:
-    """Only global rank zero writes the record (DDP runs one process per device)."""
-    if getattr(rank_zero_only, "rank", 0) == 0:
-        write_record(run_dir, rec)
-
-
-def _progress(run_dir: Path, rec: Record, fields: dict) -> None:
-    """The record rewritten at a checkpoint (lra.loop.RecordProgress): what a SIGKILL leaves."""
-    rec.set(**fields)
-    _write_or_keep(run_dir, rec)
-
-
-def _write_or_keep(run_dir: Path, rec: Record) -> None:
-    """Write the record of a run that is ending badly; if even that fails (disk full), say so and leave
-    the previous record as it was (records are replaced atomically, never half-written)."""
-    try:
-        _write(run_dir, rec)
-    except OSError as e:
-        log.error("could not write %s (%s): the previous record is left as it was", run_dir / "result.json", e)
-
-
-# ---------------------------------------------------------------------------------------------
 # The steps of a run
 
 
@@ -311,7 +190,7 @@ def _finished_record(spec: RunSpec) -> Record | None:
         if spec.name is not None and old.get("name") != spec.name:  # a label: the record alone changes
             was, old.name = old.get("name"), spec.name
             try:
-                _write(spec.run_dir, old)
+                write_rank_zero(spec.run_dir, old)
                 renamed = f"; relabelled name={spec.name!r} (was {was!r}), its training untouched"
             except (OSError, ValueError) as e:  # a record of an older schema, a read-only folder
                 renamed = f"; name={spec.name!r} could not be applied ({e})"
@@ -518,7 +397,7 @@ def _warn_about(rec: Record, cb: Callbacks) -> None:
 
 
 def _finish(spec: RunSpec, rec: Record, trainer: L.Trainer | None) -> None:
-    _write(spec.run_dir, rec)
+    write_rank_zero(spec.run_dir, rec)
     if trainer is not None and trainer.is_global_zero:
         log_record(trainer.loggers, rec.to_json(), spec.run_dir)  # to W&B, if among the loggers
     if getattr(rank_zero_only, "rank", 0) != 0:

@@ -6,9 +6,9 @@ resolved config and every metric. This module adds what a reader of the papers' 
 * :class:`WandbTables`: a Lightning callback; at the end of training it logs ``val_history``, a table
   of (step, validation accuracy, validation loss) of every evaluation;
 * :func:`log_record`: after ``result.json`` is written, puts its numbers in the run summary, logs it
-  as a ``run_record`` table and attaches the file itself as an artifact (type ``run-record``);
-* :func:`log_sweep_table`: at the end of a sweep (lra/tools/sweep.py), one run of job type ``sweep`` in the
-  sweep's group with a ``jobs`` table (task, attention, seed, status, accuracies, steps, time).
+  as a ``run_record`` table and attaches the file itself as an artifact (type ``run-record``).
+
+A sweep's own ``jobs`` table is the sweep's (lra/tools/sweep/wandb_table.py).
 
 Offline unless ``WANDB_MODE=online``: runs are written under the run folder (``wandb/``) and
 ``wandb sync`` uploads them later. Nothing here raises into training: a W&B problem is logged.
@@ -18,47 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 
-log = logging.getLogger("lra.wandb")
+from lra.record import Record
 
-SUMMARY_KEYS = (
-    "status",
-    "test_acc",
-    "test_loss",
-    "best_val_acc",
-    "majority_acc",
-    "steps",
-    "train_time_s",
-    "eval_time_s",
-    "time_per_1k_steps_s",
-    "peak_mem_bytes",
-    "micro_batch",
-    "accum_steps",
-    "effective_batch",
-    "num_params",
-    "hardware",
-    "device",
-    "git_commit",
-    "reason",
-)
-JOB_COLUMNS = (
-    "task",
-    "attn",
-    "seed",
-    "status",
-    "test_acc",
-    "best_val_acc",
-    "steps",
-    "train_time_s",
-    "attempts",
-    "run_dir",
-    "reason",
-)
+log = logging.getLogger("lra.wandb")
 
 
 def _run(target):
@@ -67,12 +34,6 @@ def _run(target):
     if isinstance(target, (list, tuple)):
         target = next((lg for lg in target if isinstance(lg, WandbLogger)), None)
     return getattr(target, "experiment", target)
-
-
-def _cell(v):
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return json.dumps(v, sort_keys=True, default=str)
 
 
 class WandbTables(L.Callback):
@@ -122,7 +83,7 @@ def log_record(target, record: dict, run_dir: Path | str | None = None) -> None:
         run = _run(target)
         if run is None:
             return
-        run.summary.update({f"record/{k}": record.get(k) for k in SUMMARY_KEYS if k in record})
+        run.summary.update({f"record/{k}": record.get(k) for k in Record.fields_in("summary") if k in record})
         rows = [
             [k, v if isinstance(v, str) else json.dumps(v, default=str)]
             for k, v in sorted(record.items())
@@ -134,7 +95,7 @@ def log_record(target, record: dict, run_dir: Path | str | None = None) -> None:
             art = wandb.Artifact(
                 name=_artifact_name(record),
                 type="run-record",
-                metadata={k: record.get(k) for k in ("task", "attn", "seed", "preset", "status")},
+                metadata={k: record.get(k) for k in Record.fields_in("artifact")},
             )
             art.add_file(str(path))
             run.log_artifact(art)
@@ -145,27 +106,3 @@ def log_record(target, record: dict, run_dir: Path | str | None = None) -> None:
 def _artifact_name(record: dict) -> str:
     parts = [str(record.get(k, "")) for k in ("preset", "task", "attn")] + [f"seed{record.get('seed')}"]
     return "record-" + "-".join(p for p in parts if p).replace("/", "_")
-
-
-def log_sweep_table(manifest: dict | None, folder: Path | str) -> None:
-    """One ``sweep`` run in the sweep's W&B group with the manifest's jobs as a table."""
-    if not manifest:
-        return
-    import wandb
-
-    group = os.environ.get("WANDB_RUN_GROUP") or manifest.get("grid")
-    run = wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "lra-harness"),
-        group=group,
-        job_type="sweep",
-        name=f"sweep-{manifest.get('grid')}",
-        dir=str(folder),
-        mode=os.environ.get("WANDB_MODE", "offline"),
-        config={"grid": manifest.get("grid"), "command": manifest.get("command")},
-    )
-    try:
-        rows = [[_cell(j.get(c)) for c in JOB_COLUMNS] for j in manifest.get("jobs", [])]
-        run.log({"jobs": wandb.Table(columns=list(JOB_COLUMNS), data=rows)})
-        run.summary.update({f"jobs/{k}": v for k, v in (manifest.get("counts") or {}).items()})
-    finally:
-        run.finish()

@@ -51,7 +51,8 @@ def root() -> Path:
 
 @pytest.fixture
 def run_env(tmp_path):
-    """``run_env(runs="runs", **extra)``: the environment of a harness command under this test's tmp_path."""
+    """``run_env(runs="runs", pythonpath=None, **extra)``: the environment of a harness command under this test's
+    tmp_path (tests/helpers.py)."""
     from tests.helpers import run_env
 
     return functools.partial(run_env, tmp_path)
@@ -59,8 +60,8 @@ def run_env(tmp_path):
 
 @pytest.fixture
 def quick_run(tmp_path):
-    """``quick_run(*overrides, runs="runs", check=True)``: lra.train of the tiny quick run (tests/helpers.py TINY)
-    plus ``overrides``, under this test's tmp_path."""
+    """``quick_run(*overrides, runs="runs", check=True, env=None)``: lra.train of the tiny quick run (tests/helpers.py
+    TINY) plus ``overrides``, under this test's tmp_path. In this process: tests/helpers.py ``train_here``."""
     from tests.helpers import TINY, run_train
 
     return lambda *overrides, **kw: run_train(tmp_path, *TINY, *overrides, **kw)

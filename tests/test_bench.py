@@ -13,6 +13,7 @@ from lra.tools import bench
 from lra.tools.bench import cli as bench_cli
 from lra.tools.bench import tasks as bench_tasks
 from lra.tools.meter import LIVE, LiveTensorBytes, measure_peak, storage_bytes
+from lra.tools.meter import step as meter_step
 
 CPU_FUSED_SDPA = "_scaled_dot_product_flash_attention_for_cpu"
 
@@ -165,7 +166,7 @@ def test_unknown_backend_lists_available_names(capsys):
 
 def test_set_takes_a_runs_option_spelling_with_hydra_values(monkeypatch, capsys):
     """--set BACKEND.options.NAME=VALUE (a run's attn.options.NAME=VALUE, the backend for attn), the value
-    read by Hydra's grammar; the old BACKEND.NAME=VALUE still works after a line saying the new one."""
+    read by Hydra's grammar."""
     handed = []
     monkeypatch.setattr(bench_cli.layer, "run_layer", lambda cfg, rows, out: handed.append(cfg.overrides))
     argv = ["--layer", "--device", "cpu", "--quick", "--backends", "nystrom", "softmax_materialized"]
@@ -185,12 +186,8 @@ def test_set_takes_a_runs_option_spelling_with_hydra_values(monkeypatch, capsys)
         "softmax_materialized": {"impl": "materialized"},
     }
     assert capsys.readouterr().err == ""
-    bench.main([*argv, "--set", "nystrom.landmarks=32"])
-    assert handed[-1] == {"nystrom": {"landmarks": 32}}
-    note = capsys.readouterr().err.strip().splitlines()
-    assert len(note) == 1 and "old spelling" in note[0] and "--set nystrom.options.landmarks=32" in note[0]
     row = bench.Row("nystrom", "nystrom")
-    assert bench.effective_options(row, bench.Config(overrides=handed[-1]))["landmarks"] == 32
+    assert bench.effective_options(row, bench.Config(overrides=handed[-1]))["landmarks"] == 64
 
 
 def test_a_bad_set_value_is_one_line_naming_key_value_and_what_is_allowed(monkeypatch, capsys):
@@ -203,6 +200,7 @@ def test_a_bad_set_value_is_one_line_naming_key_value_and_what_is_allowed(monkey
         ("nystrom.options.landmarks=1,2", ("landmarks=1,2", "sweep", "one value")),
         ("linformer.options.k=8", ("linformer", "not being run")),
         ("nystrom=3", ("nystrom=3", "BACKEND.options.NAME=VALUE")),
+        ("nystrom.landmarks=32", ("nystrom.landmarks=32", "BACKEND.options.NAME=VALUE")),  # no pre-release spelling
     ):
         with pytest.raises(SystemExit) as exc:
             bench.main(["--layer", "--device", "cpu", "--quick", "--backends", "nystrom", "--set", item])
@@ -296,17 +294,37 @@ def test_task_mode_quick_run_writes_tables_with_ratios(tmp_path):
     assert md.count("| softmax | 1 | 1 |") == 4  # the baseline against itself, in every ratio table
 
 
+def test_the_step_runner_gives_each_optimizer_step_its_own_micro_batches():
+    """The runner the task mode times and the doctor pairs with the harness: accumulation 2 from a pool of 5, step i
+    takes micro-batches 2i and 2i + 1 (mod 5), so no step repeats one of the step before (a pool indexed by the step
+    alone would hand half of each step's batches to the next, warm in the cache)."""
+    spec = bench_tasks.spec_for(bench_tasks.TaskConfig(quick=True), "listops", "softmax")
+    runner = meter_step.StepRunner(spec, 2, 2, "32-true", "cpu", seed=0, pool=5)
+    taken = []
+
+    class Spy:
+        accum = 2
+
+        def __call__(self, net, batches):
+            taken.append([next(i for i, b in enumerate(runner.pool) if b is batch) for batch in batches])
+
+    runner.step = Spy()
+    for i in range(4):
+        runner(runner.model, i)
+    assert taken == [[0, 1], [2, 3], [4, 0], [1, 2]]
+
+
 def test_task_mode_accumulates_as_the_plan_says(monkeypatch):
     """hardware.micro_batch=8 on a batch of 32: one optimizer step is 4 forward passes, and the
     attention row counts 4 calls per optimizer step."""
-    forwards, build = [], bench_tasks.build_model
+    forwards, build = [], meter_step.build_model
 
     def counting_build(spec):
         model = build(spec)
         model.register_forward_hook(lambda *a: forwards.append(1))
         return model
 
-    monkeypatch.setattr(bench_tasks, "build_model", counting_build)
+    monkeypatch.setattr(meter_step, "build_model", counting_build)  # the runner the task mode times
     cfg = bench_tasks.TaskConfig(
         tasks=("listops",),
         backends=("softmax",),

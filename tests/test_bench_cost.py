@@ -9,16 +9,17 @@ import torch
 import yaml
 
 import lra.fit
-from lra.display import SKEIN_ROWS
 from lra.tools import bench
 from lra.tools.bench import cli as bench_cli
 from lra.tools.bench import cost, paper
 from lra.tools.bench import tasks as bench_tasks
 from lra.tools.bench.paper import agreement, paper_cells, paper_report, their_fit
 from lra.tools.collect.tables import PAPER_CSV, paper_results
+from lra.tools.display import SKEIN_ROWS
+from lra.tools.meter import step as meter_step
 
 # tiny shapes: n = 64, a batch of 8 as 4 x 2 (hardware.micro_batch: no memory estimates), 1 timed step
-TINY = ["task.seq_len=64", "protocol.batch_size=8", "hardware.micro_batch=4", "fit.cache=false"]
+TINY = ["task.seq_len=64", "train.batch_size=8", "hardware.micro_batch=4", "fit.cache=false"]
 TASKS = cost.PAPERS["skeinformer"][1]
 
 
@@ -64,7 +65,7 @@ def test_cpu_rehearsal_pairs_every_cell_with_the_papers_value_and_survives_an_oo
         return fit_plan(spec)
 
     fit_plan = bench_tasks.plan
-    monkeypatch.setattr(bench_tasks, "TrainStep", OomOnce)
+    monkeypatch.setattr(meter_step, "TrainStep", OomOnce)  # the runner the task mode times
     monkeypatch.setattr(bench_tasks, "plan", plan)
     argv = ["--cost", "skeinformer", "--device", "cpu", "--quick", "--tasks", "listops", "text"]
     argv += ["--backends", "skeinformer", "softmax", "--repeats", "1", "--out", str(tmp_path)]

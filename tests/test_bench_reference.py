@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from lra import devices
 from lra.tools.bench import cli as bench_cli
 from lra.tools.bench import reference
 from lra.tools.meter import timing
@@ -123,21 +124,25 @@ def test_reference_mode_bad_input_is_one_line_before_any_work(argv, said, checko
     assert not (tmp_path / "out").exists()
 
 
-def _load(monkeypatch, start: float, end: float, cores: int = 2):
-    values = iter([start, end])
-    monkeypatch.setattr(timing.os, "getloadavg", lambda: (next(values), 0.0, 0.0))
-    monkeypatch.setattr(timing, "default_threads", lambda: cores)
+def _load(monkeypatch, others_s: float, cores: int = 2):
+    """Load averages 0.10 then 1.10, and ``others_s`` CPU seconds of other processes in a 10 s window."""
+    averages, stats = iter([0.1, 1.1]), iter([(0.0, 100.0, 0.0), (10.0, 109.0 + others_s, 9.0)])
+    monkeypatch.setattr(devices, "_loadavg", lambda: next(averages))
+    monkeypatch.setattr(devices, "_cpu_seconds", lambda: next(stats))
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: cores)
 
 
-def test_the_load_line_warns_when_other_processes_took_the_cores_the_benchmark_left_free(monkeypatch):
-    _load(monkeypatch, 0.1, 1.1)  # alone: its own thread is the 1.0 at the end
+def test_the_load_line_warns_by_the_runs_rule_when_other_processes_took_the_machine(monkeypatch):
+    """One rule for "loaded", the runs' records' (lra.devices.machine_loaded): others' share of the CPU time."""
+    _load(monkeypatch, others_s=1.0)  # alone: 1 of 20 core-seconds went to others
     quiet = timing.Load(threads=1).stop()
-    assert quiet.warning() is None and "0.10 at the start, 1.10 at the end, on 2 cores" in quiet.line()
-    _load(monkeypatch, 2.3, 3.2)  # two other busy processes beside one thread on two cores
+    assert not quiet.loaded and quiet.warning() is None
+    assert "0.10 at the start, 1.10 at the end, on 2 cores" in quiet.line()
+    assert "other processes used 5% of the machine's CPU time" in quiet.line()
+    _load(monkeypatch, others_s=12.0)  # others took 60% of the machine beside this thread
     busy = timing.Load(threads=1).stop()
-    assert "other processes kept about 2.3 cores busy" in busy.warning()
-    _load(monkeypatch, 2.3, 3.2)
-    assert timing.Load(threads=1, device="cuda").stop().warning() is None  # a GPU's timings: not the CPU's load
+    assert busy.loaded and busy.machine["cpu_others"] == pytest.approx(0.6)
+    assert "the machine was loaded" in busy.warning() and "60%" in busy.line()
 
 
 def _points(backends, lengths=(256, 512, 1024)):

@@ -3,9 +3,6 @@ beside the protocol's, with their arguments; a bad one is one line before anythi
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,49 +10,32 @@ import pytest
 from lra.config import ConfigError, load
 from lra.loop import check_callbacks, user_callbacks
 
-TESTS = Path(__file__).resolve().parent
-TINY = [
+TESTS = Path(__file__).resolve().parent  # user_callbacks.py: the user's module, on the run's PYTHONPATH
+# quick_run's tiny run (tests/helpers.py TINY) with these
+RUN = [
     "task=listops",
     "attn=softmax",
-    "preset=quick",
-    "protocol.data.n_train=256",
-    "protocol.data.n_val=64",
-    "protocol.data.n_test=64",
-    "train.max_steps=12",
     "train.eval_every=4",
     "train.warmup=4",
     "train.batch_size=32",
     "hardware.micro_batch=16",
-    "num_threads=1",
     "trainer.progress=false",
     "trainer.log_every_n_steps=1",
 ]
 
 
-def _run(tmp_path, *overrides):
-    env = {
-        **os.environ,
-        "LRA_DATA": str(tmp_path / "data"),
-        "LRA_RUNS": str(tmp_path / "runs"),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "lra.train", *TINY, *overrides], env=env, capture_output=True, text=True, timeout=600
-    )
-
-
-def test_a_built_in_and_a_user_callback_run_with_their_arguments(tmp_path):
+def test_a_built_in_and_a_user_callback_run_with_their_arguments(tmp_path, quick_run, run_env):
     """callbacks=lr_monitor (Lightning's LearningRateMonitor) logs the schedule to metrics.csv; the user's
     StepCounter sees every optimizer step (2 micro-batches each) and every evaluation, and adds to the record."""
     out = tmp_path / "counter.json"
-    proc = _run(
-        tmp_path,
+    proc = quick_run(
+        *RUN,
         "callbacks=lr_monitor",
         "+callbacks.counter._target_=user_callbacks.StepCounter",
         f"+callbacks.counter.out={out}",
         "+callbacks.counter.label=mine",
+        check=False,
+        env=run_env(pythonpath=TESTS),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(out.read_text())
@@ -99,8 +79,8 @@ def test_bad_callback_arguments_are_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_a_bad_callback_stops_the_run_before_its_folder_exists(tmp_path):
-    proc = _run(tmp_path, "+callbacks.x._target_=no_such_module.Thing")
+def test_a_bad_callback_stops_the_run_before_its_folder_exists(tmp_path, quick_run, run_env):
+    proc = quick_run(*RUN, "+callbacks.x._target_=no_such_module.Thing", check=False, env=run_env(pythonpath=TESTS))
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "callbacks.x._target_" in lines[0], proc.stderr[-2000:]
     assert not list((tmp_path / "runs").rglob("*"))

@@ -17,12 +17,12 @@ import sys
 import tarfile
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
 from lra.tools import carry
 from lra.tools.sweep.base import FINISHED
+from tests.helpers import kill_at, train_here
 from tests.test_resume import EPOCHS
 
 torch.set_num_threads(1)
@@ -111,32 +111,18 @@ def manifest(root: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- a real run
-class _SigtermAt(L.Callback):
-    """SIGTERM to this process once optimizer step ``step`` is done, as the GPU window's budget sends it."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _train(folder: Path, runs: str, stop_at: int | None = None) -> dict:
     """The tiny run in ``folder/runs`` (data in ``folder/data``), in this process; with ``stop_at``, SIGTERM after
-    that many optimizer steps (the interrupted record). Run again in the same folder, it resumes."""
-    from lra import train as lra_train
-    from lra.config import load
+    that many optimizer steps, as the GPU window's budget sends it (the interrupted record). Run again in the same
+    folder, it resumes. Its own: it returns the record an interruption leaves, under a runs root of its own."""
     from lra.interrupts import Interrupted
 
     root = folder / runs
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("lra.loop.user_callbacks", lambda spec: [] if stop_at is None else [_SigtermAt(stop_at)])
-        spec = load([*RUN, f"data_root={folder / 'data'}", f"runs_root={root}"], run_dir=root / REL)
-        try:
-            return lra_train.run(spec)
-        except Interrupted:
-            return json.loads((root / REL / "result.json").read_text())
+    stop = [] if stop_at is None else [kill_at(stop_at, signal.SIGTERM)]
+    try:
+        return train_here(folder, *RUN, f"runs_root={root}", callbacks=stop, run_dir=root / REL)
+    except Interrupted:
+        return json.loads((root / REL / "result.json").read_text())
 
 
 @pytest.fixture(scope="module")

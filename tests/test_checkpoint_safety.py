@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lra import train as lra_train
-from lra.config import load
-from tests.test_resume import EPOCHS, _KillAt, _Killed
+from tests.helpers import Killed, kill_at, spec_here, train_here
+from tests.test_resume import EPOCHS
 
 RUN = [o for o in EPOCHS if not o.startswith("logger=")]
 
@@ -25,27 +25,6 @@ class _RunsCode:
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
-
-
-def _spec(tmp_path):
-    return load(
-        [
-            *RUN,
-            f"data_root={tmp_path / 'data'}",
-            f"runs_root={tmp_path / 'runs'}",
-            f"fit.cache_dir={tmp_path / 'cache'}",
-        ],
-        run_dir=tmp_path / "runs" / "run",
-    )
-
-
-def _run(spec, monkeypatch, kill_at=None):
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
-    monkeypatch.setattr(lra_train, "log_record", lambda *a: None)  # no W&B here: spares its 1 s import
-    try:
-        return lra_train.run(spec)
-    except _Killed:
-        return None
 
 
 def _plant(spec, marker):
@@ -68,9 +47,8 @@ def _one_line(e, path):
 def _killed_once(tmp_path_factory):
     """A run stopped after optimizer step 5 (evaluated at 3, last.ckpt at 4, best.ckpt at 3), made once; its data
     and fit cache serve every test here."""
-    spec = _spec(tmp_path_factory.mktemp("killed"))
-    with pytest.MonkeyPatch.context() as mp:
-        assert _run(spec, mp, kill_at=5) is None
+    spec = spec_here(tmp_path_factory.mktemp("killed"), *RUN)
+    assert train_here(spec, callbacks=[kill_at(5)]) is None
     assert (spec.run_dir / "checkpoints" / "best.ckpt").exists()
     return spec
 
@@ -95,7 +73,7 @@ def test_a_last_ckpt_that_would_run_code_is_refused_and_nothing_in_it_runs(spec,
     marker = tmp_path / "ran"
     last = _plant(spec, marker)
     with pytest.raises(lra_train.RunError) as e:
-        _run(spec, monkeypatch)
+        train_here(spec)
     assert not marker.exists()
     assert "would run code" in _one_line(e.value, last)
 
@@ -108,7 +86,7 @@ def test_lightnings_restore_reads_the_checkpoint_as_data_too(spec, tmp_path, mon
     _plant(spec, marker)
     monkeypatch.setattr(lra_train, "resume_step", lambda last, key: 3)
     with pytest.raises(Exception, match="GLOBAL posix.system"):
-        _run(spec, monkeypatch)
+        train_here(spec)
     assert not marker.exists()
 
 
@@ -125,7 +103,7 @@ def test_a_damaged_best_ckpt_is_found_when_the_run_resumes_not_after_it_trains(k
     metrics = (killed.run_dir / "metrics.csv").read_text()
     monkeypatch.setattr("lra.loop.make_trainer", lambda *a, **k: pytest.fail("trained with a damaged best.ckpt"))
     with pytest.raises(lra_train.RunError) as e:
-        _run(killed, monkeypatch)
+        train_here(killed)
     line = _one_line(e.value, best)
     assert ("damaged" if damage == "truncated" else "missing") in line
     assert (killed.run_dir / "checkpoints" / "last.ckpt").read_bytes() == last  # the run is as it was
@@ -162,29 +140,25 @@ def _saved(run_dir):
 
 def _variant(_killed_once, tmp_path, *overrides):
     """The run with ``overrides``, in ``tmp_path/runs/run``, on :func:`_killed_once`'s data and fit cache."""
-    base = _killed_once.run_dir.parents[1]
-    return load(
-        [*RUN, f"data_root={base / 'data'}", f"runs_root={tmp_path / 'runs'}", f"fit.cache_dir={base / 'cache'}"]
-        + list(overrides),
-        run_dir=tmp_path / "runs" / "run",
-    )
+    runs = tmp_path / "runs"
+    return spec_here(_killed_once.run_dir.parents[1], *RUN, f"runs_root={runs}", *overrides, run_dir=runs / "run")
 
 
-def test_a_step_checkpoint_soon_after_a_resume_is_never_taken_inside_an_accumulation_window(killed, monkeypatch):
+def test_a_step_checkpoint_soon_after_a_resume_is_never_taken_inside_an_accumulation_window(killed):
     """Resumed from step 4 (an epoch's last batch), the first micro-batch is inside an accumulation window at step 4,
     which every 2nd step is due a checkpoint: without the "not mid-accumulation" guard the step checkpoint was
     written there (the resumed callback had not saved step 4 itself), with one micro-batch consumed and its gradient
     in no checkpoint. A second kill soon after (here at step 5) resumed from it, one micro-batch short: another
     record. The data a checkpoint has consumed must be its optimizer steps' micro-batches, no more."""
     assert _saved(killed.run_dir)["global_step"] == 4
-    assert _run(killed, monkeypatch, kill_at=5) is None
+    assert train_here(killed, callbacks=[kill_at(5)]) is None
     saved = _saved(killed.run_dir)
     (loader,) = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     consumed = loader["epoch"] * BATCHES_PER_EPOCH + loader["position"]
     assert consumed == saved["global_step"] * ACCUM, (saved["global_step"], loader)
 
 
-def test_last_ckpt_is_not_written_at_the_evaluation_where_early_stopping_fires(_killed_once, tmp_path, monkeypatch):
+def test_last_ckpt_is_not_written_at_the_evaluation_where_early_stopping_fires(_killed_once, tmp_path):
     """lr 0: validation loss never improves, so patience 1 stops the run at its second evaluation (step 6). Killed
     while it tests (before its record is final), the same command again must stop where it stopped: a last.ckpt
     written at the stopping evaluation restarted past it (Lightning does not keep ``should_stop``) and trained on to
@@ -193,13 +167,11 @@ def test_last_ckpt_is_not_written_at_the_evaluation_where_early_stopping_fires(_
 
     class KilledWhileTesting(L.Callback):
         def on_test_start(self, trainer, pl_module):
-            raise _Killed("testing")
+            raise Killed("testing")
 
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [KilledWhileTesting()])
-    with pytest.raises(_Killed):
-        lra_train.run(spec)
+    assert train_here(spec, callbacks=[KilledWhileTesting()]) is None  # ended by Killed
     assert _saved(spec.run_dir)["global_step"] < 6  # the state before the stop, which a restart trains on from
-    rec = _run(spec, monkeypatch)
+    rec = train_here(spec)
     assert rec["status"] == "stopped_early" and rec["stop_reason"] == "early_stopping" and rec["steps"] == 6
 
 
@@ -221,6 +193,6 @@ def test_last_ckpt_is_not_written_at_the_step_where_the_guard_stops_a_diverged_r
         return loss, correct
 
     monkeypatch.setattr(lra.module, "loss_and_correct", nan_at_step_4)
-    rec = _run(spec, monkeypatch)
+    rec = train_here(spec)
     assert rec["status"] == "failed" and rec["stop_reason"] == "diverged" and rec["steps"] == 4
     assert _saved(spec.run_dir)["global_step"] == 3  # the evaluation's checkpoint, not the diverged step's

@@ -1,7 +1,7 @@
 """Issue 19's command-line cases for the tools: every ``python -m lra.*`` command answers ``--help``
 without side effects and refuses an unknown flag with one line (exit 2), in-process (a subprocess per
 command would cost seconds of imports each); bench and approx write under ``$LRA_RUNS``; the long
-decisions (``lra.fit --table``, ``lra.tools.bench --tasks``) print a line per item with a count and the time."""
+decisions (``lra.tools.bench fit``, ``lra.tools.bench --tasks``) print a line per item with a count and the time."""
 
 from __future__ import annotations
 
@@ -198,28 +198,53 @@ COUNTED = r"\[(\d+)/(\d+), \d+ s\]$"  # which item of how many, and the seconds 
 
 
 def test_fit_table_shows_a_line_per_decision_then_the_table(tmp_path, capsys):
-    """Issue 19: `lra.fit --table` ran minutes without a word (a newcomer reads a hang). Now: a first line
-    says how many decisions, each decision is one line on stderr with its count and the time so far,
-    and the table comes on stdout at the end."""
+    """Issue 19: the fit table ran minutes without a word (a newcomer reads a hang). Now (``lra-bench fit``, the
+    bench's fit mode): a first line says how many decisions, each decision is one line on stderr with its count
+    and the time so far, and the table comes on stdout at the end."""
     import lra.fit
+    from lra.tools import bench
 
     level = lra.fit.log.level
     try:
-        code = lra.fit.main(
-            ["--table", "task=listops", "attn=none,vmean", "hardware=cpu", "preset=quick", f"runs_root={tmp_path}"]
-        )
+        with pytest.raises(SystemExit) as exc:
+            bench.main(
+                ["fit", "task=listops", "attn=none,vmean", "hardware=cpu", "preset=quick", f"runs_root={tmp_path}"]
+            )
     finally:
         lra.fit.log.setLevel(level)
     out, err = capsys.readouterr()
-    assert code == 0, err
+    assert exc.value.code == 0, err
     lines = err.strip().splitlines()
-    assert lines[0].startswith("lra.fit: 3 decisions (3 attention configs x 1 tasks)"), lines
+    assert lines[0].startswith("lra-bench fit: 3 decisions (3 attention configs x 1 tasks)"), lines
     progress = [re.search(COUNTED, ln) for ln in lines[1:]]
     assert [(m.group(1), m.group(2)) for m in progress] == [("1", "3"), ("2", "3"), ("3", "3")], lines
     assert lines[1].startswith("fit listops/none: micro-batch 32 x 1 (") and lines[3].startswith(
         "fit listops/softmax_fused"
     )
     assert out.splitlines()[0] == "| attention | listops |" and "| vmean | 32 (x1) |" in out
+
+
+@pytest.mark.parametrize(
+    "script,argv,said",
+    [
+        ("doctor", ["--checks", "nope"], "python -m lra.tools.doctor: error: argument --checks"),
+        ("share_bench", ["ks=0"], "lra.tools.share_bench: ks=0: give whole numbers >= 1"),
+        ("bench", ["share", "--dry"], "python -m lra.tools.share_bench: error: unknown argument '--dry'"),
+        ("bench", ["fit", "hardware=no_such_gpu"], "error: "),  # a code returned, not raised, is still the exit code
+    ],
+)
+def test_doctor_and_share_bench_are_the_benchs_measurements_with_their_own_exit_codes(
+    script, argv, said, monkeypatch, capsys
+):
+    """``lra-doctor`` and ``lra-share-bench`` are ``lra-bench doctor`` and ``lra-bench share``: the console script
+    exits with the measurement's own code (2: bad input, one line) before any work."""
+    from lra.tools import scripts
+
+    monkeypatch.setattr(sys, "argv", [f"lra-{script}", *argv])
+    with pytest.raises(SystemExit) as exc:
+        getattr(scripts, script)()
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith(said), err
 
 
 def test_bench_tasks_shows_a_line_per_item_then_the_table(tmp_path, capsys):

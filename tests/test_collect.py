@@ -20,7 +20,7 @@ from lra.config import attn_configs
 from lra.files import write_atomic, write_text
 from lra.tools.collect import collect, main
 from lra.tools.collect.records import load_runs
-from lra.tools.collect.render import to_latex, to_markdown
+from lra.tools.collect.render import frame_markdown, to_latex, to_markdown
 from lra.tools.collect.tables import PAPER_CSV, SKEIN_ROWS, TABLES, build, paper_results, summary
 
 SPEC = {s.key: s for s in TABLES}
@@ -172,6 +172,11 @@ def test_older_schema_is_read_and_reported(tmp_path):
     assert "derived task, attn, preset, time_per_1k_steps_s" in old["quick/clean/listops/softmax/seed0"]
     assert "missing peak_mem_bytes" in old["quick/clean/listops/softmax/seed0"]
     assert "status='completed' (from test_acc)" in old["quick/clean/listops/softmax/seed1"]
+    # what every record has had since schema 1 (lra/record.py's core group), each named where it lacks
+    assert old["elsewhere"].endswith(
+        "missing task, attn, status, best_val_acc, steps, train_time_s, time_per_1k_steps_s, peak_mem_bytes, "
+        "micro_batch, accum_steps, effective_batch, hardware, config, git_commit, preset"
+    )
     r0 = runs[runs["path"] == "quick/clean/listops/softmax/seed0"].iloc[0]
     assert r0["time_per_1k_steps_s"] == pytest.approx(200.0) and r0["usable"]
     assert [i.path for i in issues_of(issues, "unusable")] == ["elsewhere"]
@@ -253,6 +258,25 @@ def test_cpu_runs_without_peak_memory_are_not_flagged(tmp_path):
     make_record(tmp_path, "softmax", 1, peak_mem_bytes=None, device="Tesla V100")
     _, issues = load_runs(tmp_path)
     assert [i.path for i in issues_of(issues, "nan_metric")] == ["quick/clean/listops/softmax/seed1"]
+
+
+def test_a_finished_run_without_a_metric_the_tables_need_is_flagged(tmp_path):
+    """Bug caught: a metric dropped from the record's ``expected`` group (lra/record.py): a run without its batch
+    or its time would pass as whole, a null optional (throughput, majority rate, memory estimate) is no issue."""
+    expected = "test_acc best_val_acc steps train_time_s time_per_1k_steps_s micro_batch accum_steps peak_mem_bytes"
+    make_record(tmp_path, "softmax", 0, **dict.fromkeys(expected.split()), device="Tesla V100")
+    make_record(tmp_path, "softmax", 1, tokens_per_s=None, majority_acc=None, peak_mem_estimate_bytes=None)
+    _, issues = load_runs(tmp_path)
+    (issue,) = issues_of(issues, "nan_metric")
+    assert issue.path == "quick/clean/listops/softmax/seed0"
+    in_order = "test_acc best_val_acc steps train_time_s time_per_1k_steps_s peak_mem_bytes micro_batch accum_steps"
+    assert issue.detail.startswith("finished run with " + ", ".join(f"{k} null" for k in in_order.split()) + ":")
+
+
+def test_a_missing_value_in_a_markdown_list_is_an_empty_cell():
+    """Bug caught: a null (a failed run's seed, a search's missing value) printed as "None" or "nan"."""
+    text = frame_markdown(pd.DataFrame({"run": ["a|b", None], "acc": [0.123456789, math.nan]}))
+    assert text.splitlines()[2:] == ["| a\\|b | 0.1235 |", "|  |  |"]
 
 
 def test_paper_order_of_rows_and_columns(tmp_path):
@@ -441,6 +465,7 @@ def test_compare_adds_paper_value_and_delta(tmp_path):
     assert "paper" not in (tmp_path / "out" / P / "yoso_table3.md").read_text().splitlines()[2]
     tex = (tmp_path / "out" / P / "skeinformer_table1.tex").read_text()
     assert r"$\Delta$" in tex and r"\multicolumn{3}{c}{ListOps}" in tex
+    assert "Δ" not in tex  # pdflatex stops at a raw Δ (headers included)
 
 
 def test_output_is_byte_identical_on_rerun(tmp_path):

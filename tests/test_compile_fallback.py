@@ -18,9 +18,8 @@ import torch
 import lra.config
 import lra.module
 from lra import train as lra_train
-from lra.config import load
 from lra.module import LitLRA
-from tests.helpers import TINY
+from tests.helpers import TINY, roots, train_here
 from tests.test_cli_commands import _logging_state, _restore_logging
 
 torch.set_num_threads(1)
@@ -35,10 +34,6 @@ def broken_backend(gm, example_inputs):
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("compile_fallback")
-
-
-def _roots(root) -> list[str]:
-    return [f"data_root={root / 'data'}", f"runs_root={root / 'runs'}", f"fit.cache_dir={root / 'cache'}"]
 
 
 @pytest.fixture
@@ -59,6 +54,7 @@ class Keep(L.Callback):
 
 
 def _run(root, name, monkeypatch, *overrides) -> tuple[dict, LitLRA, dict]:
+    """(record, trained module, what on_fit_start saw): train_here, watched from inside."""
     keep, seen = Keep(), {}
     real = LitLRA.on_fit_start
 
@@ -72,9 +68,8 @@ def _run(root, name, monkeypatch, *overrides) -> tuple[dict, LitLRA, dict]:
         )
 
     monkeypatch.setattr(LitLRA, "on_fit_start", on_fit_start)
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [keep])
-    spec = load([*QUICK, *_roots(root), *overrides], run_dir=root / "runs" / name)
-    return lra_train.run(spec), keep.lit, seen
+    rec = train_here(root, *QUICK, *overrides, callbacks=[keep], run_dir=root / "runs" / name)
+    return rec, keep.lit, seen
 
 
 def test_auto_falls_back_to_eager_with_one_warning_and_says_so_in_the_record(root, monkeypatch, auto_compiles, caplog):
@@ -124,7 +119,7 @@ def test_auto_with_a_working_backend_still_compiles(root, monkeypatch, auto_comp
 
 def test_forced_compile_that_fails_is_one_error_line_and_a_failed_record(root, monkeypatch, capsys):
     monkeypatch.setattr(lra.module, "COMPILE_BACKEND", broken_backend)
-    monkeypatch.setattr(sys, "argv", ["lra.train", *QUICK, *_roots(root), "train.compile=true"])
+    monkeypatch.setattr(sys, "argv", ["lra.train", *QUICK, *roots(root), "train.compile=true"])
     logging_before = _logging_state()
     try:
         with pytest.raises(SystemExit) as stop:

@@ -74,7 +74,7 @@ def test_a_data_root_that_refuses_writes_is_one_line_and_exit_2(tmp_path, monkey
 
 # ------------------------------------------------------------------------------ issue 39: one line, before any work
 QUICK_SMALL = ["task=listops", "attn=softmax", "preset=quick"] + [
-    f"protocol.data.{k}={v}" for k, v in (("n_train", 300), ("n_val", 10), ("n_test", 10))
+    f"task.generator.{k}={v}" for k, v in (("n_train", 300), ("n_val", 10), ("n_test", 10))
 ]
 
 

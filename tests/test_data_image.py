@@ -187,5 +187,5 @@ def test_config():
     assert (c.task.vocab_size, c.task.seq_len, c.task.num_classes, c.task.grayscale) == (256, 1024, 10, "luminance")
     c = compose(["task=image"])  # the default preset's quirks=skeinformer: TF grayscale, pixel 0 as pad
     assert (c.task.vocab_size, c.task.grayscale, c.task.mask) == (256, "tf", "nonzero")
-    c = compose(["task=image", "preset=quick", "++protocol.data.grayscale=tf"])
+    c = compose(["task=image", "preset=quick", "task.grayscale=tf"])
     assert c.task.grayscale == "tf" and c.task.max_examples.test == 1000

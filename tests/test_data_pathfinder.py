@@ -371,8 +371,8 @@ def test_config_keys():
         [
             "task=pathfinder",
             "preset=quick",
-            "++protocol.data.resolution=128",
-            "++protocol.data.difficulty=easy",
+            "task.resolution=128",
+            "task.difficulty=easy",
         ]
     )
     assert (c.task.seq_len, c.task.difficulty, c.task.n_images, c.task.gen_dir) == (
@@ -395,8 +395,8 @@ def test_end_to_end_quick_run_on_a_tiny_generated_set(tmp_path):
     args = [
         "task=pathfinder",
         "preset=quick",
-        "protocol.data.n_images=60",
-        "protocol.batch_size=4",
+        "task.n_images=60",
+        "train.batch_size=4",
         "train.max_steps=2",
         "train.eval_every=2",
         "num_threads=1",

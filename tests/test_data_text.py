@@ -136,9 +136,9 @@ def test_carved_validation_is_seeded_and_disjoint(tmp_path):
 def test_config_keys_for_presets():
     c = compose(["task=text", "preset=quick"])
     assert (c.task.max_length, c.task.seq_len, c.task.dev_split) == (512, 512, "carve")
-    c = compose(["task=text", "preset=quick", "++protocol.data.max_length=1000", "++protocol.data.dev_split=test"])
+    c = compose(["task=text", "preset=quick", "task.max_length=1000", "task.dev_split=test"])
     assert (c.task.max_length, c.task.seq_len, c.task.dev_split, c.task.vocab_size) == (1000, 1024, "test", 257)
-    c = compose(["task=text", "preset=quick", "++protocol.data.max_length=4000"])
+    c = compose(["task=text", "preset=quick", "task.max_length=4000"])
     assert c.task.seq_len == 4096
     with pytest.raises(ConfigError, match="task.dev_split='dev' is not allowed: one of carve, test"):
         cfg(dev_split="dev")  # refused with the node, before the reader looks for data

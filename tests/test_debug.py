@@ -12,10 +12,8 @@ import pytest
 from lra.config import ConfigError, load
 from lra.tools.collect import collect
 from lra.tools.collect.records import load_runs
-from tests.helpers import run_env, run_train
+from tests.helpers import DATA, run_env, run_train
 from tests.test_collect import make_record
-
-DATA = ["preset=quick", "protocol.data.n_train=256", "protocol.data.n_val=64", "protocol.data.n_test=64"]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ from lra.model import MultiHeadAttention, build_model
 from lra.naming import run_tag
 from lra.record import read_record
 from lra.tools.meter.step import TrainStep
-from tests.test_resume import EPOCHS, _KillAt, _Killed
+from tests.helpers import kill_at, train_here
+from tests.test_resume import EPOCHS
 
 N, B = 256, 4  # longer than every feature budget of the preset's quirks (128), so none turns exact
 BASE = ["preset=skeinformer_paper", "task=listops", f"task.seq_len={N}", f"train.batch_size={B}", "model.dropout=0"]
@@ -175,34 +176,25 @@ def test_execution_names_no_folder_and_a_bad_value_is_one_line():
 RUN = [o for o in EPOCHS if not o.startswith("logger=")] + ["attn_checkpointing=[softmax]"]  # keys differ by it
 
 
-def _run(tmp_path, monkeypatch, *extra, kill_at=None):
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
-    monkeypatch.setattr(lra_train, "log_record", lambda *a: None)
-    roots = [f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}", f"fit.cache_dir={tmp_path / 'c'}"]
-    spec = load([*RUN, *roots, *extra], run_dir=tmp_path / "runs" / "run")
-    try:
-        lra_train.run(spec)
-    except _Killed:
-        pass
-    return read_record(spec.run_dir)
-
-
-def test_a_paper_run_resumed_with_execution_fast_continues_as_paper(tmp_path, monkeypatch, caplog):
+def test_a_paper_run_resumed_with_execution_fast_continues_as_paper(tmp_path, caplog):
     """Runs already under way (a GPU window's carried ones) finish under the plan they started with: one warning
     line, and the record says paper and why."""
-    assert _run(tmp_path, monkeypatch, kill_at=5)["execution"] == "paper"
+    train_here(tmp_path, *RUN, callbacks=[kill_at(5)])
+    assert read_record(tmp_path / "runs" / "run")["execution"] == "paper"
     with caplog.at_level(logging.WARNING, logger="lra.train"):
-        rec = _run(tmp_path, monkeypatch, "execution=fast")
+        train_here(tmp_path, *RUN, "execution=fast")
+        rec = read_record(tmp_path / "runs" / "run")
     assert rec["status"] == "completed" and rec["resumed_from_step"] == 4
     assert (rec["execution"], rec["attn_checkpointing"]) == ("paper", True)
     said = f"execution=fast: {tmp_path / 'runs' / 'run' / 'checkpoints' / 'last.ckpt'} continues under execution=paper"
     assert rec["execution_note"].startswith(said) and said in caplog.text
 
 
-def test_a_fast_run_resumed_without_execution_fast_is_refused_in_one_line(tmp_path, monkeypatch):
-    assert _run(tmp_path, monkeypatch, "execution=fast", kill_at=5)["execution"] == "fast"
+def test_a_fast_run_resumed_without_execution_fast_is_refused_in_one_line(tmp_path):
+    train_here(tmp_path, *RUN, "execution=fast", callbacks=[kill_at(5)])
+    assert read_record(tmp_path / "runs" / "run")["execution"] == "fast"
     with pytest.raises(lra_train.RunError) as e:
-        _run(tmp_path, monkeypatch)
+        train_here(tmp_path, *RUN)
     end = lra_train.ending(e.value, "python -m lra.train ...")
     assert end.code == 2 and "\n" not in end.line and "add execution=fast to resume it" in end.line
     assert read_record(tmp_path / "runs" / "run")["execution"] == "fast"  # the record of the run, untouched

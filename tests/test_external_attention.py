@@ -3,7 +3,6 @@
 point group, gets option checks, the memory fit, the public contract checks and the tables."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import torch
 
 import attention
 from attention import registry, testing
-from tests.helpers import TINY, run_env
+from tests.helpers import TINY, record, run_env, run_train
 
 BACKEND = '''
 """Softmax attention with a temperature: the README's ten-line example of a backend in your package."""
@@ -83,10 +82,6 @@ def user_package(tmp_path, monkeypatch):
     return tmp_path / "site"
 
 
-def _env(tmp_path, site):
-    return run_env(tmp_path, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-
-
 def test_public_contract_checks_pass_a_good_backend_and_catch_a_bad_one(user_package):
     name = attention.load_external("my_pkg.attn:TempSoftmax")
     assert name == "temp_softmax" and name in attention.available()  # the class's snake_case: one row per class
@@ -113,25 +108,10 @@ def test_bad_targets_are_one_line(user_package):
 
 @pytest.mark.slow  # 20-30 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_external_backend_trains_and_appears_in_the_tables(tmp_path, user_package):
-    env = _env(tmp_path, user_package)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lra.train",
-            *TINY,
-            "trainer.progress=false",
-            "attn=external",
-            "attn.target=my_pkg.attn:TempSoftmax",
-            "+attn.options.temperature=2.0",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    rec = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
+    env = run_env(tmp_path, pythonpath=user_package)
+    external = ["attn=external", "attn.target=my_pkg.attn:TempSoftmax", "+attn.options.temperature=2.0"]
+    run_train(tmp_path, *TINY, "trainer.progress=false", *external, env=env)  # checked: an error shows its output
+    rec = record(tmp_path / "runs")
     assert rec["status"] == "completed" and rec["attn"] == rec["attn_backend"] == "temp_softmax"
     assert rec["attn_options"] == {"temperature": 2.0}
     assert rec["peak_mem_estimate_bytes"] > 0  # the memory fit estimated it like any backend
@@ -160,7 +140,7 @@ def test_entry_point_gives_a_typed_config_node(tmp_path, user_package):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[lra_harness.attention]\ntemp_softmax = my_pkg.attn:TempSoftmax\n")
-    env = _env(tmp_path, user_package)
+    env = run_env(tmp_path, pythonpath=user_package)
 
     def fit(*args):
         return subprocess.run(
@@ -329,7 +309,7 @@ print(json.dumps(out))
 def _labels_and_stderr(tmp_path, site, routes, entry_point=None, env_extra=None):
     """The record's (attn, attn_backend) of each route, in a fresh process as a run has it, and what that
     process wrote to stderr."""
-    env = _env(tmp_path, site)
+    env = run_env(tmp_path, pythonpath=site)
     env.pop("LRA_ATTENTION_MODULES", None)
     for d in site.glob("*.dist-info"):
         for f in d.iterdir():

@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -15,24 +14,13 @@ import pytest
 import torch
 
 from lra.config import ConfigError, load
-from tests.helpers import TINY, run_env
+from tests.helpers import TINY, record, run_train, start_train, train_here
 from tests.test_resume import CLOSE, RESUME, SAME
 
 
 def _popen(tmp_path, runs, *extra):
     # a session of its own: the signal goes to the whole process group, as timeout/SLURM/Kubernetes send it
-    return subprocess.Popen(
-        [sys.executable, "-m", "lra.train", *RESUME, *extra],
-        env=run_env(tmp_path, runs),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _record(tmp_path, runs):
-    return json.loads(next((tmp_path / runs).rglob("result.json")).read_text())
+    return start_train(tmp_path, *RESUME, *extra, runs=runs, start_new_session=True)
 
 
 def _finish(proc):
@@ -64,14 +52,14 @@ def test_sigterm_to_process_group_then_rerun_matches_uninterrupted(tmp_path, wor
     rc, out = _signal_group_at_checkpoint(tmp_path, "runs", _popen(tmp_path, "runs", *extra), signal.SIGTERM)
     assert rc == 143, out[-3000:]
     assert "killed by signal" not in out and "Traceback" not in out
-    stopped = _record(tmp_path, "runs")
+    stopped = record(tmp_path / "runs")
     assert stopped["status"] == "interrupted" and stopped["reason"].startswith("SIGTERM")
     assert not list((tmp_path / "runs").rglob("*.tmp"))
     rc, out = _finish(_popen(tmp_path, "runs", *extra))
     assert rc == 0 and "resuming from" in out, out[-3000:]
     rc, out = _finish(ref)
     assert rc == 0, out[-3000:]
-    resumed, reference = _record(tmp_path, "runs"), _record(tmp_path, "ref")
+    resumed, reference = record(tmp_path / "runs"), record(tmp_path / "ref")
     for k in SAME:
         assert resumed[k] == reference[k], (k, resumed[k], reference[k])
     for k in CLOSE:
@@ -83,17 +71,8 @@ def test_worker_count_does_not_change_the_run(tmp_path):
     """Every loader has its own generator: 0 and 2 workers draw the same dropout and give one record."""
     runs = {}
     for w in (0, 2):
-        rc, out = _finish(
-            subprocess.Popen(
-                [sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", f"trainer.num_workers={w}"],
-                env=run_env(tmp_path, f"w{w}"),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-        assert rc == 0, out[-3000:]
-        runs[w] = _record(tmp_path, f"w{w}")
+        run_train(tmp_path, *TINY, "trainer.progress=false", f"trainer.num_workers={w}", runs=f"w{w}")
+        runs[w] = record(tmp_path / f"w{w}")
     for k in ("test_acc", "test_loss", "best_val_acc", "steps", "steps_to_best"):
         assert runs[0][k] == runs[2][k], k
 
@@ -104,7 +83,7 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
         tmp_path, "runs", _popen(tmp_path, "runs", "trainer.num_workers=2"), signal.SIGINT
     )
     assert rc == 130 and "Traceback" not in out, out[-3000:]
-    assert _record(tmp_path, "runs")["status"] == "interrupted"
+    assert record(tmp_path / "runs")["status"] == "interrupted"
     # the console says so, and the command that resumes it (without the harness's own run_tag)
     assert "interrupted (SIGINT)" in out and "resume with the same command: python -m lra.train preset=quick" in out
     assert "run_tag" not in out.split("resume with the same command:")[1].splitlines()[0]
@@ -113,23 +92,11 @@ def test_sigint_to_process_group_is_interrupted_130(tmp_path):
 @pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
 def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
     log = open(tmp_path / "first.log", "w")  # not a pipe: nobody reads it while the second command runs
-    first = subprocess.Popen(
-        [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-        env=run_env(tmp_path, "runs"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = start_train(tmp_path, *RESUME, "train.max_steps=150", "train.patience=null", stdout=log)
     deadline = time.time() + 120
     while time.time() < deadline and not list((tmp_path / "runs").rglob("last.ckpt")):  # training, lock held
         time.sleep(0.05)
-    second = subprocess.run(
-        [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-        env=run_env(tmp_path, "runs"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    second = run_train(tmp_path, *RESUME, "train.max_steps=150", "train.patience=null", check=False)
     assert second.returncode == 75, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"pid {first.pid}" in second.stdout + second.stderr and "in use by" in second.stdout + second.stderr
     assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
@@ -138,32 +105,8 @@ def test_two_commands_on_one_run_folder_one_runs_one_is_refused(tmp_path):
         rows = [tuple(r.items()) for r in csv.DictReader(f)]
     assert len(rows) == len(set(rows)) and rows
     # the lock does not outlive its holder: the same command now reports the finished run
-    again = subprocess.run(
-        [sys.executable, "-m", "lra.train", *RESUME, "train.max_steps=150", "train.patience=null"],
-        env=run_env(tmp_path, "runs"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = run_train(tmp_path, *RESUME, "train.max_steps=150", "train.patience=null", check=False)
     assert again.returncode == 0 and "already holds a finished run" in again.stdout + again.stderr
-
-
-def _train(tmp_path, *overrides):
-    from lra.train import run
-
-    return run(
-        load(
-            [
-                *TINY,
-                "trainer.progress=false",
-                f"data_root={tmp_path / 'data'}",
-                f"runs_root={tmp_path / 'runs'}",
-                f"fit.cache_dir={tmp_path / 'cache'}",
-                *overrides,
-            ],
-            run_dir=tmp_path / "run",
-        )
-    )
 
 
 def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tmp_path, monkeypatch):
@@ -173,8 +116,9 @@ def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tm
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(trainer_mod.Trainer, "save_checkpoint", full)
+    tiny = (tmp_path, *TINY, "trainer.progress=false", "train.eval_every=4")
     with pytest.raises(OSError):
-        _train(tmp_path, "train.eval_every=4")
+        train_here(*tiny, run_dir=tmp_path / "run")
     rec = json.loads((tmp_path / "run" / "result.json").read_text())
     assert rec["status"] == "failed" and "No space left" in rec["reason"]
     assert not list((tmp_path / "run").rglob("*.tmp"))
@@ -184,44 +128,37 @@ def test_disk_full_leaves_a_record_or_the_previous_one_and_no_temporary_files(tm
     before = (tmp_path / "run" / "result.json").read_bytes()
     monkeypatch.setattr(lra.files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     with pytest.raises(OSError):
-        _train(tmp_path, "train.eval_every=4", "force=true")
+        train_here(*tiny, "force=true", run_dir=tmp_path / "run")
     assert (tmp_path / "run" / "result.json").read_bytes() == before
     assert not list((tmp_path / "run").rglob("*.tmp"))
 
 
-def _cli(tmp_path, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "lra.train", *TINY, "trainer.progress=false", *extra],
-        env=run_env(tmp_path, "runs"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.mark.slow  # 30-50 s: in `make test-slow`, which CI runs, so `make test` stays under 12 min
-def test_damaged_record_and_checkpoint_are_one_line_errors(tmp_path):
-    assert _cli(tmp_path, "train.max_steps=40", "train.eval_every=5").returncode == 0
+def test_damaged_record_and_checkpoint_are_one_line_errors(tmp_path, quick_run):
+    def cli(*extra):
+        return quick_run("trainer.progress=false", "train.max_steps=40", "train.eval_every=5", *extra, check=False)
+
+    assert cli().returncode == 0
     run_dir = next((tmp_path / "runs").rglob("result.json")).parent
     (run_dir / "result.json").write_text('{"status": "compl')
-    bad = _cli(tmp_path, "train.max_steps=40", "train.eval_every=5")
+    bad = cli()
     out = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "result.json is not a readable run record" in out and "Traceback" not in out
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
     (run_dir / "result.json").write_text('{"status": "interrupted"}')
-    bad = _cli(tmp_path, "train.max_steps=40", "train.eval_every=5")
+    bad = cli()
     out = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "last.ckpt cannot be read" in out and "force=true" in out
     assert "Traceback" not in out
-    ok = _cli(tmp_path, "train.max_steps=40", "train.eval_every=5", "force=true")
+    ok = cli("force=true")
     assert ok.returncode == 0 and json.loads((run_dir / "result.json").read_text())["status"] == "completed"
 
 
-def test_unwritable_runs_root_is_one_line_before_anything(tmp_path):
+def test_unwritable_runs_root_is_one_line_before_anything(tmp_path, quick_run):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    bad = _cli(tmp_path, f"runs_root={blocker}/runs")
+    bad = quick_run("trainer.progress=false", f"runs_root={blocker}/runs", check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: runs_root=")
     assert len(bad.stderr.strip().splitlines()) == 1 and blocker.read_text() == "not a folder"
 

@@ -25,9 +25,9 @@ from lra.tools.fidelity import (
     markdown,
     pad_distinct,
     parse_args,
-    public_code,
     weight_map,
 )
+from lra.tools.their_code import public_code
 
 
 # ----------------------------------------------------------------------------- command line

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lra.config import AttnSpec, ConfigError, ModelSpec, load
-from lra.fit import GIB, FitError, plan, train_step_peak
+from lra.devices import GIB
+from lra.fit import FitError, autocast, plan, train_step_peak
 from lra.model import CheckpointedAttention, LRAClassifier, checkpoint_attention
 
 
@@ -269,7 +270,7 @@ def test_make_fit_prints_the_decision(tmp_path):
 
 
 def test_table_lists_every_cell(tmp_path):
-    from lra.fit import decision_table, format_table
+    from lra.tools.bench.fit_table import decision_table, format_table
 
     ov = [f"runs_root={tmp_path}", "hardware=v100_16gb", "preset=quick"]
     rows = decision_table(ov, tasks=("listops",), attns=["softmax", "none"], progress=False)
@@ -298,36 +299,49 @@ def test_an_estimate_that_cannot_be_traced_does_not_block_training(tmp_path, mon
     assert (p.micro_batch, p.accum_steps) == (32, 1) and p.source.startswith("no estimate (RuntimeError)")
 
 
-def test_fit_command_line_takes_flags_between_overrides_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
+def test_fit_table_takes_flags_between_overrides_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
+    """The table is the bench's (``lra-bench fit``); ``python -m lra.fit`` is one decision and has no --table."""
     import lra.fit
+    from lra.tools.bench import fit_table
 
     level = lra.fit.log.level
     try:
-        code = lra.fit.main(
-            [
-                "task=listops",
-                "--table",
-                "attn=none",
-                "hardware=cpu",
-                "--out",
-                str(tmp_path / "t"),
-                "preset=quick",
-                f"runs_root={tmp_path}",
-            ]
-        )
+        argv = ["task=listops", "--out", str(tmp_path / "t"), "attn=none", "hardware=cpu", "preset=quick"]
+        code = fit_table.main([*argv, f"runs_root={tmp_path}"])
     finally:
         lra.fit.log.setLevel(level)
     assert code == 0 and (tmp_path / "t.md").is_file() and (tmp_path / "t.json").is_file()
     assert "| none | 32 (x1) |" in capsys.readouterr().out
-    for argv, word in ((["task=listops", "--out"], "--out"), (["--no-such-flag", "task=listops"], "'--no-such-flag'")):
+    for main, argv, word, prog in (
+        (fit_table.main, ["task=listops", "--out"], "--out", "python -m lra.tools.bench fit"),
+        (fit_table.main, ["--no-such-flag", "task=listops"], "'--no-such-flag'", "python -m lra.tools.bench fit"),
+        (lra.fit.main, ["task=listops", "--table"], "'--table'", "python -m lra.fit"),
+    ):
         with pytest.raises(SystemExit) as exc:
-            lra.fit.main(argv)
+            main(argv)
         assert exc.value.code == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert len(err) == 1 and word in err[0] and "python -m lra.fit --help" in err[0], err
-    assert lra.fit.main(["task=listops", "hardware=no_such_gpu"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "no_such_gpu" in err[0], err
+        assert len(err) == 1 and word in err[0] and f"{prog} --help" in err[0], err
+    for main in (fit_table.main, lra.fit.main):
+        assert main(["task=listops", "hardware=no_such_gpu"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and "no_such_gpu" in err[0], err
+
+
+def test_one_autocast_for_the_estimate_and_the_measured_step():
+    """16-mixed is fp16 on CUDA (what the run and the bench's step use) and bf16 in the CPU estimate (the same
+    size); fp32 has none; a precision without one is refused, not silently run in fp32."""
+    with autocast("16-mixed"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    with autocast("bf16-mixed", "cpu"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with autocast("32-true", "cuda"):
+        assert not torch.is_autocast_enabled("cpu")
+    with pytest.raises(ValueError, match="transformer-engine"):
+        autocast("transformer-engine")
+    if torch.cuda.is_available():
+        with autocast("16-mixed", "cuda:0"):
+            assert torch.get_autocast_dtype("cuda") == torch.float16
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def test_results_import_one_way():
     )
 
 
-MAX_LINES = 750  # lines as ruff formats them (a long call is one argument per line)
+MAX_LINES = 600  # lines as ruff formats them (a long call is one argument per line)
 
 
 def test_no_module_is_a_house_of_many_rooms():
@@ -150,7 +150,7 @@ def test_no_module_is_a_house_of_many_rooms():
     assert sizes and {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
 
 
-RUN_LIBRARY_BUDGET = 10_600  # lines of lra/ less lra/tools/ (what a run imports); lower it as cuts land
+RUN_LIBRARY_BUDGET = 10_350  # lines of lra/ less lra/tools/ (what a run imports); lower it as cuts land
 
 
 def test_the_run_library_keeps_within_its_line_budget():

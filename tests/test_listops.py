@@ -388,14 +388,13 @@ def _draws_at_most(monkeypatch, limit: int) -> list:
         (
             {"seq_len": 32},
             "task.max_length=60 is more than task.seq_len=32: each example keeps up to max_length tokens, padded "
-            "to seq_len; set task.max_length (protocol.data.max_length) to at most 32 or task.seq_len "
-            "(protocol.data.seq_len) to at least 60",
+            "to seq_len; set task.max_length to at most 32 or task.seq_len to at least 60",
         ),
         (
             {"max_length": None, "seq_len": 32},
             "task.max_length=null keeps every token, and task.generator.max_length=60 makes examples of up to 59 "
             "tokens, more than task.seq_len=32; set task.max_length to at most 32 or task.seq_len "
-            "(protocol.data.seq_len) to at least 59",
+            "to at least 59",
         ),
         (
             {"generator": {**SMALL, "max_depth": 2, "min_length": 20}},
@@ -492,7 +491,7 @@ def _interrupt_generation(monkeypatch, tmp_path, how):
         return real(args)
 
     monkeypatch.setattr(lo, "_chunk", chunk)
-    return data_main.main(["task=listops", "preset=quick", "protocol.data.n_train=100000"])
+    return data_main.main(["task=listops", "preset=quick", "task.generator.n_train=100000"])
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
@@ -536,7 +535,7 @@ def test_data_pool_workers_leave_ctrl_c_to_the_main_process():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "task,extra",
-    [("listops", "protocol.data.n_train=1000000"), ("pathfinder", "protocol.data.n_images=100000")],
+    [("listops", "task.generator.n_train=1000000"), ("pathfinder", "task.n_images=100000")],
 )
 def test_ctrl_c_to_the_process_group_during_generation_prints_one_line(tmp_path, task, extra):
     """The real thing: Ctrl-C reaches `python -m lra.data` and its worker processes at once."""

@@ -254,6 +254,37 @@ def test_wandb_id_is_kept_only_when_resuming(tmp_path):
     assert fresh != first and wandb_run_id(tmp_path, 3) == fresh
 
 
+def test_the_wandb_summary_and_artifact_carry_the_records_outcome_cost_and_identity(tmp_path):
+    """Bug caught: a field dropped from its group in lra/record.py (a W&B summary without the memory or the
+    commit, an artifact that no longer says which run it is)."""
+    import dataclasses
+
+    from lra.record import Record
+    from lra.wandb_extras import log_record
+
+    class Run:  # what log_record uses of a wandb Run
+        def __init__(self):
+            self.summary, self.logged, self.artifacts = {}, [], []
+
+        def log(self, data):
+            self.logged.append(data)
+
+        def log_artifact(self, artifact):
+            self.artifacts.append(artifact)
+
+    record = {f.name: 1 for f in dataclasses.fields(Record) if f.name != "extra"}  # every field a record has
+    (tmp_path / "result.json").write_text(json.dumps(record))
+    run = Run()
+    log_record(run, record, tmp_path)
+    summary = "status reason test_acc test_loss best_val_acc majority_acc steps train_time_s eval_time_s"
+    summary += " time_per_1k_steps_s peak_mem_bytes micro_batch accum_steps effective_batch num_params hardware"
+    summary += " device git_commit"
+    assert run.summary == {f"record/{k}": 1 for k in summary.split()}
+    (artifact,) = run.artifacts
+    assert artifact.metadata == {"task": 1, "attn": 1, "seed": 1, "preset": 1, "status": 1}
+    assert {k for k, _ in run.logged[0]["run_record"].data} == set(record) - {"config"}
+
+
 def test_missing_tensorboard_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     import lra.compat
     import lra.loggers

@@ -159,9 +159,9 @@ def test_results_notebook_on_real_quick_runs(quick_run, tmp_path, monkeypatch):
     ok = res.runs[res.runs["usable"] & res.runs["kept"]]
     assert sorted(zip(ok["attn"], ok["seed"])) == [("none", 0), ("none", 1), ("softmax", 0), ("softmax", 1)]
     assert not [i for i in res.issues if i.kind != "plot"], res.issues
-    # TINY's extra overrides name a sub-folder, so these rows read "softmax [protocol...]", after the paper's
+    # TINY's extra overrides name a sub-folder, so these rows read "softmax [task...]", after the paper's
     t1 = res.tables[("quick", "skeinformer_table1")]
-    std = next(r for r in t1.rows if r.key.startswith("softmax [protocol.data.n_test=64,"))
+    std = next(r for r in t1.rows if r.key.startswith("softmax [task.generator.n_test=64,"))
     assert not std.in_paper and std.name == "Standard"  # the overrides every row shares: in the note, once
     assert "Every row: " in (tmp_path / "tables" / "quick" / "skeinformer_table1.md").read_text()
     assert "softmax" not in [r.key for r in t1.rows] and not t1.compare  # no empty paper row; quick: no paper

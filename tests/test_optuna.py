@@ -1,6 +1,6 @@
-"""Optuna searches (lra/tools/sweep/search.py) and trial pruning (lra/tools/sweep/pruning.py): the search space, the
-driver with a fake job runner (parallel trials, n_trials as the study's total, failures, a killed driver's
-trials re-queued into their own run folder, progress lines), the pruning callback on a tiny Lightning
+"""Optuna searches (lra/tools/sweep/search.py, study.py) and trial pruning (lra/tools/sweep/pruning.py): the
+search space, the driver with a fake job runner (parallel trials, n_trials as the study's total, failures, a killed
+driver's trials re-queued into their own run folder, progress lines), the pruning callback on a tiny Lightning
 model, and (slow) a real search on tiny ListOps that is killed and resumed."""
 
 import contextlib
@@ -28,7 +28,8 @@ from test_sweep import TINY, sweep_env  # noqa: E402
 from lra.files import write_json  # noqa: E402
 from lra.tools.sweep import MARKER, Progress  # noqa: E402
 from lra.tools.sweep.pruning import PRUNED_FILE, OptunaPruning, make_pruner, pruned_info, storage_for  # noqa: E402
-from lra.tools.sweep.search import Search, counted, drive, finish, open_study, parse_space, recover  # noqa: E402
+from lra.tools.sweep.search import drive  # noqa: E402
+from lra.tools.sweep.study import Search, counted, finish, open_study, parse_space, recover  # noqa: E402
 
 SPACE = {
     "train.lr": "tag(log, interval(1e-5, 3e-3))",
@@ -396,7 +397,8 @@ def test_trial_command_gives_the_run_its_search_fields(tmp_path):
     their types, and the callback is built from the trial's config as lra.train builds it."""
     from lra.config import load
     from lra.loop import user_callbacks
-    from lra.tools.sweep.search import OBJECTIVE, trial_command
+    from lra.tools.sweep.pruning import OBJECTIVE
+    from lra.tools.sweep.search import trial_command
 
     s = make_search(tmp_path, space={**SPACE, "train.eval_every": "choice(5, 10)"})
     s.fixed, s.grid = ["preset=quick", "attn=skeinformer"], "search_quick"

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from lra import REPO_ROOT
+from tests import helpers
 
 SCRIPTS = {
     "lra-train",
@@ -51,16 +52,7 @@ HIDDEN = (
     "lra_harness",
     "__editable__",
 )
-TINY = [
-    "preset=quick",
-    "protocol.data.n_train=256",
-    "protocol.data.n_val=64",
-    "protocol.data.n_test=64",
-    "train.max_steps=12",
-    "train.eval_every=5",
-    "num_threads=1",
-    "trainer.progress=false",
-]
+TINY = [*helpers.TINY, "trainer.progress=false"]
 
 
 def _hidden(name: str) -> bool:

@@ -43,8 +43,8 @@ def cfg(*overrides):
 @pytest.mark.parametrize("preset", sorted(PAPER))
 def test_presets_reproduce_the_papers_numbers(preset):
     for task, (batch, lr, warmup, steps, every) in PAPER[preset].items():
-        protocol = compose([f"preset={preset}", f"task={task}"]).protocol  # conf/protocol/<preset>/<task>.yaml
-        assert (protocol.batch_size, protocol.lr, protocol.warmup, protocol.max_steps, protocol.eval_every) == (
+        t = compose([f"preset={preset}", f"task={task}"]).train  # as conf/protocol/<preset>/<task>.yaml sets it
+        assert (t.batch_size, t.lr, t.warmup, t.max_steps, t.eval_every) == (
             batch,
             lr,
             warmup,
@@ -113,10 +113,10 @@ def test_text_length_and_dev_split():
         ("skyformer_paper", 4000, 4096),
         ("nystromformer_paper", 1000, 1024),
     ]:
-        text = compose([f"preset={preset}", "task=text"]).protocol
-        assert text.data.max_length == length and text.data.dev_split == "test"
-        pathfinder = compose([f"preset={preset}", "task=pathfinder"]).protocol
-        assert (pathfinder.data.resolution, pathfinder.data.difficulty) == (32, "hard")
+        text = compose([f"preset={preset}", "task=text"]).task
+        assert text.max_length == length and text.dev_split == "test"
+        pathfinder = compose([f"preset={preset}", "task=pathfinder"]).task
+        assert (pathfinder.resolution, pathfinder.difficulty) == (32, "hard")
         try:
             t = cfg(f"preset={preset}", "task=text").data.options
         except ConfigError:  # no IMDB under the data root does not matter here

@@ -124,21 +124,21 @@ def test_imdb_from_its_folder_its_archive_or_parquet_is_one_id_of_three_kinds(tm
 
 def test_fingerprints_are_computed_once_and_kept_with_the_cache(tmp_path, monkeypatch):
     """Bug caught: hashing the sources again at every run start (gigabytes for Retrieval and Pathfinder, in every
-    run of a sweep); a cache entry from before provenance never getting it (or rebuilt for it). The arrays are
+    run of a sweep); an entry whose meta.json lacks them is damaged: rebuilt once, in place. The arrays are
     hashed at each load: their fingerprints are the data id, checked, not read from meta.json (issue 39)."""
     first = data_record(load_task(NODE, tmp_path))
     (entry,) = (tmp_path / "cache").iterdir()
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["content"] == first["content"] and meta["source"]["sha256"] == first["sha256"]
 
-    del meta["content"], meta["source"]  # as the harness wrote entries before provenance
+    del meta["content"], meta["source"]  # an entry without them
     (entry / "meta.json").write_text(json.dumps(meta))
     built = []
     monkeypatch.setattr(cache, "describe_files", lambda *a: built.append(1) or provenance.describe_files(*a))
     assert data_record(load_task(NODE, tmp_path)) == first
     stored = json.loads((entry / "meta.json").read_text())
     assert stored["content"] == first["content"] and stored["source"]["sha256"] == first["sha256"]
-    assert built == [1] and list((tmp_path / "cache").iterdir()) == [entry]  # completed in place, not rebuilt
+    assert built == [1] and list((tmp_path / "cache").iterdir()) == [entry]  # rebuilt once, in place
 
     def hashed_again(*a, **k):
         raise AssertionError("hashed again at a run start")
@@ -271,11 +271,12 @@ def _run(tmp_path, name, monkeypatch, stop_at=None, stopper=None):
     spec = load(
         [
             "preset=quick",
-            "protocol.data.n_train=64",
-            "protocol.data.n_val=16",
-            "protocol.data.n_test=16",
-            "protocol.data.max_length=60",
-            "protocol.data.seq_len=64",
+            "task.generator.n_train=64",
+            "task.generator.n_val=16",
+            "task.generator.n_test=16",
+            "task.max_length=60",
+            "task.generator.max_length=60",
+            "task.seq_len=64",
             "train.batch_size=16",
             "train.max_steps=6",
             "train.eval_every=3",
@@ -369,3 +370,18 @@ def test_killed_failed_and_interrupted_records_say_the_steps_time_and_commits_th
     rec = _record(tmp_path, "r")
     assert rec["status"] == "interrupted" and rec["steps"] == 5 and rec["train_time_s"] == stopped["train_time_s"]
     assert rec["commits"] == ["aaaa", "bbbb"] and rec["git_commit"] == "bbbb"
+
+
+def test_a_record_is_written_only_with_every_field_the_collector_and_the_protocol_read(tmp_path):
+    """Bug caught: a field dropped from the record's core or protocol group (lra/record.py): a record written
+    without its steps to the best checkpoint or its attention options, which the tables then lack."""
+    from lra.record import Record, write_record
+
+    need = "task attn seed status test_acc best_val_acc steps train_time_s time_per_1k_steps_s peak_mem_bytes"
+    need += " micro_batch accum_steps effective_batch hardware config git_commit reason steps_at_stop"
+    need += " steps_to_best peak_mem_estimate_bytes tokens_per_s attn_options"
+    need = need.split()
+    assert write_record(tmp_path, Record(**dict.fromkeys(need, 1))).exists()
+    for k in need:
+        with pytest.raises(ValueError, match=rf"lacks \['{k}'\]"):
+            write_record(tmp_path, Record(**{f: 1 for f in need if f != k}))

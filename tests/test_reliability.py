@@ -26,7 +26,6 @@ def _roots(tmp_path):
     [
         ["train.lr=1e-3"],
         ["train.lr=0.001"],
-        ["protocol.lr=1e-3"],
         ["trainer.progress=true"],
     ],
 )
@@ -46,7 +45,6 @@ def test_equal_configurations_share_one_folder_whatever_their_spelling(spelling)
     "change",
     [
         ["train.lr=0.002"],
-        ["protocol.lr=0.002"],
         ["model.pooling=padded_mean"],
         ["attn=skeinformer", "attn.options.num_features=31"],
         ["train.schedule=onecycle", "train.warmup=3"],
@@ -57,7 +55,7 @@ def test_different_configurations_never_share_a_folder(change):
     base, other = T + [c for c in change if c.startswith("attn=")], T + change
     assert run_tag(other) != run_tag(base)
     key, value = change[-1].split("=", 1)
-    assert f"{key.replace('protocol.', 'train.')}={value}" in run_tag(other)
+    assert f"{key}={value}" in run_tag(other)
 
 
 def test_run_folder_is_the_preset_levels_then_the_canonical_tag(tmp_path):
@@ -266,18 +264,18 @@ def test_a_record_lacking_a_required_field_is_not_written(tmp_path):
 
 def test_within_one_options_table_the_labelled_variant_refines_its_backend():
     base = [*T, "attn=softmax_nodrop"]
-    for table in ("+attn_options", "+protocol.attn_options"):
-        spec = load([*base, f"{table}.softmax.dropout=0.3", f"{table}.softmax_nodrop.dropout=0.2"])
-        assert spec.attn.options["dropout"] == 0.2, table
-        assert load([*base, f"{table}.softmax.dropout=0.3"]).attn.options["dropout"] == 0.3, table
+    table = "+attn_options"
+    spec = load([*base, f"{table}.softmax.dropout=0.3", f"{table}.softmax_nodrop.dropout=0.2"])
+    assert spec.attn.options["dropout"] == 0.2
+    assert load([*base, f"{table}.softmax.dropout=0.3"]).attn.options["dropout"] == 0.3
 
 
 @pytest.mark.parametrize("step", [40, None])
 def test_an_interrupted_run_says_what_it_kept(tmp_path, step):
     import torch
 
+    from lra.ending import ending
     from lra.interrupts import Interrupted
-    from lra.train import ending
 
     last = tmp_path / "last.ckpt"
     if step is not None:

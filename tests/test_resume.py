@@ -5,17 +5,12 @@ stopped and resumed several times in this process ends with the uninterrupted ru
 import csv
 import importlib.util
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
-import lightning as L
 import pytest
 
-from lra.config import load
-from tests.helpers import TINY, run_env
+from tests.helpers import TINY, kill_at, record, run_train, start_train, train_here
 
 # Long enough to be killed mid-training; micro-batch 16 x accumulation 2 exercises accumulation
 # boundaries; patience exercises the early-stopping state; a checkpoint every 3 optimizer steps
@@ -44,37 +39,21 @@ SAME = (
 CLOSE = ("test_acc", "test_loss", "best_val_acc")
 
 
-def _cmd():
-    return [sys.executable, "-m", "lra.train", *RESUME]
-
-
-def _record(tmp_path, runs):
-    return json.loads(next((tmp_path / runs).rglob("result.json")).read_text())
-
-
 def _val_history(tmp_path, runs):
     """(step, val/acc) rows of the run's metrics.csv: the curve the collector plots."""
     with open(next((tmp_path / runs).rglob("metrics.csv")), newline="") as f:
         return [(int(float(r["step"])), round(float(r["val/acc"]), 6)) for r in csv.DictReader(f) if r.get("val/acc")]
 
 
-def _run(tmp_path, runs):
-    proc = subprocess.run(_cmd(), env=run_env(tmp_path, runs), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
-
-
 def _start_reference(tmp_path):
     """The uninterrupted run, in the background while the test kills the other one."""
-    return subprocess.Popen(
-        _cmd(), env=run_env(tmp_path, "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    return start_train(tmp_path, *RESUME, runs="ref")
 
 
 def _reference(tmp_path, proc):
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
-    rec = _record(tmp_path, "ref")
+    rec = record(tmp_path / "ref")
     assert rec["status"] in ("completed", "stopped_early") and rec["resumed_from_step"] is None
     assert rec["accum_steps"] == 2 and rec["steps"] > 10
     return rec
@@ -84,9 +63,7 @@ def _start_and_kill(tmp_path, runs, sig, min_step):
     """Start the run, wait for a resume checkpoint at optimizer step >= min_step, send ``sig``."""
     import torch
 
-    proc = subprocess.Popen(
-        _cmd(), env=run_env(tmp_path, runs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    proc = start_train(tmp_path, *RESUME, runs=runs)
     deadline = time.time() + 300
     step = None
     try:
@@ -123,13 +100,13 @@ def test_sigkill_mid_training_then_restart_matches_uninterrupted(tmp_path):
     step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=9)  # after the first evaluation
     reference = _reference(tmp_path, ref)
     assert rc == -signal.SIGKILL, out[-2000:]
-    killed = _record(tmp_path, "runs")
+    killed = record(tmp_path / "runs")
     assert killed["status"] == "running" and killed["test_acc"] is None  # the kill left no finished record
     assert 0 < step < reference["steps"]
 
-    out = _run(tmp_path, "runs")
-    assert "resuming from" in out
-    resumed = _record(tmp_path, "runs")
+    proc = run_train(tmp_path, *RESUME)
+    assert "resuming from" in proc.stdout + proc.stderr
+    resumed = record(tmp_path / "runs")
     assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] >= step
     _compare(resumed, reference)
     assert not list((tmp_path / "runs").rglob("last.ckpt"))  # removed once the run finished
@@ -144,13 +121,13 @@ def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
     ref = _start_reference(tmp_path)
     step1, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGTERM, min_step=8)
     assert rc != 0, out[-2000:]
-    assert _record(tmp_path, "runs")["status"] in ("interrupted", "running")
+    assert record(tmp_path / "runs")["status"] in ("interrupted", "running")
     reference = _reference(tmp_path, ref)
     step2, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=step1 + 3)
     assert rc == -signal.SIGKILL and "resuming from" in out
     assert step2 < reference["steps"], "the run finished before it could be killed the second time"
-    _run(tmp_path, "runs")
-    _compare(_record(tmp_path, "runs"), reference)
+    run_train(tmp_path, *RESUME)
+    _compare(record(tmp_path / "runs"), reference)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,12 +138,13 @@ def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
 # so 14 steps cross 3 epoch boundaries. Evaluation every 3 steps; a resume checkpoint at each evaluation
 # and at every 2nd step.
 EPOCHS = [
-    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "protocol.data.n_"))],
-    "protocol.data.n_train=64",
-    "protocol.data.n_val=16",
-    "protocol.data.n_test=16",
-    "protocol.data.max_length=60",
-    "protocol.data.seq_len=64",
+    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "task.generator.n_"))],
+    "task.generator.n_train=64",
+    "task.generator.n_val=16",
+    "task.generator.n_test=16",
+    "task.max_length=60",
+    "task.generator.max_length=60",
+    "task.seq_len=64",
     "train.batch_size=16",
     "hardware.micro_batch=8",
     "train.max_steps=14",
@@ -176,40 +154,6 @@ EPOCHS = [
     "trainer.progress=false",
     *(["logger=tensorboard"] if importlib.util.find_spec("tensorboard") else []),
 ]  # a dev extra
-
-
-class _Killed(Exception):
-    pass
-
-
-class _KillAt(L.Callback):
-    """Raises once optimizer step ``step`` is done: logged, evaluated and checkpointed where due."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise _Killed(self.step)
-
-
-def _run_in_process(tmp_path, name, monkeypatch, kill_at=None):
-    from lra import train as lra_train
-
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if kill_at is None else [_KillAt(kill_at)])
-    spec = load(
-        [
-            *EPOCHS,
-            f"data_root={tmp_path / 'data'}",
-            f"runs_root={tmp_path / 'runs'}",
-            f"fit.cache_dir={tmp_path / 'cache'}",
-        ],
-        run_dir=tmp_path / "runs" / name,
-    )
-    try:
-        return lra_train.run(spec)
-    except _Killed:
-        return None
 
 
 def _metrics_rows(run_dir):
@@ -229,19 +173,19 @@ def _tensorboard_epochs(run_dir):
     return [(e.step, int(e.value)) for e in acc.Scalars("epoch")]
 
 
-def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path):
     """Stopped three times, each time resumed: from a checkpoint at an epoch's last batch (step 4), one
     written at a mid-epoch evaluation (step 6) and a mid-epoch step checkpoint (step 10). metrics.csv
     holds the uninterrupted run's rows, each once, with the same step and ``epoch`` (Lightning's own
     epoch count drifted by an epoch or more on such restarts; rows of re-trained steps were doubled)."""
-    ref = _run_in_process(tmp_path, "ref", monkeypatch)
+    ref = train_here(tmp_path, *EPOCHS, run_dir=tmp_path / "runs" / "ref")
     assert ref["status"] == "completed" and ref["steps"] == 14 and ref["accum_steps"] == 2
-    record = tmp_path / "runs" / "resumed" / "result.json"
-    for kill_at, starts_from in ((5, None), (7, 4), (11, 6)):
-        assert _run_in_process(tmp_path, "resumed", monkeypatch, kill_at) is None
-        rec = json.loads(record.read_text())
+    run_dir = tmp_path / "runs" / "resumed"
+    for step, starts_from in ((5, None), (7, 4), (11, 6)):
+        assert train_here(tmp_path, *EPOCHS, callbacks=[kill_at(step)], run_dir=run_dir) is None
+        rec = json.loads((run_dir / "result.json").read_text())
         assert rec["status"] == "failed" and rec["resumed_from_step"] == starts_from
-    resumed = _run_in_process(tmp_path, "resumed", monkeypatch)
+    resumed = train_here(tmp_path, *EPOCHS, run_dir=run_dir)
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 10
 
     expected = _metrics_rows(tmp_path / "runs" / "ref")
@@ -259,39 +203,24 @@ def test_metrics_csv_epoch_after_resumes_matches_an_uninterrupted_run(tmp_path, 
         assert _tensorboard_epochs(tmp_path / "runs" / "resumed") == tb
 
 
-class _SigtermAt(L.Callback):
-    """Sends this process SIGTERM once optimizer step ``step`` is done, as ``kill`` or a scheduler would."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-def test_interrupted_record_says_how_far_the_run_got(tmp_path, monkeypatch):
+def test_interrupted_record_says_how_far_the_run_got(tmp_path):
     """SIGTERM after 8 optimizer steps (evaluated at 3 and 6): the interrupted record says 8 steps and the best
     validation so far with its step, as metrics.csv shows them and a finished record would say them (it said
     ``steps: 0``, ``best_val_acc: null``); the same spec run again resumes and finishes."""
-    from lra import train as lra_train
     from lra.interrupts import Interrupted
 
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [_SigtermAt(8)])
-    overrides = [*EPOCHS, f"data_root={tmp_path / 'data'}", f"runs_root={tmp_path / 'runs'}"]
-    spec = load(overrides, run_dir=tmp_path / "runs" / "term")
+    run_dir = tmp_path / "runs" / "term"
     with pytest.raises(Interrupted) as e:
-        lra_train.run(spec)
+        train_here(tmp_path, *EPOCHS, callbacks=[kill_at(8, signal.SIGTERM)], run_dir=run_dir)
     assert e.value.code == 128 + signal.SIGTERM
-    rec = json.loads((spec.run_dir / "result.json").read_text())
+    rec = json.loads((run_dir / "result.json").read_text())
     assert rec["status"] == "interrupted" and rec["reason"].startswith("SIGTERM: run the same command again")
     assert rec["steps"] == rec["steps_at_stop"] == 8 and rec["train_time_s"] > 0
-    with open(spec.run_dir / "metrics.csv", newline="") as f:
+    with open(run_dir / "metrics.csv", newline="") as f:
         vals = [(int(float(r["step"])), float(r["val/acc"])) for r in csv.DictReader(f) if r.get("val/acc")]
     assert len(vals) == 2
     assert rec["best_val_acc"] == pytest.approx(max(acc for _, acc in vals), abs=1e-7)
     assert rec["steps_to_best"] in (3, 6) and rec["best_ckpt"].endswith("best.ckpt")
 
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [])
-    done = lra_train.run(spec)
+    done = train_here(tmp_path, *EPOCHS, run_dir=run_dir)
     assert done["status"] == "completed" and done["resumed_from_step"] == 8 and done["steps"] == 14

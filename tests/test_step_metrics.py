@@ -3,27 +3,20 @@ rate and Adam's beta1 that step used, training throughput and, on CUDA, peak mem
 under OneCycleLR (the papers' schedule that also cycles beta1), read back from metrics.csv."""
 
 import csv
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-TINY = [
+from tests.helpers import record
+
+# quick_run's tiny run (tests/helpers.py TINY) with these
+RUN = [
     "task=listops",
     "attn=softmax",
-    "preset=quick",
-    "protocol.data.n_train=256",
-    "protocol.data.n_val=64",
-    "protocol.data.n_test=64",
-    "train.max_steps=12",
     "train.eval_every=4",
     "train.warmup=4",
     "train.batch_size=32",
     "hardware.micro_batch=16",
-    "num_threads=1",
     "trainer.progress=false",
     "trainer.log_every_n_steps=2",
     "train.schedule=onecycle",
@@ -46,17 +39,8 @@ def _expected(lr: float, warmup: int, steps: int) -> list[tuple[float, float]]:
     return out
 
 
-def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path):
-    env = {
-        **os.environ,
-        "LRA_DATA": str(tmp_path / "data"),
-        "LRA_RUNS": str(tmp_path / "runs"),
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "lra.train", *TINY], env=env, capture_output=True, text=True, timeout=600
-    )
+def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path, quick_run):
+    proc = quick_run(*RUN, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "runs").rglob("metrics.csv")
     rows = [r for r in csv.DictReader(path.open()) if r.get("train/loss")]
@@ -79,6 +63,5 @@ def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path):
     assert [int(r["step"]) for r in evals] == [4, 8, 12]  # eval_every=4: after optimizer steps 4, 8, 12
     times = [float(r["time/train_s"]) for r in evals]
     assert 0 < times[0] < times[1] < times[2]
-    record = json.loads(next((tmp_path / "runs").rglob("result.json")).read_text())
-    assert times[-1] <= record["train_time_s"] < times[-1] + 60
+    assert times[-1] <= record(tmp_path / "runs")["train_time_s"] < times[-1] + 60
     assert not any(r.get("time/train_s") for r in rows)  # training rows carry throughput instead

@@ -17,9 +17,9 @@ from lra.tools.sweep import FINISHED, MARKER, apply_cli, load_grid
 from lra.tools.sweep.cli import main
 
 TINY = [
-    "protocol.data.n_train=256",
-    "protocol.data.n_val=64",
-    "protocol.data.n_test=64",
+    "task.generator.n_train=256",
+    "task.generator.n_val=64",
+    "task.generator.n_test=64",
     "train.max_steps=12",
     "train.eval_every=5",
     "trainer.progress=false",
@@ -258,7 +258,8 @@ def test_killed_sweep_restarts_without_rerunning_finished_jobs(tmp_path):
 # ----------------------------------------------------------------------------- W&B
 def test_wandb_extras_offline(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
-    from lra.wandb_extras import log_record, log_sweep_table
+    from lra.tools.sweep.wandb_table import log_sweep_table
+    from lra.wandb_extras import log_record
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -24,9 +24,7 @@ import lra.tools.sweep.jobs as jobs
 from lra.files import write_json
 from lra.runlock import hold, holder_pid
 from lra.tools.sweep import (
-    LEGACY_MANIFEST,
     MARKER,
-    Composer,
     Grid,
     Interrupted,
     apply_cli,
@@ -128,52 +126,20 @@ def test_sweep_key_follows_the_jobs_not_the_spelling():
     assert sweep_key(definition(one_value_axis, [])) == sweep_key(definition(fixed, []))
 
 
-def test_an_old_grid_manifest_is_taken_over_when_it_lists_the_same_jobs_and_never_rewritten(runs, monkeypatch):
-    monkeypatch.setattr(driver, "launch", fake_launch())
-    folder = runs / "quick" / "sweeps" / "quick"
-    args = JOB + ["seed=0", "train.max_steps=12"]
-    grid = load_grid("quick")
-    _, hydra = apply_cli(grid, args)
-    with Composer() as composer:  # the job's run folder, however runs are named
-        _, (job,) = driver.plan(grid, ["hydra/launcher=basic"], composer)
-    run_dir = str(job.run_dir.relative_to(runs))
-    old_same = {
-        "schema_version": 1,
-        "grid": "quick",
-        "kind": "grid",
-        "created": "2025-01-01T00:00:00+00:00",
-        "invocations": [{"started": "2025-01-01T00:00:00+00:00", "launched": 1}],
-        "jobs": [{"run_dir": run_dir, "overrides": [], "status": "interrupted"}],
-    }
-    write_json(folder / LEGACY_MANIFEST, old_same)
-    text = (folder / LEGACY_MANIFEST).read_text()
-    assert main(args) == 0
-    (new,) = [m for n, m in manifests(runs).items() if n != LEGACY_MANIFEST]
-    assert new["migrated_from"] == LEGACY_MANIFEST and new["created"] == old_same["created"]
-    assert new["invocations"][0] == old_same["invocations"][0] and len(new["invocations"]) == 2
-    assert new["schema_version"] == 2 and new["jobs"][0]["status"] == "completed"
-    assert (folder / LEGACY_MANIFEST).read_text() == text
-    # another sweep of the grid: the old file is not its history
-    assert main(JOB + ["seed=1", "train.max_steps=12"]) == 0
-    other = [m for m in manifests(runs).values() if m.get("jobs", [{}])[0].get("run_dir", "").count("seed1")]
-    assert len(other) == 1 and "migrated_from" not in other[0] and len(other[0]["invocations"]) == 1
-    assert (folder / LEGACY_MANIFEST).read_text() == text
-
-
 def test_a_damaged_manifest_is_kept_aside_with_one_line_never_dropped(tmp_path, capsys):
     """A manifest cut short (a full disk, an editor): its invocation history is the user's. A dry run
     (keep_aside=False) touches nothing; the sweep, holding the sweep's lock, renames it beside the new one
     and says both names in one line on stderr. The driver's own calls, in the driver's order."""
     root, folder = tmp_path / "runs", tmp_path / "runs" / "quick" / "sweeps" / "quick"
     folder.mkdir(parents=True)
-    path, previous = find_manifest(folder, "k", [], root)
+    path, previous = find_manifest(folder, "k")
     write_manifest(path, {"grid": "quick", "invocation": {"started": "2025-01-01"}}, [], root, previous)
     cut = path.read_text()[:40]
     path.write_text(cut)
-    assert find_manifest(folder, "k", [], root, keep_aside=False) == (path, {}) and path.read_text() == cut
+    assert find_manifest(folder, "k", keep_aside=False) == (path, {}) and path.read_text() == cut
     assert capsys.readouterr().err == ""
     with sweep_lock(folder):
-        path, previous = find_manifest(folder, "k", [], root)
+        path, previous = find_manifest(folder, "k")
         write_manifest(path, {"grid": "quick", "invocation": {"started": "2026-01-01"}}, [], root, previous)
     (aside,) = folder.glob("manifest-k.json.damaged-*")
     assert aside.read_text() == cut
@@ -471,26 +437,8 @@ def test_two_searches_with_one_grid_name_keep_their_own_studies(runs, monkeypatc
 
     a, b = search("train.max_steps=30"), search("train.max_steps=60")
     assert a.name != b.name and a.manifest != b.manifest and a.storage == b.storage
-    assert a.name.startswith("search_quick-quick-listops-skeinformer-") and a.legacy_name == b.legacy_name
+    assert a.name.startswith("search_quick-quick-listops-skeinformer-")
     assert search("n_trials=50", "train.max_steps=30", "parallel=2").name == a.name  # the same search, grown
-
-
-def test_a_study_named_before_keys_is_continued_when_its_fixed_overrides_match(tmp_path):
-    optuna = pytest.importorskip("optuna")
-    from test_optuna import make_search
-
-    from lra.tools.sweep.search import open_study
-
-    s = make_search(tmp_path)
-    s.legacy_name, s.name = s.name, s.name + "-0123456789"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        old = optuna.create_study(study_name=s.legacy_name, storage=s.storage, direction="maximize")
-        old.set_user_attr("fixed_overrides", list(s.fixed))
-    assert open_study(s).study_name == s.legacy_name
-    other = make_search(tmp_path)
-    other.legacy_name, other.name, other.fixed = s.legacy_name, s.legacy_name + "-abcdefabcd", ["task=text"]
-    assert open_study(other).study_name == other.name  # other fixed overrides: a study of its own
 
 
 def test_interrupted_search_requeues_its_trial_and_prints_one_line(runs, monkeypatch, capsys):
@@ -543,7 +491,7 @@ def test_interrupted_search_tells_a_trial_that_finished_anyway_and_requeues_the_
     optuna = pytest.importorskip("optuna")
     from test_optuna import make_search
 
-    from lra.tools.sweep.search import open_study, settle
+    from lra.tools.sweep.study import open_study, settle
 
     s = make_search(tmp_path)
     study = open_study(s)

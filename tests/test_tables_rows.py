@@ -32,7 +32,7 @@ def tagged(root, attn, seed, tag, preset="quick", **fields):
         "attn": {"name": attn, "label": attn},
         "seed": seed,
         "preset": preset,
-        "train": {"max_steps": 40},
+        "train": {"max_steps": 600},  # the quick protocol's (conf/protocol/quick/listops.yaml): no override
         "run_tag": tag,
     }
     for key, value in parse_tag(tag):
@@ -335,9 +335,12 @@ QUICK = {
     "task.generator.n_val": 1000,
     **{f"train.{k}": v for k, v in dict(batch_size=32, lr=0.001, warmup=100, max_steps=600, eval_every=150).items()},
     "train.weight_decay": 0.0,
-    **{f"protocol.{k}": v for k, v in dict(batch_size=32, lr=0.001, warmup=100, max_steps=600, eval_every=150).items()},
     "num_threads": 1,
     "runs_root": "$LRA_RUNS",
+}
+# what a record from before one key per value also held: the protocol's values, relayed (results/ has such records)
+RELAY = {
+    f"protocol.{k}": v for k, v in dict(batch_size=32, lr=0.001, warmup=100, max_steps=600, eval_every=150).items()
 }
 # what every row of the tester's grid overrode (small data, frequent evaluation)
 SMALL = {
@@ -351,27 +354,38 @@ SMALL = {
 }
 
 
-def configured(root, attn, seed, changed: dict, **fields):
+def configured(root, attn, seed, changed: dict, relay: bool = False, **fields):
     """A run as lra.train writes it: its folder tag names the changed keys (sorted, cut and hashed past 200
-    characters: lra.conf_nodes.folder_name), its record's config holds every resolved value."""
-    from lra.conf_nodes import folder_name
+    characters: lra.compose.folder_name), its record's config holds every resolved value."""
+    from lra.compose import folder_name
 
     tag = folder_name(",".join(f"{k}={v}" for k, v in sorted(changed.items())))
-    flat = {**QUICK, **changed, "attn.name": attn, "attn.label": attn, "seed": seed, "preset": "quick", "run_tag": tag}
+    flat = {
+        **QUICK,
+        **(RELAY if relay else {}),
+        **changed,
+        "attn.name": attn,
+        "attn.label": attn,
+        "seed": seed,
+        "preset": "quick",
+        "run_tag": tag,
+    }
     return make_record(root, attn, seed, sub=tag, config=nest(flat), **fields), tag
 
 
-def test_a_hashed_folder_tag_never_labels_a_row_the_record_config_does(tmp_path):
+@pytest.mark.parametrize("relay", [False, True])
+def test_a_hashed_folder_tag_never_labels_a_row_the_record_config_does(tmp_path, relay):
     """Bug caught (issue 40): a run whose overrides run past 200 characters has a cut, hashed folder tag, and its
     row read 'Standard [n_test=200, ..., max_steps=4-89c44667e]' in the tables, legends and runs.csv, without the
-    warmup=2 its record holds; and every label repeated the seven overrides all rows share."""
+    warmup=2 its record holds; and every label repeated the seven overrides all rows share. The preset's own
+    warmup (100) is no override: its protocol file says so (or, in an older record, its relayed protocol node)."""
     short = {**SMALL, "train.max_steps": 4, "train.warmup": 2, "train.weight_decay": 0.01}
-    _, cut = configured(tmp_path, "softmax", 0, short)
+    _, cut = configured(tmp_path, "softmax", 0, short, relay)
     assert cut.endswith("train.max_steps=4-16438da81") and "warmup" not in cut  # the folder as lra.train names it
     for seed in range(2):
-        configured(tmp_path, "softmax", seed, short)
-        configured(tmp_path, "softmax", seed, {**SMALL, "train.max_steps": 150}, test_acc=0.30)
-        configured(tmp_path, "performer", seed, {**SMALL, "train.max_steps": 150}, test_acc=0.31)
+        configured(tmp_path, "softmax", seed, short, relay)
+        configured(tmp_path, "softmax", seed, {**SMALL, "train.max_steps": 150}, relay, test_acc=0.30)
+        configured(tmp_path, "performer", seed, {**SMALL, "train.max_steps": 150}, relay, test_acc=0.31)
     res = collect(tmp_path, tmp_path / "out", formats=("md", "csv"), plots=False, html=False)
     t1 = res.tables[("quick", "skeinformer_table1")]
     assert [r.name for r in t1.rows] == [  # weight_decay: no run without overrides says the preset's, so both
@@ -396,13 +410,26 @@ def test_a_hashed_folder_tag_never_labels_a_row_the_record_config_does(tmp_path)
     }
 
 
+@pytest.mark.parametrize("relay", [False, True])
+def test_a_protocol_value_every_run_overrode_is_said_though_no_two_runs_differ(tmp_path, relay):
+    """With every run at max_steps=4 and warmup=2 under hashed tags, no two runs differ: only the protocol (its file,
+    or an older record's relayed node) says the preset's are 600 and 100, so the note must still say both."""
+    short = {**SMALL, "train.max_steps": 4, "train.warmup": 2, "train.weight_decay": 0.01}
+    for attn in ("softmax", "performer"):
+        configured(tmp_path, attn, 0, short, relay)
+    collect(tmp_path, tmp_path / "out", formats=("md",), plots=False, html=False)
+    md = (tmp_path / "out" / "quick" / "skeinformer_table1.md").read_text()
+    assert "train.max_steps=4" in md and "train.warmup=2" in md and "train.lr" not in md
+
+
 def test_the_collectors_copy_of_what_no_tag_names_is_lra_namings():
     """The collector cannot import lra.naming (it imports torch): its copy of the keys that are no setting must
     not drift from the one lra.train names run folders by."""
     from lra.naming import UNTAGGED
     from lra.tools.collect.rows import NOT_SETTINGS
 
-    assert sorted(NOT_SETTINGS) == sorted(UNTAGGED)
+    # and the relay node `protocol` that records from before one key per value hold (results/ has them)
+    assert sorted(NOT_SETTINGS) == sorted([*UNTAGGED, "protocol"])
 
 
 def test_a_labels_file_renames_rows_without_retraining(tmp_path, capsys):

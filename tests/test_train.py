@@ -8,7 +8,7 @@ import torch
 from lra.config import compose, load
 from lra.files import write_json
 from lra.record import REQUIRED
-from tests.helpers import TINY, run_train
+from tests.helpers import TINY, record, run_train
 
 
 def test_end_to_end_writes_valid_record(quick_run, tmp_path):
@@ -93,9 +93,7 @@ def test_compiled_run_end_to_end_records_compile_time_apart(tmp_path):
     apart from training, and the result matches the eager run of the same seed."""
     run_train(tmp_path / "eager", *TINY, "attn=skeinformer", "train.compile=false")
     run_train(tmp_path / "compiled", *TINY, "attn=skeinformer", "train.compile=true")
-    eager, comp = (
-        json.loads(next((tmp_path / d / "runs").rglob("result.json")).read_text()) for d in ("eager", "compiled")
-    )
+    eager, comp = (record(tmp_path / d / "runs") for d in ("eager", "compiled"))
     assert comp["compiled"] is True and eager["compiled"] is False and eager["compile_time_s"] is None
     assert comp["compile_time_s"] > comp["train_time_s"] > 0  # seconds of inductor vs 12 tiny steps
     assert comp["steps"] == eager["steps"] == 12

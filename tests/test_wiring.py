@@ -24,7 +24,7 @@ from lra.model import build_model
 from lra.tools.collect import collect
 from lra.tools.collect.records import load_runs
 from lra.tools.collect.tables import TABLES, build, paper_results, summary
-from tests.helpers import TINY
+from tests.helpers import TINY, train_here
 from tests.test_collect import cell, make_record
 
 SPEC = {s.key: s for s in TABLES}
@@ -135,29 +135,17 @@ class _Said:
 def trainer_env(tmp_path_factory):
     """One data root (ListOps generated once) and a runner: ``run(name, *overrides) -> (record, probe,
     run dir)``; ``patch`` (a callable taking a MonkeyPatch) instruments the run."""
-    from lra import train as lra_train
-
     root = tmp_path_factory.mktemp("wiring")
 
     def run(name, *overrides, patch=None):
         probe = Probe()
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("lra.loop.user_callbacks", lambda spec: [probe])
             mp.setattr("lra.loggers.log", _Said(probe.eval_lines, logging.getLogger("lra.eval")))
             if patch is not None:
                 patch(mp)
-            spec = load(
-                [
-                    *TINY,
-                    "trainer.progress=false",
-                    f"data_root={root / 'data'}",
-                    f"runs_root={root / 'runs'}",
-                    f"fit.cache_dir={root / 'cache'}",
-                    *overrides,
-                ],
-                run_dir=root / "runs" / name,
+            rec = train_here(
+                root, *TINY, "trainer.progress=false", *overrides, callbacks=[probe], run_dir=root / "runs" / name
             )
-            rec = lra_train.run(spec)
         return rec, probe, root / "runs" / name
 
     return run

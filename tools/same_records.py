@@ -76,11 +76,11 @@ VOLATILE = {
 TIMED = ("eval_time_s", "min_per_1k", "train_min", ":hours")
 # the tables' columns of the machine a run had, not of the code: the commit (-dirty in a worktree) and the load
 ENVIRONMENT = (".git_commit", ".load_note")
-# old key path -> new key path, for keys a refactor renamed on purpose (every run here is ListOps: a run's
-# config holds its own (preset, task) protocol, conf/protocol/<preset>/<task>.yaml, no longer the preset's five)
-RENAMED: dict[str, str] = {".config.protocol.listops.": ".config.protocol."}
-# key paths a refactor removed on purpose: the other tasks' protocols are not in a ListOps run's config
-DROPPED = tuple(f".config.protocol.{task}." for task in ("text", "retrieval", "pathfinder", "image"))
+# old key path -> new key path, for keys a refactor renamed on purpose
+RENAMED: dict[str, str] = {}
+# key paths a refactor removed on purpose: the `protocol` relay node (issue 41: a protocol file writes the run's
+# own train.* and task.* keys, which hold the same values)
+DROPPED = (".config.protocol.",)
 
 
 def _clean(x, root: str):

@@ -18,8 +18,7 @@ id) is these fingerprints as computed, never a field of ``meta.json`` as written
 the arrays a run sees (for resume keys).
 
 Provenance (the record's ``data``, lra/data/provenance.py): ``meta.json`` also holds the checksums of the source
-files the entry was built from (``source``), computed when the entry is built; an entry from before them (and
-before ``content``) gets them computed once, on its next load, its arrays checked against their file checksums.
+files the entry was built from (``source``), computed once, when the entry is built.
 """
 
 from __future__ import annotations
@@ -43,12 +42,10 @@ from lra.data.provenance import (
     describe_files,
     file_sha256,
     hash_arrays,
-    relative_paths,
 )
-from lra.files import write_text
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1  # entries from before checksums keep their key: they are rebuilt in place, once
+CACHE_VERSION = 1  # in every key: a new layout of the entries gets new keys
 
 
 def cache_key(params: dict) -> str:
@@ -75,22 +72,22 @@ def cached_splits(
 ) -> dict[str, Split]:
     """Load the entry for ``params`` or build it with ``build()`` and store it atomically. A damaged entry
     (truncated ``.npy``, bad ``meta.json``, an array or a fingerprint that fails its check: a full disk, a copy
-    cut short, an edit) or one from before checksums is rebuilt in place with one warning. ``origin``: what the
-    reader read (lra/data/provenance.py); its checksums are stored in ``meta.json`` once, and every split returned
-    carries its ``origin``. ``check(splits)``: raises :class:`~lra.data.base.DataError` for a set that must not
+    cut short, an edit) is rebuilt in place with one warning. ``origin``: what the reader read
+    (lra/data/provenance.py); its checksums are stored in ``meta.json`` once, and every split returned carries
+    its ``origin``. ``check(splits)``: raises :class:`~lra.data.base.DataError` for a set that must not
     be used (a partial official set, lra/data/official.py), on what was built before anything is written, and on
     an entry read from the cache (one built before the check existed)."""
     key = cache_key(params)
     final = Path(root) / "cache" / f"{task}-{key}"
     if final.exists():
         try:
-            splits, content = load_entry(final)
+            splits, meta = load_entry(final)
         except DamagedEntry as e:
             log.warning("cache entry %s %s; rebuilding it", final, e)
         else:
             if check is not None:
                 check(splits)
-            return _with_origin(final, splits, content, task, root, origin)
+            return _with_origin(final, splits, meta, task, origin)
     t0 = time.perf_counter()
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -106,7 +103,6 @@ def cached_splits(
             for name, s in splits.items():
                 for field in FIELDS:
                     np.save(tmp / f"{name}.{field}.npy", getattr(s, field))
-            content = {k: content_fingerprint(v) for k, v in splits.items()}
             meta = {
                 "task": task,
                 "params": params,
@@ -118,7 +114,7 @@ def cached_splits(
                 "checksums": {
                     f"{k}.{f}.npy": {"sha256": file_sha256(tmp / f"{k}.{f}.npy")} for k in splits for f in FIELDS
                 },
-                "content": content,
+                "content": {k: content_fingerprint(v) for k, v in splits.items()},
                 "source": source,
                 "built_in_s": round(time.perf_counter() - t0, 2),
             }
@@ -131,37 +127,21 @@ def cached_splits(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("cached %s in %s (%.1f s)", task, final, time.perf_counter() - t0)
-    return _with_origin(final, load_entry(final, verify=False)[0], content, task, root, origin)  # just hashed
+    return _with_origin(final, load_entry(final, verify=False)[0], meta, task, origin)  # just hashed
 
 
 def _with_origin(
-    folder: Path, splits: dict[str, Split], content: dict, task: str, root: Path, origin: Origin | None
+    folder: Path, splits: dict[str, Split], meta: dict, task: str, origin: Origin | None
 ) -> dict[str, Split]:
-    """``splits`` with their ``origin`` (lra/data/provenance.py), ``content`` their verified fingerprints. What
-    ``meta.json`` lacks (an entry from before provenance, or a reader that now lists other source paths) is
-    computed once and stored."""
-    meta = json.loads((folder / "meta.json").read_text())
-    changed = meta.get("content") != content
-    if changed:
-        log.info("cache entry %s: storing its arrays' fingerprints once", folder)
-        meta["content"] = content
-    source = meta.get("source")
-    if origin is not None and (not source or source.get("paths") != relative_paths(origin.paths, root)):
-        log.info("cache entry %s: hashing its sources once (the record's data checksums)", folder)
-        source = meta["source"] = describe_files(origin.paths, root)
-        changed = True
-    if changed:
-        try:  # a read-only cache computes them again in the next process
-            write_text(folder / "meta.json", json.dumps(meta, indent=1, sort_keys=True, default=str))
-        except OSError as e:
-            log.debug("could not store the data fingerprints in %s: %s", folder, e)
+    """``splits`` with their ``origin`` (lra/data/provenance.py): ``meta``'s verified content fingerprints and
+    its sources' checksums."""
     for name, s in splits.items():
         s.origin = {
             "task": task,
             "entry": folder.name,
             "split": name,
-            "content": content[name],
-            "source": origin.fields(source) if origin is not None else None,
+            "content": meta["content"][name],
+            "source": origin.fields(meta.get("source")) if origin is not None else None,
         }
     return splits
 
@@ -172,13 +152,11 @@ class DamagedEntry(Exception):
 
 
 def load_entry(folder: Path, verify: bool = True) -> tuple[dict[str, Split], dict]:
-    """The memory-mapped splits of an entry, checked against its ``meta.json`` (lengths, shapes, dtypes), and
-    their content fingerprints: with ``verify`` computed from the arrays and checked (module docstring), else
-    as ``meta.json`` holds them. :class:`DamagedEntry` if anything does not match."""
+    """The memory-mapped splits of an entry and its ``meta.json``, the arrays checked against it (lengths, shapes,
+    dtypes; with ``verify`` also their content fingerprints, module docstring). :class:`DamagedEntry` if anything
+    does not match."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        if "checksums" not in meta:
-            raise DamagedEntry("has no checksums (written by an older harness)")
         sizes, arrays = meta["splits"], meta["arrays"]
         out = {}
         for name, n in sizes.items():
@@ -192,14 +170,11 @@ def load_entry(folder: Path, verify: bool = True) -> tuple[dict[str, Split], dic
                         f"{arrays[name][f][1]}{arrays[name][f][0]})"
                     )
             out[name] = Split(*(got[f] for f in FIELDS))
-        if not verify:
-            return out, meta["content"]
-        content = {k: content_fingerprint(v) for k, v in out.items()}
-        if content != meta.get("content"):  # an array edited, or meta.json: the file checksums say which
+        if verify and {k: content_fingerprint(v) for k, v in out.items()} != meta["content"]:
+            # an array edited, or meta.json: the file checksums say which
             _verify_checksums(folder, meta["checksums"], [f"{k}.{f}.npy" for k in sizes for f in FIELDS])
-            if "content" in meta:
-                raise DamagedEntry("is damaged (its meta.json records other content fingerprints than its arrays')")
-        return out, content
+            raise DamagedEntry("is damaged (its meta.json records other content fingerprints than its arrays')")
+        return out, meta
     except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise DamagedEntry(f"is damaged ({type(e).__name__}: {e})") from None
 

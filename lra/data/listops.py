@@ -429,7 +429,7 @@ def _incomplete_error(folder: Path, missing: list[str], what: str) -> DataError:
 
 def prepare(spec: ListOpsSpec, root: Path, progress: bool = True) -> Path:
     """The ListOps folder: ``task.path``; else official files found under the root; else the generated
-    folder ``<root>/<dirname>`` (seeded official distribution), made or remade if needed and allowed.
+    folder (:func:`generated_folder`, seeded official distribution), made or remade if needed and allowed.
     Never deletes or overwrites a file the harness did not write."""
     explicit = explicit_path(spec.path)
     if explicit is not None:
@@ -492,7 +492,7 @@ def check_generator(spec: ListOpsSpec) -> None:
         raise DataError(
             f"task.max_length=null keeps every token, and task.generator.max_length={g.max_length} makes examples "
             f"of up to {g.max_length - 1} tokens, more than task.seq_len={spec.seq_len}; set task.max_length to at "
-            f"most {spec.seq_len} or task.seq_len (protocol.data.seq_len) to at least {g.max_length - 1}"
+            f"most {spec.seq_len} or task.seq_len to at least {g.max_length - 1}"
         )
 
 

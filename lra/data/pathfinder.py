@@ -376,7 +376,7 @@ def load(spec: PathfinderSpec, root: Path, workers: int = 1, progress: bool = Tr
         "split_seed": split_seed,
         "n_images": None if n_images is None else int(n_images),
         "source": kind,
-        "sources": source_fingerprint(files),  # sizes + mtimes (seconds): a regenerated set needs the stamp too
+        "sources": source_fingerprint(files),
         "generated": json.loads(stamp.read_text()) if stamp is not None and stamp.exists() else None,
     }
 

@@ -86,10 +86,6 @@ def relative_path(path: Path, root: Path) -> str:
     return os.path.relpath(p, r) if p == r or p.startswith(r.rstrip(os.sep) + os.sep) else p
 
 
-def relative_paths(paths, root: Path) -> list[str]:
-    return [relative_path(p, root) for p in paths]
-
-
 def file_sha256(path: Path, chunk: int = _CHUNK) -> str:
     """The SHA-256 of a file, read in chunks (the cache's checksums, the sources', the downloads')."""
     h = hashlib.sha256()

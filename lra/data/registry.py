@@ -64,8 +64,8 @@ def load_task(task: TaskSpec | Mapping, root: Path) -> dict[str, Split]:
     if cap is not None and cap > spec.seq_len:  # before any work: tokenising would fail on the first long example
         raise DataError(
             f"task.max_length={cap} is more than task.seq_len={spec.seq_len}: each example keeps up to max_length "
-            f"tokens, padded to seq_len; set task.max_length (protocol.data.max_length) to at most {spec.seq_len} "
-            f"or task.seq_len (protocol.data.seq_len) to at least {cap}"
+            f"tokens, padded to seq_len; set task.max_length to at most {spec.seq_len} "
+            f"or task.seq_len to at least {cap}"
         )
     try:
         splits = LOADERS[name](spec, Path(root))

@@ -4,7 +4,7 @@ Each row builds the public code's classifier from a local checkout (imported at 
 copied here), copies its weights into the harness's classifier of the preset, forces the random draws equal
 and compares the logits on one right-padded batch; the chunk table compares their accumulation chunks with
 the memory fit's micro-batches. What each row and column means, the tolerances and the measured table:
-docs/fidelity.md, "Equivalence, measured".
+docs/fidelity.md, "Equivalence, measured". How their code is imported: :mod:`lra.tools.their_code`.
 
     python -m lra.tools.fidelity --skeinformer ~/src/Skeinformer --skyformer ~/src/Skyformer \\
         --nystromformer ~/src/Nystromformer [--rows skeinformer_paper:listops:skeinformer ...] [--out t.md]
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import importlib.util
 import math
 import operator
 import re
 import sys
-import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -36,25 +34,8 @@ from lra.files import write_text
 from lra.fit import plan
 from lra.model import build_model
 from lra.tasks import TASK_NAMES
+from lra.tools.their_code import REPOS, performer_copy, public_code, their_config
 
-
-@dataclass(frozen=True)
-class Repo:
-    url: str
-    code: str  # the folder their entry points run from
-    wrapper: str  # the file in it that holds ModelForSC
-    tolerance: float  # on the paper column
-
-    @property
-    def module(self) -> str:
-        return self.wrapper.removesuffix(".py").replace("/", ".")
-
-
-REPOS = {
-    "skeinformer": Repo("https://github.com/pkuzengqi/Skeinformer", "src", "models/model_LRA.py", 1e-5),
-    "skyformer": Repo("https://github.com/pkuzengqi/Skyformer", "src", "models/model_LRA.py", 1e-4),
-    "nystromformer": Repo("https://github.com/mlpen/Nystromformer", "LRA/code", "model_wrapper.py", 1e-4),
-}
 SKEIN_NAMES = {"skeinformer", "skein_nopilot", "skein_uniform", "skein_simplenorm", "skein_nonorm"}
 LENGTHS = {
     "listops": (2000, 1100, 517),
@@ -121,44 +102,18 @@ ROWS: list[Row] = (
     )
     + _rows("nystromformer_paper", "image-chunks:nystrom:nystrom-64")
 )
-TASKS = TASK_NAMES  # the task registry's (lra.tasks), in its order
 # their attn_type -> our attention config, for the chunk table; their other names are no run of ours
 # (Skein/Sky softmaxRBF32 runs plain softmax, docs/fidelity.md E6; Nys nystrom-32/128/256: other budgets)
+_SAME = "nystrom linformer performer informer bigbird reformer"  # their name is ours
 THEIR_ATTN = {
     "skeinformer": {
-        **{
-            a: a
-            for a in (
-                "softmax",
-                "nystrom",
-                "linformer",
-                "performer",
-                "informer",
-                "bigbird",
-                "reformer",
-                "vmean",
-                "skeinformer",
-            )
-        },
+        **{a: a for a in f"softmax {_SAME} vmean skeinformer".split()},
         "skein_uniform": "skeinformer_uniform",
         "skein_nonorm": "skeinformer_no_rownorm",
         "skein_simplenorm": "skeinformer_simple_rownorm",
         "skein_nopilot": "skeinformer_no_pilot",
     },
-    "skyformer": {
-        a: a
-        for a in (
-            "softmax",
-            "kernelized",
-            "skyformer",
-            "nystrom",
-            "linformer",
-            "performer",
-            "informer",
-            "bigbird",
-            "reformer",
-        )
-    },
+    "skyformer": {a: a for a in f"softmax kernelized skyformer {_SAME}".split()},
     "nystromformer": {
         "softmax": "softmax",
         "nystrom-64": "nystrom",
@@ -169,90 +124,8 @@ THEIR_ATTN = {
     },
 }
 CHUNK_ROWS = [
-    Row(p, t, "chunks", "") for p in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper") for t in TASKS
+    Row(p, t, "chunks", "") for p in ("skeinformer_paper", "skyformer_paper", "nystromformer_paper") for t in TASK_NAMES
 ]  # their config's counts against our plan, every attention of theirs we have
-
-
-# ----------------------------------------------------------------------------- importing their code
-def _unavailable(name: str) -> Callable:
-    def fail(*args, **kwargs):
-        raise RuntimeError(f"{name} is a stand-in of lra.tools.fidelity: the compared code should not call it")
-
-    return fail
-
-
-def _repeat(t: torch.Tensor, pattern: str, **sizes: int) -> torch.Tensor:
-    """einops.repeat for the one pattern FastAttention applies to its projection matrix."""
-    if pattern != "j d -> b h j d":
-        raise RuntimeError(f"lra.tools.fidelity's einops stand-in has no pattern {pattern!r}")
-    return t.expand(sizes["b"], sizes["h"], *t.shape).contiguous()
-
-
-def _stand_ins() -> dict[str, types.ModuleType]:
-    """Modules for the packages their files import at top level, for those not installed (a real one wins)."""
-    attrs = {
-        "einops": {"repeat": _repeat, "rearrange": _unavailable("einops.rearrange")},
-        "local_attention": {"LocalAttention": _unavailable("LocalAttention")},
-        "axial_positional_embedding": {"AxialPositionalEmbedding": _unavailable("AxialPositionalEmbedding")},
-        "performer_pytorch.reversible": {
-            "ReversibleSequence": _unavailable("ReversibleSequence"),
-            "SequentialSequence": _unavailable("SequentialSequence"),
-        },
-        "performer_pytorch": {"FastAttention": _unavailable("performer_pytorch.FastAttention")},
-    }
-    mods = {name: types.ModuleType(name) for name in attrs}
-    for name, values in attrs.items():
-        vars(mods[name]).update(values)
-    mods["performer_pytorch"].reversible = mods["performer_pytorch.reversible"]
-    return {n: m for n, m in mods.items() if importlib.util.find_spec(n.split(".")[0]) is None}
-
-
-@contextlib.contextmanager
-def public_code(folder: Path, performer_copy: Path | None = None) -> Iterator[None]:
-    """Import from ``folder`` as their entry points do (first on sys.path), with stand-ins for missing
-    packages; on exit sys.modules and sys.path are exactly as before (their modules live on only in
-    the objects built inside)."""
-    saved_modules, saved_path = dict(sys.modules), list(sys.path)
-    # their top-level names (attention, models, config, ...) hide ours: the harness has an `attention` too
-    theirs = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if p.is_dir()}
-    try:
-        for name in [n for n in sys.modules if n.split(".")[0] in theirs]:
-            del sys.modules[name]
-        stand_ins = _stand_ins()
-        sys.modules.update(stand_ins)
-        sys.path.insert(0, str(folder))
-        if performer_copy is not None and "performer_pytorch" in stand_ins:
-            spec = importlib.util.spec_from_file_location("performer_pytorch.fast_attention", performer_copy)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            stand_ins["performer_pytorch"].FastAttention = module.FastAttention
-        with warnings.catch_warnings():  # their code's deprecation warnings are not ours to fix
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        sys.path[:] = saved_path
-        for name in set(sys.modules) - set(saved_modules):
-            del sys.modules[name]
-        sys.modules.update(saved_modules)
-
-
-def performer_copy(repo: str, roots: dict[str, Path]) -> Path | None:
-    """Only the Nyström code imports pip performer_pytorch's FastAttention; the Skeinformer checkout ships a copy."""
-    if repo != "nystromformer" or "skeinformer" not in roots:
-        return None
-    return roots["skeinformer"] / "src/models/performer.py"
-
-
-def their_config(repo: str, task: str, attn_type: str) -> dict:
-    """Their model config for ``task`` with ``attn_type``'s extra settings, as their entry points read it (a
-    copy; call inside :func:`public_code`)."""
-    if repo == "nystromformer":
-        cfg = copy.deepcopy(importlib.import_module("lra_config").config[task])
-    else:
-        cfg = copy.deepcopy(importlib.import_module("config").Config["lra-" + task])
-    model = cfg["model"]
-    model.update(cfg["extra_attn_config"].get(attn_type, {}))
-    return model
 
 
 def their_model(row: Row, roots: dict[str, Path]) -> nn.Module:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from lra import REPO_ROOT
 from lra.cli import Parser
+from lra.devices import GIB
 from lra.files import runs_root, write_json
 from lra.tools.sweep import Interrupted, Refusal, interruptible, signal_of, switch
 
@@ -80,8 +81,8 @@ def commands(ks: list[int], out: Path, extra: list[str]) -> list[tuple[int, dict
 
 
 def _sweep_manifest(root: Path) -> Path | None:
-    """The gpu_share sweep's manifest under one k's runs root (manifest-<key>.json; manifest.json before keys)."""
-    found = [p for p in Path(root).rglob("sweeps/gpu_share/manifest*.json")]
+    """The gpu_share sweep's latest manifest (manifest-<key>.json) under one k's runs root."""
+    found = list(Path(root).rglob("sweeps/gpu_share/manifest-*.json"))
     return max(found, key=lambda p: (json.loads(p.read_text()).get("updated") or ""), default=None)
 
 
@@ -99,7 +100,7 @@ def summarise(k: int, root: Path) -> dict:
         "steps_per_s": sum(rates),
         "per_run_steps_per_s": sum(rates) / len(rates) if rates else None,
         "micro_batch": sorted({r.get("micro_batch") for r in recs} - {None}),
-        "peak_gib": max((r.get("peak_mem_bytes") or 0) / 2**30 for r in recs) if recs else None,
+        "peak_gib": max((r.get("peak_mem_bytes") or 0) / GIB for r in recs) if recs else None,
         "wall_s": inv.get("wall_s"),
     }
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lra.display import readable_names
 from lra.files import write_atomic
 from lra.tools.approx.methods import order_key
+from lra.tools.display import readable_names
 
 # Plot panels: the sketching family of the Skeinformer figure, then everything else.
 SKETCH_GROUP = (
@@ -42,7 +42,7 @@ PNG_META = {"Software": "lra.tools.approx (matplotlib)"}  # fixed metadata: reru
 
 
 def method_names(methods) -> dict:
-    """{method key: the name the figure prints}: the papers' row names (``lra.display``), a twin
+    """{method key: the name the figure prints}: the papers' row names (``lra.tools.display``), a twin
     with a public code's quirks as ``Skyformer (skyformer code's quirks)``, the key for one no paper has."""
     bases = {m: m.split("[")[0] for m in methods}
     codes = {m: m[len(b) + 1 : -1] for m, b in bases.items() if m != b}

@@ -1,4 +1,6 @@
-"""Benchmarks of the attention backends (``python -m lra.tools.bench``, ``make bench``; docs/bench.md).
+"""The harness's one measuring command (``python -m lra.tools.bench``, ``lra-bench``, ``make bench``; docs/bench.md):
+the benchmarks of the attention backends below, and after a first word the doctor (``doctor``), the shared-GPU
+throughput (``share``) and the memory fit's table (``fit``: :mod:`lra.tools.bench.fit_table`).
 
 * Task mode, what ``make bench`` runs on CUDA: the whole training step and the attention layer at each
   LRA task's real shape (micro-batch from ``lra.fit.plan``), eager and compiled, with ratios to fused
@@ -12,7 +14,7 @@
   steps) measured on a GPU under a V100's memory, beside its values: :mod:`lra.tools.bench.cost`.
 * Reference mode: each attention module against the module of the papers' public code (a checkout the user
   fetched), side by side, interleaved: :mod:`lra.tools.bench.reference`.
-* :mod:`lra.tools.bench.cli`: the command line of all three.
+* :mod:`lra.tools.bench.cli`: the command line of all of them.
 
 The timer and memory meter are :mod:`lra.tools.meter`, the device helpers :mod:`lra.devices`. The layer benchmark's
 names are re-exported here (``bench.Config``, ``bench.run``, ...).

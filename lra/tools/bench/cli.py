@@ -1,6 +1,10 @@
-"""``python -m lra.tools.bench`` (``make bench``): which benchmark runs, and its command line.
+"""``python -m lra.tools.bench`` (``lra-bench``, ``make bench``): the one measuring command, and its command line.
 
-Three modes. ``--tasks``: the whole training step and the attention layer at each LRA task's real
+A first word picks a measurement with its own command line: ``doctor`` (``lra-doctor``: the environment and six
+checks, :mod:`lra.tools.doctor`), ``share`` (``lra-share-bench``: k runs sharing a GPU, :mod:`lra.tools.share_bench`),
+``fit`` (the memory fit of every task x attention config, :mod:`lra.tools.bench.fit_table`).
+
+Otherwise three modes. ``--tasks``: the whole training step and the attention layer at each LRA task's real
 shape (:mod:`lra.tools.bench.tasks`), the default on CUDA; with ``--cost PAPER`` the paper's rows x tasks, the
 step alone, eager, under the hardware profile's memory cap, beside its cost tables (:mod:`lra.tools.bench.cost`;
 ``--predict``: the fit's decisions beside them, on any CPU).
@@ -12,6 +16,7 @@ step alone, eager, under the hardware profile's memory cap, beside its cost tabl
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 from pathlib import Path
 
@@ -34,16 +39,8 @@ LAYER_ONLY = {
     "no_mask": False,
     "overrides": None,
 }
-TASK_ONLY = {
-    "hardware": "v100_16gb",
-    "max_batch": None,
-    "compile": False,
-    "spec_overrides": None,
-    "cost": None,
-    "budget_s": None,
-    "plans": None,
-    "predict": False,
-}
+HARDWARE = "v100_16gb"  # the task mode's default profile
+TASK_ONLY = ("hardware", "max_batch", "compile", "spec_overrides", "cost", "budget_s", "plans", "predict")
 COST_ONLY = ("budget_s", "plans", "predict")
 # what --predict has no use for (nothing is measured): naming one is an error, not silently ignored
 MEASURED_ONLY = ("plans", "budget_s", "compile", "max_batch", "repeats", "warmup", "threads", "device", "quick")
@@ -90,7 +87,10 @@ def parser() -> argparse.ArgumentParser:
         "  python -m lra.tools.bench --backends skeinformer nystrom --lengths 1024 4096 "
         "--set nystrom.options.landmarks=128\n"
         "  python -m lra.tools.bench --reference --skeinformer ~/src/Skeinformer --skyformer ~/src/Skyformer "
-        "--nystromformer ~/src/Nystromformer   # ours vs the papers' code",
+        "--nystromformer ~/src/Nystromformer   # ours vs the papers' code\n"
+        "  python -m lra.tools.bench doctor --quick               # lra-doctor (doctor --help: its options)\n"
+        "  python -m lra.tools.bench share ks=1,2,4               # lra-share-bench: k runs sharing a GPU\n"
+        "  python -m lra.tools.bench fit hardware=v100_16gb       # the memory fit of every task x attention",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -226,7 +226,7 @@ def task_mode(args, device: str) -> bool:
 
 
 def task_config(args, device: str) -> tasks.TaskConfig:
-    given = [k for k, default in LAYER_ONLY.items() if getattr(args, k) not in (None, False)]
+    given = [k for k in LAYER_ONLY if getattr(args, k) not in (None, False)]
     if given:
         raise ValueError(
             f"--{given[0].replace('_', '-')} belongs to the layer micro-benchmark; add --layer "
@@ -243,7 +243,7 @@ def task_config(args, device: str) -> tasks.TaskConfig:
     cfg = tasks.TaskConfig(
         tasks=tuple(dict.fromkeys(args.tasks)) if args.tasks else tasks.TASKS,
         backends=backends,
-        hardware=args.hardware or TASK_ONLY["hardware"],
+        hardware=args.hardware or HARDWARE,
         device=device,
         compile=args.compile or cuda,
         quick=args.quick,
@@ -285,7 +285,7 @@ def cost_config(args, device: str) -> tasks.TaskConfig:
     cfg = tasks.TaskConfig(
         tasks=picked[0],
         backends=picked[1],
-        hardware=args.hardware or TASK_ONLY["hardware"],
+        hardware=args.hardware or HARDWARE,
         device=device,
         quick=args.quick,
         repeats=args.repeats or 3,
@@ -320,11 +320,7 @@ def predict_config(args, task_names: tuple, backends: tuple) -> cost.Predict:
 
 def reference_config(args) -> reference.ReferenceConfig:
     """The reference mode's settings; any other mode's option, or a folder without the public code, is an error."""
-    other = [
-        k
-        for k, default in {**LAYER_ONLY, **TASK_ONLY}.items()
-        if k != "lengths" and getattr(args, k) not in (None, False)
-    ]
+    other = [k for k in (*LAYER_ONLY, *TASK_ONLY) if k != "lengths" and getattr(args, k) not in (None, False)]
     if other or args.quick:
         flag = "quick" if not other else ("override" if other[0] == "spec_overrides" else other[0].replace("_", "-"))
         raise ValueError(f"--{flag} belongs to the layer or task mode, not to --reference")
@@ -360,7 +356,18 @@ def _other_config(args, device: str):
     return False, layer.check_layer_args(args, device)
 
 
+MEASUREMENTS = {
+    "doctor": "lra.tools.doctor.__main__",
+    "share": "lra.tools.share_bench",
+    "fit": "lra.tools.bench.fit_table",
+}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
+    """The layer, task, cost or reference mode's rows; ``doctor``, ``share`` and ``fit`` exit with their code."""
+    argv = typed(argv)
+    if argv and argv[0] in MEASUREMENTS:  # imported when asked: the doctor does not load with the layer mode
+        raise SystemExit(importlib.import_module(MEASUREMENTS[argv[0]]).main(argv[1:]))
     p = parser()
     args = p.parse_args(argv)
     try:

@@ -1,8 +1,8 @@
 """Cost mode (``python -m lra.tools.bench --cost skeinformer``): Skeinformer Table 4 (bz, accu) and Table 2's
 time and accu beside the paper's numbers, two ways with one comparison (:mod:`lra.tools.bench.paper`).
 
-``--predict`` (any machine, no GPU): the fit's decisions (``lra.fit.decision_table`` under preset=skeinformer_paper
-hardware=v100_16gb) beside the paper, written as ``PATH.md``, ``.csv``, ``.tex`` (:func:`main_predict`).
+``--predict`` (any machine, no GPU): the fit's decisions (:func:`lra.tools.bench.fit_table.decision_table` under
+preset=skeinformer_paper hardware=v100_16gb) beside the paper in ``PATH.md``, ``.csv``, ``.tex`` (:func:`main_predict`).
 
 Measured (a GPU): every row x task of the paper (the attention configs of conf/sweep/skeinformer_table1.yaml) is
 the task mode's ``step`` (:mod:`lra.tools.bench.tasks`): built as its run (preset=skeinformer_paper, so Standard is
@@ -33,13 +33,13 @@ from pathlib import Path
 import torch
 
 from lra.devices import MEMORY_LIMIT_ENV, device_name, limit_gpu_memory
-from lra.display import SKEIN_ROWS, SKEIN_TASKS
 from lra.files import git_commit, write_csv, write_text
 from lra.tools.bench.paper import agreement_line, paper_cells, predict, recorded
 from lra.tools.bench.rows import MIB
 from lra.tools.bench.tasks import TaskConfig, run, spec_for
 from lra.tools.collect.tables import PAPER_PRESET, TABLES, paper_lookup
 from lra.tools.collect.tables import PAPERS as PAPER_NAMES
+from lra.tools.display import SKEIN_ROWS, SKEIN_TASKS
 from lra.tools.meter import GIB
 from lra.tools.meter.timing import Load
 

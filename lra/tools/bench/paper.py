@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from lra.config import load
-from lra.display import SKEIN_ROWS
-from lra.fit import decision_table, train_step_peak
+from lra.fit import train_step_peak
+from lra.tools.bench.fit_table import decision_table
 from lra.tools.collect import render
 from lra.tools.collect.tables import TABLES, Built, Cell, Row, columns, paper_results
+from lra.tools.display import SKEIN_ROWS
 from lra.tools.meter import GIB
 
 PAPER_ARGS = ("preset=skeinformer_paper", "hardware=v100_16gb")  # its protocol, under its 16 GB V100 cap

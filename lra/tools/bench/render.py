@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from lra.display import mem_unit, readable_names
 from lra.files import write_atomic
 from lra.tools.bench.analyse import _ok, crossover, growth, ratios
 from lra.tools.bench.rows import BASELINE, MATERIALIZED, MIB
+from lra.tools.display import mem_unit, readable_names
 
 
 def _fmt_ratio(x: float | None) -> str:
@@ -152,7 +152,7 @@ PNG_META = {"Software": "lra.tools.bench (matplotlib)"}  # fixed metadata: rerun
 
 
 def backend_names(labels) -> dict:
-    """{backend label: the name the figure prints}: the papers' row names (``lra.display``),
+    """{backend label: the name the figure prints}: the papers' row names (``lra.tools.display``),
     the fused and materialised softmax rows spelt out, the label itself for a backend no paper has."""
     names = readable_names([b for b in labels if b not in _EXTRA_NAMES])
     return {b: _EXTRA_NAMES.get(b) or names[b] for b in labels}

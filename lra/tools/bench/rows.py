@@ -4,14 +4,11 @@ configuration, and the grammar of ``--set`` backend options.
 ``--set BACKEND.options.NAME=VALUE`` is a run's ``attn.options.NAME=VALUE`` with the row's label in
 place of ``attn`` (bench measures many backends at once), and VALUE is read as a run reads it, with
 Hydra's override grammar: ``128``, ``0.5``, ``true``, ``null``, ``fused``, ``'a,b'``, ``[1,2]``.
-The old spelling ``BACKEND.NAME=VALUE`` still works, with a one-line note.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -23,34 +20,10 @@ QUICK_LENGTHS = (256, 512)
 BASELINE = "softmax"  # fused SDPA; every ratio is relative to this row
 MATERIALIZED = "softmax_materialized"
 
-CSV_COLUMNS = (
-    "backend",
-    "base",
-    "options",
-    "n",
-    "batch",
-    "heads",
-    "head_dim",
-    "dtype",
-    "device",
-    "device_name",
-    "torch_version",
-    "threads",
-    "mask",
-    "status",
-    "reason",
-    "time_ms",
-    "time_ms_min",
-    "time_ms_max",
-    "repeats",
-    "peak_mem_bytes",
-    "tensor_peak_bytes",
-    "mem_method",
-    "flops",
-    "gflops_per_s",
-    "sdpa_ops",
-    "complexity",
-    "exact",
+CSV_COLUMNS = tuple(  # the columns in order
+    "backend base options n batch heads head_dim dtype device device_name torch_version threads mask "
+    "status reason time_ms time_ms_min time_ms_max repeats peak_mem_bytes tensor_peak_bytes mem_method "
+    "flops gflops_per_s sdpa_ops complexity exact".split()
 )
 
 
@@ -133,10 +106,6 @@ VALUES = (
 )
 
 
-def _note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def _value(item: str, text: str):
     """``text`` read by Hydra's override grammar (one value, not a sweep), or a one-line ``ValueError``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -154,26 +123,15 @@ def _value(item: str, text: str):
     return parsed.value()
 
 
-def parse_options(items: list[str] | None, note: Callable[[str], None] = _note) -> dict:
-    """``--set`` items as ``{label: {option: value}}``; bad input is a one-line ``ValueError``.
-
-    The old spelling ``BACKEND.NAME=VALUE`` is read the same way, after a line to ``note``.
-    """
+def parse_options(items: list[str] | None) -> dict:
+    """``--set`` items as ``{label: {option: value}}``; bad input is a one-line ``ValueError``."""
     out: dict = {}
     for item in items or []:
         key, sep, text = item.partition("=")
         parts = key.split(".")
-        if sep and len(parts) == 3 and parts[1] == "options" and all(parts):
-            label, name = parts[0], parts[2]
-        elif sep and len(parts) == 2 and all(parts):
-            label, name = parts
-            note(
-                f"lra.tools.bench: --set {item} is the old spelling; write --set {label}.options.{name}={text} "
-                f"(as a run's attn.options.{name}={text})"
-            )
-        else:
+        if not (sep and len(parts) == 3 and parts[1] == "options" and all(parts)):
             raise ValueError(f"--set expects {SPELLING} (e.g. --set nystrom.options.landmarks=128), got {item!r}")
-        out.setdefault(label, {})[name] = _value(item, text)
+        out.setdefault(parts[0], {})[parts[2]] = _value(item, text)
     return out
 
 

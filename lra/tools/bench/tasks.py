@@ -46,12 +46,12 @@ import torch
 from lra.config import ConfigError, RunSpec, attn_configs, load, resolve_precision
 from lra.devices import device_name, is_oom
 from lra.fit import FitError, Plan, plan
-from lra.model import MultiHeadAttention, build_model
+from lra.model import MultiHeadAttention
 from lra.tasks import TASK_NAMES
 from lra.tools.bench.flops import OpNames
 from lra.tools.bench.rows import BASELINE, MATERIALIZED, MIB
 from lra.tools.meter import measure_peak, timed, timing_columns
-from lra.tools.meter.step import TrainStep, attention_inputs, make_batches
+from lra.tools.meter.step import StepRunner, TrainStep, attention_inputs, make_batches
 
 TASKS = TASK_NAMES  # the task registry's (lra.tasks), in its order
 DEFAULT_BACKENDS = (BASELINE, MATERIALIZED, "skeinformer", "nystrom", "performer")  # docs/facts.md §10's set
@@ -59,40 +59,11 @@ QUICK_BACKENDS = (BASELINE, "skeinformer")
 PARTS = ("step", "attention")
 MODES = ("eager", "compiled")
 
-CSV_COLUMNS = (
-    "task",
-    "backend",
-    "part",
-    "mode",
-    "status",
-    "reason",
-    "n",
-    "dual",
-    "micro_batch",
-    "accum_steps",
-    "fit_micro_batch",
-    "fit_accum_steps",
-    "effective_batch",
-    "plan_source",
-    "hardware",
-    "precision",
-    "checkpointing",
-    "options",
-    "device",
-    "device_name",
-    "torch_version",
-    "threads",
-    "time_ms",
-    "time_ms_min",
-    "time_ms_max",
-    "repeats",
-    "per_opt_step_ms",
-    "first_call_s",
-    "peak_mem_bytes",
-    "mem_method",
-    "time_ratio",
-    "mem_ratio",
-    "sdpa_ops",
+CSV_COLUMNS = tuple(  # the columns in order
+    "task backend part mode status reason n dual micro_batch accum_steps fit_micro_batch fit_accum_steps "
+    "effective_batch plan_source hardware precision checkpointing options device device_name "
+    "torch_version threads time_ms time_ms_min time_ms_max repeats per_opt_step_ms first_call_s "
+    "peak_mem_bytes mem_method time_ratio mem_ratio sdpa_ops".split()
 )
 
 
@@ -143,7 +114,7 @@ def check_names(tasks, backends) -> None:
     """Unknown task or backend names: one line with the valid ones (before any work)."""
     bad = [t for t in tasks if t not in TASKS]
     if bad:
-        raise ValueError(f"unknown task(s) {bad}; --task-names takes: {', '.join(TASKS)}")
+        raise ValueError(f"unknown task(s) {bad}; known: {', '.join(TASKS)}")
     valid = valid_backends()
     bad = [b for b in backends if b not in valid]
     if bad:
@@ -247,21 +218,13 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
             plan_source=source,
         )
 
-    torch.manual_seed(cfg.seed)
-    model = build_model(spec.model).to(cfg.device).train()
-    train = TrainStep(model, spec, accum, precision, cfg.device)
-    pool = make_batches(spec, micro, min(accum, 4) + 1, cfg.device, cfg.seed)
+    runner = StepRunner(spec, micro, accum, precision, cfg.device, cfg.seed, pool=min(accum, 4) + 1)
+    model, train = runner.model, runner.step
     attn = next(m for m in model.modules() if isinstance(m, MultiHeadAttention)).attn
     # only when timed: on --cost's capped GPU they would take memory a run does not have (1 GiB for text)
     q, k, v, amask, dout = (
         attention_inputs(spec, micro, cfg.device, cfg.seed) if "attention" in cfg.parts else [None] * 5
     )
-
-    def step_call(net):
-        def call(i):
-            train(net, [pool[(i * accum + j) % len(pool)] for j in range(accum)])
-
-        return call
 
     def attn_call(fn):
         def call(i):
@@ -272,10 +235,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
 
         return call
 
-    known = {
-        "step": lambda: [*train.state_tensors(), *(t for b in pool for t in b)],  # params, AdamW states, inputs
-        "attention": lambda: [q, k, v, amask, dout, *attn.parameters(), *attn.buffers()],
-    }
+    known = {"step": runner.known, "attention": lambda: [q, k, v, amask, dout, *attn.parameters(), *attn.buffers()]}
     for r in rows:
         tag = f"{task}/{backend} {r['part']} {r['mode']} (micro-batch {micro} x {accum}, n={r['n']})"
         compiled = r["mode"] == "compiled"
@@ -284,7 +244,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
                 torch.compiler.reset()  # dynamo's recompile limit (8) is per process, not per model
             target = model if r["part"] == "step" else attn
             net = torch.compile(target) if compiled else target
-            call = step_call(net) if r["part"] == "step" else attn_call(net)
+            call = (lambda i, net=net: runner(net, i)) if r["part"] == "step" else attn_call(net)
             r.update(measure(call, cfg, compiled, known[r["part"]]), status="ok")
             if backend == BASELINE and not compiled and not r["sdpa_ops"]:  # composite: no SDPA op reaches dispatch
                 r["sdpa_ops"] = "none: SDPA took the math path (matmul + softmax, n x n)"
@@ -305,7 +265,7 @@ def measure_backend(cfg: TaskConfig, task: str, backend: str, log: Callable[[str
         if cfg.cost and r["part"] == "step" and accum % 2 == 0:
             r.update(double_micro_batch=2 * micro, double_status=double_probe(train, model, spec, 2 * micro, cfg))
             log(f"{task}/{backend}: one step at micro-batch {2 * micro} (2x): {r['double_status']}")
-    model = train = attn = pool = None  # release them (the closures above share these cells) before empty_cache
+    model = train = attn = runner = None  # release them (the closures above share these cells) before empty_cache
     gc.collect()
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()

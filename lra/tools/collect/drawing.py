@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
-from lra.display import GIB, mem_unit, paper_names, readable_names, split_key, task_name  # noqa: F401
 from lra.files import write_atomic
+from lra.tools.display import GIB, mem_unit, paper_names, readable_names, split_key, task_name  # noqa: F401
 
 PNG_META = {"Software": "lra.tools.collect (matplotlib)"}
 PDF_META = {"Creator": "lra.tools.collect", "Producer": "matplotlib", "CreationDate": None, "ModDate": None}

@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from lra.record import CORE, SCHEMA_VERSION, Record  # the newest run-record schema this reader knows
-from lra.tools.collect.rows import overrides
+from lra.tools.collect.rows import overrides, spelled
 
 # Finished runs (= lra.train.FINISHED). "stuck" (training ran, but stayed at chance level) is a real
 # outcome the papers count too (YOSO Table 3: Performer 18.80 on ListOps): it enters the means and is
@@ -60,41 +60,14 @@ UNFINISHED_REASON = {"running": "status 'running': still training, or killed bef
 RUN_MARKERS = (".hydra", "metrics.csv", "train.log", "hparams.yaml", "checkpoints", ".sweep_job.json")
 # a run's own sub-folders, never a run of their own: the loggers' (lra/loggers.py), Hydra's, checkpoints
 SKIP_DIRS = (".hydra", "checkpoints", "wandb", "tensorboard", "lightning_logs", "__pycache__")
-NUMERIC = (
-    "seed",
-    "test_acc",
-    "best_val_acc",
-    "majority_acc",
-    "steps",
-    "train_time_s",
-    "eval_time_s",
-    "time_per_1k_steps_s",
-    "tokens_per_s",
-    "peak_mem_bytes",
-    "peak_mem_estimate_bytes",
-    "micro_batch",
-    "accum_steps",
-    "effective_batch",
-    "test_loss",
-)
-ACCURACIES = ("test_acc", "best_val_acc", "majority_acc")
-FLOAT32 = (*ACCURACIES, "test_loss")  # what the run computed in float32 (torch metrics)
-# Values that cannot be: counts, times, memory and losses are never negative; a time per step, a
-# throughput or a batch is never zero either (it would put a run at infinite speed in the figures).
-NON_NEGATIVE = ("steps", "train_time_s", "eval_time_s", "peak_mem_bytes", "peak_mem_estimate_bytes", "test_loss")
-POSITIVE = ("time_per_1k_steps_s", "tokens_per_s", "micro_batch", "accum_steps", "effective_batch")
-# Metrics a finished run must have; a missing one is reported (peak memory only off the CPU).
-EXPECTED = (
-    "test_acc",
-    "best_val_acc",
-    "steps",
-    "train_time_s",
-    "time_per_1k_steps_s",
-    "micro_batch",
-    "accum_steps",
-    "peak_mem_bytes",
-)
-TEXT = ("task", "attn", "attn_backend", "preset", "status", "reason", "hardware", "device", "git_commit", "execution")
+# the record's field groups (lra/record.py GROUPS) this reader checks and converts
+NUMERIC = ("seed", *Record.fields_in("measured"), "test_loss")  # in runs.csv's order
+TEXT = Record.fields_in("text")
+EXPECTED = Record.fields_in("expected")
+FLOAT32 = Record.fields_in("float32")
+FRACTION = Record.fields_in("fraction")
+NON_NEGATIVE = Record.fields_in("non_negative")
+POSITIVE = Record.fields_in("positive")
 # what identifies a row beyond task and attention (lra/tools/collect/rows.py), and what the tables say about it
 CONTEXT = (
     "tag",
@@ -233,7 +206,7 @@ def _number(x) -> tuple[float, str | None]:
 
 def _impossible(key: str, v: float) -> str | None:
     """Why a finite value of field ``key`` cannot be, or None."""
-    if key in ACCURACIES and not 0.0 <= v <= 1.0:
+    if key in FRACTION and not 0.0 <= v <= 1.0:
         return f"{v!r} outside [0, 1]"
     if key in NON_NEGATIVE and v < 0:
         return f"{v!r} negative"
@@ -382,7 +355,7 @@ def _flat(node, prefix: str = "") -> dict:
     """A resolved config as {dotted key: value as its run tag spells it} (lra.naming: text as it is, else JSON)."""
     if isinstance(node, dict) and node:
         return {k: v for key, sub in node.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: node if isinstance(node, str) else json.dumps(node, sort_keys=True, separators=(",", ":"))}
+    return {prefix[:-1]: spelled(node)}
 
 
 def _text(x) -> str:

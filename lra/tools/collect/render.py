@@ -108,10 +108,6 @@ def ours_text(cell: Cell, metric: str, pm: str = "±", style: str = "full") -> s
     return f"{_fmt(cell.mean, m.decimals)} ({cell.n})"
 
 
-def paper_text(cell: Cell) -> str:
-    return cell.paper_text if cell.paper_text else MISSING
-
-
 def _signed(x: float, decimals: int, minus: str = "-") -> str:
     return ("+" if x >= 0 else minus) + _fmt(abs(x), decimals)
 
@@ -150,31 +146,16 @@ def marks(
     other marks after our value (``paper=False``). A cell without an interval of its own gets no test mark."""
     out = []
     if paper and cell.paper_test == CANNOT_SEPARATE:
-        out.append(
-            (
-                PAPER_MARK,
-                ("the seeds cannot separate ours from the paper: the paper's value lies in " "our 95% interval"),
-            )
-        )
+        why = "the seeds cannot separate ours from the paper: the paper's value lies in our 95% interval"
+        out.append((PAPER_MARK, why))
     if standard and cell.base_test == CANNOT_SEPARATE and cell.base_low < cell.base_high:  # no spread: no question
-        out.append(
-            (
-                BASELINE_MARK,
-                (
-                    f"the seeds cannot separate this row from {baseline}: Welch's 95% "
-                    f"interval of the difference of means contains 0"
-                ),
-            )
-        )
+        why = "Welch's 95% interval of the difference of means contains 0"
+        out.append((BASELINE_MARK, f"the seeds cannot separate this row from {baseline}: {why}"))
     elif standard and cell.base_test == NOT_TESTABLE and cell.has_ci:
         out.append((UNTESTED_MARK, f"not testable against {baseline}: it has fewer than {MIN_SEEDS} seeds here"))
     if standard and cell.loaded:
-        out.append(
-            (
-                LOADED_MARK,
-                "timed with a run on a shared or busy machine (the record's machine field): " "compare with care",
-            )
-        )
+        why = "timed with a run on a shared or busy machine (the record's machine field): compare with care"
+        out.append((LOADED_MARK, why))
     if standard and cell.stuck:
         some = "its" if cell.stuck >= cell.n else f"{cell.stuck} of its {cell.n}"
         out.append((CHANCE_MARK, f"{some} seeds ended at the majority-class rate (their records say stuck)"))
@@ -213,12 +194,10 @@ def legend(built: Built) -> list[str]:
             *rule,
         ]
     lines = [
-        (
-            f"Cells: mean ± std over seeds (seeds with a value) [95% t-interval of the mean, mean ± t(0.975, "
-            f"n-1) * std / sqrt(n), cut to what the quantity allows]. Intervals and tests need {MIN_SEEDS} seeds "
-            f"or more: cells with fewer print mean ± std (n) or mean (1), and no mark. Seeds that agree exactly "
-            f"(a std of zero) need none."
-        )
+        f"Cells: mean ± std over seeds (seeds with a value) [95% t-interval of the mean, mean ± t(0.975, "
+        f"n-1) * std / sqrt(n), cut to what the quantity allows]. Intervals and tests need {MIN_SEEDS} seeds "
+        f"or more: cells with fewer print mean ± std (n) or mean (1), and no mark. Seeds that agree exactly "
+        f"(a std of zero) need none."
     ]
     if built.spec.average:
         lines.append(
@@ -321,7 +300,7 @@ def cell_texts(built: Built, minus: str = "-", style: str = "full") -> list[list
             if built.compare:
                 t = replace(
                     t,
-                    paper=paper_text(cell),
+                    paper=cell.paper_text or MISSING,
                     delta=delta_text(cell, col.metric, minus),
                     delta_ci=delta_interval_text(cell, col.metric, minus) if full else "",
                     paper_marks=tuple(marks(cell, base, standard=False)) if full else (),
@@ -405,10 +384,6 @@ def notes(built: Built) -> list[str]:
     names = {r.key: r.name for r in built.rows}
     lines += [f"[{i}] {names[k]}: {text}" for k, (i, text) in footnotes(built).items()]
     return lines
-
-
-def note(built: Built) -> str:
-    return " ".join(notes(built))
 
 
 def row_name(built: Built, row, esc: Callable[[str], str], sup: Callable[[str], str]) -> str:
@@ -519,7 +494,7 @@ def _tex_header(heads: list[tuple]) -> list[str]:
         cells = ["Model" if last else ""]
         rules = []
         for a, b, text in spans:
-            t = text.replace("Δ", r"$\Delta$") if text == "Δ" else tex(text)
+            t = r"$\Delta$" if text == "Δ" else tex(text)
             cells.append(t if a == b else f"\\multicolumn{{{b - a + 1}}}{{c}}{{{t}}}")
             if not last and b > a and text:
                 rules.append(f"\\cmidrule(lr){{{a + 2}-{b + 2}}}")
@@ -615,10 +590,6 @@ def frame_markdown(df: pd.DataFrame, heading: str | None = None, empty: str = "(
     cols = list(df.columns)
     lines += ["| " + " | ".join(md(c) for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in df.itertuples(index=False):
-        vals = []
-        for v in r:
-            if isinstance(v, float):
-                v = num(v, 4)
-            vals.append(md("" if v is None else v))
+        vals = [md(num(v, 4) if isinstance(v, float) else v) for v in r]  # md: None is ""
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines + [""])

@@ -20,6 +20,7 @@ nothing else is ever averaged into it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -27,12 +28,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import pandas as pd
+from omegaconf import OmegaConf
 
-from lra.display import paper_names
+from lra import CONF_DIR
+from lra.tools.display import paper_names
 
 BASELINE = "softmax"  # the attention every other row is compared with (Standard / Self-Attention / softmax)
 _ITEM = re.compile(r",(?=[+~]?[A-Za-z_][\w.@/-]*=)")  # a comma that starts the next key=value of a tag
-_HASHED = re.compile(r"-[0-9a-f]{9}$")  # a folder tag cut, or made safe, and given a hash (lra.conf_nodes.folder_name)
+_HASHED = re.compile(r"-[0-9a-f]{9}$")  # a folder tag cut, or made safe, and given a hash (lra.compose.folder_name)
 # overrides that belong to the attention (its options and variants): set aside when finding the baseline
 ATTN_KEYS = ("attn", "attn_options", "attn_checkpointing")
 # Resolved keys that say where or how a run ran, not what it computed: lra.naming.UNTAGGED, copied since that
@@ -103,16 +106,30 @@ def _setting(key: str) -> bool:
     return not any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
 
 
+def spelled(value) -> str:
+    """A config value as a run tag spells it (lra.naming): text as it is, else compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=None)
+def preset_train(preset: str, task: str) -> dict:
+    """The ``train.*`` values the preset's protocol file sets for the task (conf/protocol/<preset>/<task>.yaml;
+    {} for a preset this checkout lacks). A record before one key per value also held them as ``protocol.*``."""
+    path = CONF_DIR / "protocol" / preset / f"{task}.yaml"
+    node = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() and ".." not in (preset + task) else {}
+    return {f"train.{k}": spelled(v) for k, v in (node.get("train") or {}).items()}
+
+
 def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
     """Each run's overrides as ``key=value,...`` (sorted; values as its tag spells them), read from ``cfgs``, the
     runs' (flat resolved config, flat quirks) pairs (records.load_runs), never from the folder's tag (cut and
-    hashed past 200 characters): the keys its tag names, the ``train.*`` keys the preset's ``protocol`` also
-    sets, and every key in which the finished runs of its table set and task differ (an attention's own keys:
-    among that attention's runs), less those at the preset's own value (what the table set's runs without
-    overrides agree on, else the protocol's) and those at the value the preset's quirks give its backend (the
-    public code's ``train.chunks=2`` for Skeinformer is the paper's setting, not the user's). A run without
-    overrides (empty tag) has none; a key its tag names and its config lacks (an old or hand-made record) keeps
-    the tag's value where the tag is whole."""
+    hashed past 200 characters): the keys its tag names, the ``train.*`` keys the preset's protocol file also
+    sets (:func:`preset_train`), and every key in which the finished runs of its table set and task differ (an
+    attention's own keys: among that attention's runs), less those at the preset's own value (what the table
+    set's runs without overrides agree on, else the protocol's) and those at the value the preset's quirks give
+    its backend (the public code's ``train.chunks=2`` for Skeinformer is the paper's setting, not the user's). A
+    run without overrides (empty tag) has none; a key its tag names and its config lacks (an old or hand-made
+    record) keeps the tag's value where the tag is whole."""
     out = list(runs["tag"].fillna(""))
     ok = (runs["usable"] & runs["kept"]).tolist()
     quirks = [q for _, q in cfgs]
@@ -132,15 +149,16 @@ def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
             if not out[i] or not cfg:
                 continue
             named = {k.lstrip("+~"): v for k, v in parse_tag(out[i])}
+            relay = {f"train.{k[9:]}": v for k, v in cfg.items() if k.startswith("protocol.")}  # an older record's
+            protocol = relay or preset_train(str(runs.at[i, "preset"]), str(runs.at[i, "task"]))
             # a key the tag names and the config lacks keeps the tag's value, unless the tag was cut (hashed)
             items = {} if _HASHED.search(out[i]) else {k: v for k, v in named.items() if k not in cfg}
             for k, v in cfg.items():
                 a = runs.at[i, "attn"] if _attn_key(k) else ""
-                proto = f"protocol.{k[6:]}" if k.startswith("train.") else None
                 own = quirks[i].get(k) == v
-                if k in named or _setting(k) and not own and (len(seen[a, k]) > 1 or proto in cfg):
+                if k in named or _setting(k) and not own and (len(seen[a, k]) > 1 or k in protocol):
                     ref = plain[a, k]
-                    if v != (next(iter(ref)) if len(ref) == 1 else cfg.get(proto)):
+                    if v != (next(iter(ref)) if len(ref) == 1 else protocol.get(k)):
                         items[k] = v
             out[i] = ",".join(f"{k}={v}" for k, v in sorted(items.items()))
     return out

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lra.display import SKEIN_ROWS, SKEIN_TASKS, SKY_ROWS, YOSO_ROWS, task_name
+from lra.record import Record
 from lra.tools.collect import rows as R
 from lra.tools.collect.stats import (
     MIN_SEEDS,
@@ -42,6 +42,7 @@ from lra.tools.collect.stats import (
     verdict,
     welch_interval,
 )
+from lra.tools.display import SKEIN_ROWS, SKEIN_TASKS, SKY_ROWS, YOSO_ROWS, task_name
 
 PAPER_CSV = Path(__file__).resolve().parent / "paper_results.csv"
 BASELINE = R.BASELINE
@@ -545,21 +546,7 @@ def summary(runs: pd.DataFrame, trials: bool = False) -> pd.DataFrame:
     """One row per table set × task × row (lra/tools/collect/rows.py): seeds, and mean/std/n of every metric, with
     ``<field>_ci95`` the half-width of the mean's 95% t-interval over seeds (nan under MIN_SEEDS seeds),
     the row's label, overrides, data, baseline row and whether a run of it was timed under load."""
-    fields = [
-        "test_acc",
-        "best_val_acc",
-        "majority_acc",
-        "steps",
-        "train_time_s",
-        "eval_time_s",
-        "time_per_1k_steps_s",
-        "tokens_per_s",
-        "peak_mem_bytes",
-        "peak_mem_estimate_bytes",
-        "micro_batch",
-        "accum_steps",
-        "effective_batch",
-    ]
+    fields = Record.fields_in("measured")
     out = []
     for preset in sorted(set(runs["preset"].dropna())):
         assigned, infos = R.assign(runs[runs["preset"] == preset], trials=trials)

@@ -13,10 +13,10 @@ The environment, then six checks, each a list of one-line results with a status 
 6. ``cost``: what each task of a preset will cost here (time per 1k steps x its step budget).
 
 Statuses: ``pass``; ``warn`` (it ran, a figure is outside what the harness expects); ``fail`` (an error:
-the line names the backend and the error, and the other items go on); ``skip`` (not asked here, or past
-the check's time budget). Reports: ``report.md`` and ``report.json`` under ``doctor/<time>/`` of the
-runs root, rewritten after each result (a stopped doctor leaves what it found, and says where it stopped).
-Exit code 1 when an item failed, else 0.
+the line names the backend and the error, and the other items go on); ``skip`` (not asked here, past
+the check's time budget, or no true figure to be had: the overhead on a loaded machine). Reports: ``report.md``
+and ``report.json`` under ``doctor/<time>/`` of the runs root, rewritten after each result (a stopped doctor
+leaves what it found, and says where it stopped). Exit code 1 when an item failed, else 0.
 """
 
 from __future__ import annotations

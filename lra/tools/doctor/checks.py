@@ -15,13 +15,11 @@ import torch
 
 import attention
 from lra.config import load
-from lra.devices import default_threads
 from lra.fit import plan, train_step_peak
 from lra.tools.bench import tasks as bench
 from lra.tools.doctor import overhead as overhead_check
 from lra.tools.doctor import resume as resume_check
 from lra.tools.doctor.base import Budget, Options, OverBudget, Result, one_line
-from lra.tools.doctor.env import load_average
 from lra.tools.meter import MIB
 from lra.tools.meter.step import step_peak
 
@@ -207,13 +205,7 @@ def overhead_detail(o: overhead_check.Overhead, status: str, cut: str) -> str:
         f"the median of {o.blocks} interleaved pairs of blocks of {o.block} steps, micro-batch {o.micro_batch} x "
         f"{o.accum_steps}, {o.precision}{', compiled' if o.compiled else ''}"
         + (f"; {cut}" if o.cut else "")
-        + (
-            ""
-            if o.ratio <= overhead_check.TARGET
-            else f"; above {overhead_check.TARGET}, with the machine's load "
-            f"average at {load_average():.1f} on {default_threads()} cores: "
-            "measure again on a calm machine if it is busy"
-        )
+        + ("" if o.ratio <= overhead_check.TARGET else f"; above {overhead_check.TARGET} on a calm machine")
     )
 
 
@@ -239,8 +231,9 @@ def overhead(opts: Options, budget: Budget) -> Iterator[Result]:
             yield Result("overhead", item, "fail", detail=one_line(e))
             return
         cut = f"cut short at its share of the time budget ({share:.0f} s): {o.blocks} of {sizes['blocks']} blocks"
-        if not o.blocks:
-            yield Result("overhead", item, "skip", detail=cut + " (no pair timed)", data=o.as_dict())
+        why = cut + " (no pair timed)" if not o.blocks else o.unmeasured()
+        if why:  # a figure that is no measurement is not printed: what stopped it is
+            yield Result("overhead", item, "skip", detail=f"could not be measured: {why}", data=o.as_dict())
             return
         status = "pass" if o.ratio <= overhead_check.TARGET and not o.cut else "warn"  # cut: too few pairs to pass
         yield Result("overhead", item, status, overhead_figure(o), overhead_detail(o, status, cut), data=o.as_dict())
@@ -302,6 +295,8 @@ def _hours(seconds: float) -> str:
 
 
 def cost(opts: Options, budget: Budget) -> Iterator[Result]:
+    from lra.tools.sweep.cost import Rate, Work, seconds  # the sweep's cost model (its import: only when asked)
+
     def one(task: str, backend: str) -> Iterator[Result]:
         modes = _modes(opts, backend)[-1:]  # what the run would train: compiled where it compiles
         # the run's own micro-batch, but on a CPU at the papers' shapes (a step takes minutes there)
@@ -312,19 +307,21 @@ def cost(opts: Options, budget: Budget) -> Iterator[Result]:
         if r.get("status") != "ok":
             yield _row_result("cost", {**r, "task": task, "backend": f"{backend} ({opts.shapes_preset})"})
             return
-        spec = load(_overrides(opts, task, backend))
-        micro_per_step = spec.train.batch_size // r["micro_batch"]  # capped on a CPU: more micro-batches a step
+        t = load(_overrides(opts, task, backend)).train
+        micro_per_step = t.batch_size // r["micro_batch"]  # capped on a CPU: more micro-batches a step
         step_s = r["time_ms"] / 1e3 * micro_per_step
-        steps = spec.train.max_steps
+        # what is measured here is the steps, not the validations
+        rate = Rate(fixed_s=0.0, step_s=step_s, eval_s=0.0, source="lra-doctor", device=opts.device)
+        total_s = seconds(Work(t.max_steps, t.eval_every, early_stop=bool(t.patience)), rate)
         yield Result(
             "cost",
             item,
             "pass",
-            f"{_duration(step_s)} per optimizer step, {_hours(step_s * 1000)} per 1k steps, "
-            f"{_hours(step_s * steps)} for its {steps} steps",
+            f"{_duration(step_s)} per optimizer step, {_hours(seconds(Work(1000, t.eval_every, False), rate))} "
+            f"per 1k steps, {_hours(total_s)} for its {t.max_steps} steps",
             f"{r['mode']}, {micro_per_step} micro-batch(es) of {r['micro_batch']} a step; training only "
             f"(evaluation adds to it); an early stop ends sooner",
-            data={"step_s": step_s, "max_steps": steps, "total_s": step_s * steps, "row": r},
+            data={"step_s": step_s, "max_steps": t.max_steps, "total_s": total_s, "row": r},
         )
 
     yield from _each("cost", [(t, b) for t in opts.tasks for b in _names(opts, PAIR, 1)], budget, one)

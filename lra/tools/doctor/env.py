@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
-import os
 import platform
 
 import torch
 from packaging.requirements import Requirement
 
-from lra.devices import default_threads, device_name
+from lra.devices import GIB, default_threads, device_name
+from lra.devices import _loadavg as load_average  # the one reading of the load, as the runs' records take it
 from lra.files import git_commit
 
 # installed apart from an extra (pip install --no-deps: docs/dependencies.md), yet what the extra is for
@@ -45,11 +45,6 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def load_average() -> float:
-    """The machine's one-minute load average (NaN where the platform has none)."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-
-
 def environment(device: str) -> dict:
     """What ``lines`` prints and report.json keeps."""
     cuda = device.startswith("cuda")
@@ -67,10 +62,10 @@ def environment(device: str) -> dict:
         "triton": _version("triton"),
         "device": device,
         "device_name": device_name(device),
-        "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda else None,
+        "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / GIB, 1) if cuda else None,
         "cpu_cores": default_threads(),
         "threads": torch.get_num_threads(),
-        "load": round(load_average(), 2),
+        "load": load_average(),
         "extras": {name: all(_version(d) for d in dists) for name, dists in extras().items()},
     }
     if cuda:

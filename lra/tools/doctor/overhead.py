@@ -11,7 +11,9 @@ The first bare block runs before any timed harness block (it warms the bare loop
 harness block i is paired with bare block i + 1, the one that follows it (:func:`warm_pairs`). The
 figures are those of the median pair, the pair whose ratio is the median (the lower middle one of an
 even count; :func:`median_pair`), so a slow minute of a shared machine weighs on both sides of a pair
-and the printed times give the printed ratio: ratio = harness / bare, host work = harness - bare.
+and the printed times give the printed ratio: ratio = harness / bare, host work = harness - bare. On a
+loaded machine (the runs' rule), or where the harness came out faster than the bare loop beyond the noise,
+the figures are no measurement and the check says so instead (:meth:`Overhead.unmeasured`).
 
 Given ``budget_s``, the timing loop looks at the clock at every optimizer step and stops the run when
 it is spent: the figures are then those of the pairs timed until then, ``cut`` says so.
@@ -36,14 +38,13 @@ import torch
 
 from lra.config import RunSpec, load
 from lra.data import Split
-from lra.devices import sync
+from lra.devices import LoadMeter, sync
 from lra.fit import Plan, plan
 from lra.interrupts import Interrupted
 from lra.loop import wire
-from lra.model import build_model
 from lra.module import warmup_linear_decay
 from lra.tools.meter import timed
-from lra.tools.meter.step import TrainStep, make_batches
+from lra.tools.meter.step import StepRunner
 
 
 def synthetic_splits(spec: RunSpec, n_train: int, n_eval: int, seed: int = 0) -> dict[str, Split]:
@@ -62,23 +63,20 @@ def synthetic_splits(spec: RunSpec, n_train: int, n_eval: int, seed: int = 0) ->
 
 
 class BareLoop:
-    """The loop a researcher would write: forward, loss, backward, (clip), AdamW, schedule."""
+    """The loop a researcher would write, as the bench times it (:class:`lra.tools.meter.step.StepRunner`: forward,
+    loss, backward, clipping, AdamW), with the run's schedule."""
 
     def __init__(self, spec: RunSpec, p: Plan, device: torch.device, precision: str, compiled: bool, seed: int):
-        torch.manual_seed(seed)
-        self.model = build_model(spec.model).to(device).train()
-        self.net = torch.compile(self.model) if compiled else self.model
-        self.step = TrainStep(self.model, spec, p.accum_steps, precision, str(device))
-        t = spec.train
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.step.opt, warmup_linear_decay(t.warmup, t.max_steps))
-        self.pool = make_batches(spec, p.micro_batch, p.accum_steps + 3, str(device), seed)
+        self.runner = StepRunner(spec, p.micro_batch, p.accum_steps, precision, str(device), seed, p.accum_steps + 3)
+        self.net = torch.compile(self.runner.model) if compiled else self.runner.model
+        t, opt = spec.train, self.runner.step.opt
+        self.sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear_decay(t.warmup, t.max_steps))
         self.i = 0
 
     def __call__(self) -> None:
-        a = self.step.accum
-        self.step(self.net, [self.pool[(self.i + j) % len(self.pool)] for j in range(a)])
+        self.runner(self.net, self.i)
         self.sched.step()
-        self.i += a
+        self.i += 1
 
 
 class Interleave(L.Callback):
@@ -116,6 +114,7 @@ class Interleave(L.Callback):
 
 
 TARGET = 1.05  # the harness may cost at most 5% over the bare loop (issue 22)
+NOISE = 0.05  # the harness timed faster than the same work without it by more than this: the timing went wrong
 
 
 @contextlib.contextmanager
@@ -182,9 +181,24 @@ class Overhead:
     precision: str
     compiled: bool
     cut: bool = False  # stopped at its time budget before the blocks asked for
+    loaded: bool | None = None  # the machine was loaded while it ran (lra.devices.machine_loaded, a run's rule)
+    cpu_others: float | None = None  # other processes' share of the machine's CPU time meanwhile
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def unmeasured(self) -> str | None:
+        """Why these figures are no measurement (None: they are one): a loaded machine, or a harness faster than
+        the same work without it beyond :data:`NOISE`, which cannot be. Such a figure is not printed."""
+        if self.loaded:
+            share = "" if self.cpu_others is None else f", other processes used {self.cpu_others:.0%} of its CPU time"
+            return f"the machine was loaded while it ran (as a run's record judges it{share}): run it on a calm machine"
+        if self.ratio < 1 - NOISE:
+            return (
+                f"the harness timed faster than a bare loop doing the same work, beyond the {NOISE:.0%} noise, "
+                "which cannot be: the timings are not to be trusted (another process's bursts?); run it again"
+            )
+        return None
 
 
 def measure(
@@ -238,7 +252,9 @@ def measure(
             w = wire(spec, p, splits, key=None, start=None, extra=(timer,))
             timer.device = w.trainer.strategy.root_device  # the harness's device: the bare loop runs there too
             timer.bare = BareLoop(spec, p, timer.device, spec.hardware.precision, spec.hardware.compile, seed)
+            meter = LoadMeter(timer.device)
             fit_interruptible(w)
+            machine = meter.end()
     return Overhead(
         **summarize(timer.harness_s, timer.bare_s),
         block=block,
@@ -247,4 +263,6 @@ def measure(
         precision=spec.hardware.precision,
         compiled=spec.hardware.compile,
         cut=timer.cut,
+        loaded=machine["loaded"],
+        cpu_others=machine["cpu_others"],
     )

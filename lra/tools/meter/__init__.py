@@ -11,7 +11,8 @@ Device helpers (the device's name, synchronising, recognising out-of-memory) are
 bottom layer the run shares. :mod:`lra.tools.meter.step` imports the model; this package's ``__init__`` does not.
 """
 
-from lra.tools.meter.memory import GIB, LIVE, MIB, LiveTensorBytes, Peak, live_peak, measure_peak, storage_bytes
+from lra.devices import GIB
+from lra.tools.meter.memory import LIVE, MIB, LiveTensorBytes, Peak, live_peak, measure_peak, storage_bytes
 from lra.tools.meter.timing import timed, timing_columns
 
 __all__ = [

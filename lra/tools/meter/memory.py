@@ -28,7 +28,6 @@ from torch.utils._pytree import tree_leaves
 from lra.devices import sync
 
 MIB = 1024**2
-GIB = 1024**3
 LIVE = "live tensor storages (dispatch)"  # the method column of a figure from live_peak
 CUDA_ABOVE_IDLE = "cuda.max_memory_allocated above idle + own state and inputs"
 CUDA_ALL = "cuda.max_memory_allocated"

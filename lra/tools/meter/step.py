@@ -9,12 +9,12 @@ Inputs are random tokens, padded from a seeded per-sample length drawn uniformly
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable
 
 import torch
 
 from lra.config import RunSpec
+from lra.fit import autocast
 from lra.model import build_model, loss_and_correct
 from lra.tools.meter.memory import measure_peak
 
@@ -49,14 +49,6 @@ def attention_inputs(spec: RunSpec, micro: int, device: str, seed: int) -> tuple
     return q, k, v, mask, dout
 
 
-def _autocast(precision: str, device: str):
-    if precision in ("16-mixed", "16"):
-        return torch.autocast(device_type=device.split(":")[0], dtype=torch.float16)
-    if precision in ("bf16-mixed", "bf16"):
-        return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 class TrainStep:
     """One optimizer step of a run: ``accum`` micro-batches, loss scaled by 1/accum, then AdamW."""
 
@@ -70,7 +62,7 @@ class TrainStep:
 
     def __call__(self, net: Callable, batches: list[tuple]) -> None:
         for tokens, mask, labels in batches:
-            with _autocast(self.precision, self.device):
+            with autocast(self.precision, self.device):
                 loss, _ = loss_and_correct(net(tokens, mask), labels)
             self.scaler.scale(loss / self.accum).backward()
         if self.clip is not None:
@@ -82,6 +74,26 @@ class TrainStep:
 
     def state_tensors(self) -> list[torch.Tensor]:
         return self.params + [v for s in self.opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+class StepRunner:
+    """The model of a run, its :class:`TrainStep` and a pool of batches: ``runner(net, i)`` is optimizer step i (each
+    differs from the last). The one runner the bench's task mode times and the doctor's overhead check pairs with
+    the harness; ``net`` is the model or its compiled form."""
+
+    def __init__(self, spec: RunSpec, micro: int, accum: int, precision: str, device: str, seed: int, pool: int):
+        torch.manual_seed(seed)
+        self.model = build_model(spec.model).to(device).train()
+        self.step = TrainStep(self.model, spec, accum, precision, device)
+        self.pool = make_batches(spec, micro, pool, device, seed)
+
+    def __call__(self, net: Callable, i: int) -> None:
+        a = self.step.accum
+        self.step(net, [self.pool[(i * a + j) % len(self.pool)] for j in range(a)])
+
+    def known(self) -> list[torch.Tensor]:
+        """Its parameters, AdamW states and inputs: what a peak of its step counts as its own."""
+        return [*self.step.state_tensors(), *(t for b in self.pool for t in b)]
 
 
 def step_peak(spec: RunSpec, micro: int, precision: str, device: str) -> int:

@@ -4,15 +4,13 @@ calls is reported as. The benchmark's layer and task modes and the doctor's over
 
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import time
 from typing import Callable
 
 import torch
 
-from lra.devices import default_threads, sync
+from lra.devices import LoadMeter, sync
 
 
 def timed(fn: Callable[[], object], device: str | torch.device) -> float:
@@ -35,44 +33,38 @@ def timing_columns(times: list[float]) -> dict:
 
 
 class Load:
-    """The machine's load average over a benchmark, and whether it makes the CPU timings unreliable.
-
-    Started on construction, :meth:`stop` at the end. Other processes' load is the larger of the load average
-    at the start and the one at the end less this benchmark's own ``threads`` (the 1-minute average lags, so
-    the start shows who was there before and the end what ran beside it). Every report prints :meth:`line`,
-    and :meth:`warning` where other processes wanted more cores than the benchmark left free."""
+    """The machine's load over a measurement, read and judged as a run's record is (:class:`lra.devices.LoadMeter`,
+    :func:`lra.devices.machine_loaded`: one rule for "loaded"). Started on construction, :meth:`stop` at the end;
+    every report prints :meth:`line`, and :meth:`warning` where the machine was loaded."""
 
     def __init__(self, threads: int, device: str = "cpu"):
-        self.threads, self.device = threads, str(device)
-        self.cores = default_threads()
-        self.start = self._now()
-        self.end = self.start
-
-    @staticmethod
-    def _now() -> float:
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+        self.threads, self.meter = threads, LoadMeter(device)
+        self.machine = self.meter.fields
 
     def stop(self) -> Load:
-        self.end = self._now()
+        self.machine = self.meter.end()
         return self
 
     @property
-    def others(self) -> float:
-        return max(self.start, self.end - self.threads)
+    def loaded(self) -> bool:
+        return bool(self.machine["loaded"])
 
     def line(self) -> str:
+        m, others = self.machine, self.machine.get("cpu_others")
+        avg = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
         return (
-            f"Load average {self.start:.2f} at the start, {self.end:.2f} at the end, on {self.cores} cores "
-            f"({self.threads} thread(s) of this benchmark)."
+            f"Load average {avg(m['loadavg_start'])} at the start, {avg(m['loadavg_end'])} at the end, on {m['cpus']} "
+            f"cores ({self.threads} thread(s) of this measurement)"
+            + ("" if others is None else f"; other processes used {others:.0%} of the machine's CPU time")
+            + "."
         )
 
     def warning(self) -> str | None:
-        """One sentence when other processes competed for the cores (None on a quiet machine or on a GPU)."""
-        free = self.cores - self.threads
-        if not self.device.startswith("cpu") or not math.isfinite(self.others) or self.others <= free + 0.25:
+        """One sentence when the machine was loaded (None on a calm one)."""
+        if not self.loaded:
             return None
         return (
-            f"Warning: other processes kept about {self.others:.1f} cores busy beside this benchmark's "
-            f"{self.threads} thread(s) on {self.cores} cores: times are inflated and noisy (ratios measured "
-            f"in one process suffer less). Rerun on a quiet machine before quoting them."
+            "Warning: the machine was loaded while this ran (others' CPU share, or the GPU, as a run's record judges "
+            "it: lra.devices.machine_loaded): times are inflated and noisy (ratios measured in one process suffer "
+            "less). Rerun on a quiet machine before quoting them."
         )

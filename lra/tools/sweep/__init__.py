@@ -26,16 +26,16 @@ imports it, and a run knows nothing of the sweep that launched it):
 - :mod:`~lra.tools.sweep.progress`: the progress line and its watcher thread;
 - :mod:`~lra.tools.sweep.cost` and :mod:`~lra.tools.sweep.budget`: each job's estimate on this device, and a
   sweep against a time budget;
-- :mod:`~lra.tools.sweep.driver`: a grid sweep from plan to summary;
-- :mod:`~lra.tools.sweep.search` and :mod:`~lra.tools.sweep.pruning`: Optuna searches (the ``sweep`` extra) and the
-  callback that prunes a trial from inside its run;
+- :mod:`~lra.tools.sweep.driver`: a grid sweep from plan to summary; :mod:`~lra.tools.sweep.wandb_table` its
+  W&B ``jobs`` table;
+- :mod:`~lra.tools.sweep.search`, :mod:`~lra.tools.sweep.study` and :mod:`~lra.tools.sweep.pruning`: Optuna
+  searches (the ``sweep`` extra): their trials, their study, and the callback that prunes a trial from its run;
 - :mod:`~lra.tools.sweep.cli`: ``python -m lra.tools.sweep``.
 """
 
 from lra.hydra_glue import Composer
 from lra.tools.sweep.base import (
     FINISHED,
-    LEGACY_MANIFEST,
     MANIFEST_VERSION,
     MARKER,
     SWEEP_OPTIONS,
@@ -52,7 +52,6 @@ from lra.tools.sweep.share import ShareError, check_sharing, gpu_of_slot, job_sh
 
 __all__ = [
     "FINISHED",
-    "LEGACY_MANIFEST",
     "MANIFEST_VERSION",
     "MARKER",
     "SWEEP_OPTIONS",

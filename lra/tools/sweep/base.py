@@ -30,8 +30,7 @@ SWEEP_OPTIONS = (
     "carry",
     "probe",
 )  # consumed here, never passed to a run
-MANIFEST_VERSION = 2  # 2: manifest-<key>.json per sweep definition (1: manifest.json per grid)
-LEGACY_MANIFEST = "manifest.json"  # a version-1 manifest: read as it is, never rewritten or deleted
+MANIFEST_VERSION = 2  # manifest-<key>.json per sweep definition
 STOP_GRACE_S = 10.0  # an interrupted sweep's jobs get this long to end on their own signal
 # A budget: the runs still training at its end get SIGTERM and STOP_WAIT_S to write their record (seconds here),
 # then SIGKILL; the sweep ends at most BUDGET_SLACK_S after its budget (the rest: the manifest and the summary).

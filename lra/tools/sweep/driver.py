@@ -21,7 +21,6 @@ from lra.tools.sweep import budget as clock
 from lra.tools.sweep.base import (
     BUDGET_SLACK_S,
     FINISHED,
-    LEGACY_MANIFEST,
     STOP_WAIT_S,
     BudgetReached,
     Interrupted,
@@ -151,18 +150,16 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str], t0: float | None = No
             print(clock.totals(todo, by_job, batch, est.device))
             if opts["budget"] is not None:
                 print(clock.plan(todo, by_job, batch, opts["budget"] - (time.time() - t0), opts["carry"])[2])
-            path, previous = find_manifest(folder, key, jobs, root, keep_aside=False)
+            path, previous = find_manifest(folder, key, keep_aside=False)
             state = (
                 ("exists" if previous else "damaged: the sweep keeps it aside and starts a new one")
                 if path.exists()
-                else f"new, taking over {LEGACY_MANIFEST}"
-                if previous
                 else "new"
             )
             print(f"manifest: {path} ({state})")
             return 0
         with sweep_lock(folder):
-            manifest, previous = find_manifest(folder, key, jobs, root)
+            manifest, previous = find_manifest(folder, key)
             head = {
                 "grid": grid.name,
                 "kind": "grid",
@@ -248,7 +245,7 @@ def run_grid(grid: Grid, opts: dict, hydra_ovs: list[str], t0: float | None = No
     if opts["budget"] is not None:
         print("\n".join(clock.report(jobs, started, left, reached, grid.command, root)))
     if any(o.startswith("logger=") and "wandb" in o for o in (jobs[0].overrides if jobs else [])):
-        from lra.wandb_extras import log_sweep_table
+        from lra.tools.sweep.wandb_table import log_sweep_table
 
         with contextlib.suppress(Exception):
             log_sweep_table(read_json(manifest), folder)

@@ -29,7 +29,7 @@ class Grid:
     launcher: str | None = None  # conf/hydra/launcher entry (None: Hydra's basic launcher)
     parallel: int = 1
     jobs_per_gpu: int | None = None  # k runs share each GPU (None: each parallel job its own GPUs)
-    search: dict | None = None  # {sweeper, n_trials, params: {key: "interval(..)"}}
+    search: dict | None = None  # {n_trials, params: {key: "interval(..)"}, sampler, pruner, storage}
     doc: str = ""
     command: str = ""  # the lra.tools.sweep command line that runs it (apply_cli): the resume line
     order: list[str] | None = None  # the axes from slowest to fastest (None: as the grid lists them)

@@ -41,8 +41,12 @@ from lra.tools.sweep.share import (
 
 log = logging.getLogger("lra.tools.sweep")
 END_ENV = "LRA_SWEEP_END"  # a budget's end (time.time()) that a job keeps whether or not its driver lives
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache  # looked up on the first job, not at import: a command's --help loads no library
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 # ----------------------------------------------------------------------------- one job (runs in the job)
@@ -109,12 +113,15 @@ def start_run(cmd: list[str], **popen) -> subprocess.Popen:
     """``cmd`` started as this process's run: on Linux the kernel sends it SIGTERM when the thread that started it
     ends, so a driver (or job) killed with SIGKILL leaves no run training on without its budget: it writes its
     ``interrupted`` record and keeps its last checkpoint, as at the budget."""
-    return subprocess.Popen(cmd, preexec_fn=functools.partial(_stop_with, os.getpid()) if _PRCTL else None, **popen)
+    prctl = _prctl()
+    return subprocess.Popen(
+        cmd, preexec_fn=functools.partial(_stop_with, os.getpid(), prctl) if prctl else None, **popen
+    )
 
 
-def _stop_with(parent: int) -> None:
+def _stop_with(parent: int, prctl) -> None:
     """A child's preexec_fn: SIGTERM when its parent ends; ended now if that was before this call."""
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         os._exit(128 + signal.SIGTERM)
 

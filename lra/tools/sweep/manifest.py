@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lra.files import write_json
 from lra.runlock import LockUnsupported, RunLocked, hold
-from lra.tools.sweep.base import LEGACY_MANIFEST, MANIFEST_VERSION, MARKER, Refusal
+from lra.tools.sweep.base import MANIFEST_VERSION, MARKER, Refusal
 from lra.tools.sweep.jobs import now_iso, read_json, run_status
 
 log = logging.getLogger("lra.tools.sweep")
@@ -77,30 +77,11 @@ def counts(jobs: list[Job]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _job_ids(rows: list[dict]) -> list[str]:
-    """The jobs of a manifest, by run folder (or, for an invalid job, its overrides)."""
-    return sorted(r.get("run_dir") or " ".join(r.get("overrides") or []) for r in rows)
-
-
-def find_manifest(folder: Path, key: str, jobs: list[Job], root: Path, keep_aside: bool = True) -> tuple[Path, dict]:
-    """(the sweep's manifest, what an earlier invocation left in it). ``manifest-<key>.json`` when there
-    (damaged: kept aside, see :func:`read_manifest`); else a version-1 ``manifest.json`` (one per grid)
-    listing exactly these jobs is taken over: its creation time and invocations carry into the new file,
-    and the old file stays as it is."""
+def find_manifest(folder: Path, key: str, keep_aside: bool = True) -> tuple[Path, dict]:
+    """(the sweep's manifest ``manifest-<key>.json``, what an earlier invocation left in it; damaged: kept aside,
+    see :func:`read_manifest`)."""
     path = folder / f"manifest-{key}.json"
-    if path.exists():
-        return path, read_manifest(path, keep_aside=keep_aside)
-    legacy = read_json(folder / LEGACY_MANIFEST) or {}
-    ours = _job_ids(
-        [{"run_dir": rel_path(j.run_dir, root) if j.run_dir else None, "overrides": j.overrides} for j in jobs]
-    )
-    if legacy.get("kind", "grid") == "grid" and legacy.get("jobs") and _job_ids(legacy["jobs"]) == ours:
-        return path, {
-            "created": legacy.get("created"),
-            "invocations": legacy.get("invocations", []),
-            "migrated_from": LEGACY_MANIFEST,
-        }
-    return path, {}
+    return path, read_manifest(path, keep_aside=keep_aside)
 
 
 def read_manifest(path: Path, keep_aside: bool = True) -> dict:
@@ -145,7 +126,6 @@ def write_manifest(path: Path, head: dict, jobs: list[Job], root: Path, previous
         "runs_root": str(root),
         **head,
         "invocations": old.get("invocations", []),
-        **({"migrated_from": old["migrated_from"]} if old.get("migrated_from") else {}),
         "counts": counts(jobs),
         "jobs": [j.row(root) for j in jobs],
     }

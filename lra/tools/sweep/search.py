@@ -8,8 +8,7 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
 
 * the study is persistent: ``<runs root>/<preset>/sweeps/<grid>/optuna.db`` (SQLite), study
   ``<grid>-<preset>-<task>-<attn>-<key>`` (``<key>``: a hash of the search's definition, its fixed
-  overrides, space, sampler and pruner: :func:`search_definition`; a study named without the key by an
-  earlier version is continued when its fixed overrides are these); ``n_trials`` is the study's
+  overrides, space, sampler and pruner: :func:`search_definition`); ``n_trials`` is the study's
   total, so running the same command again only adds the trials still missing (``n_trials=40``: 20 more);
 * every trial is an ordinary ``python -m lra.train <fixed> <sampled values>`` process in the run
   folder a plain run with those overrides gets, ``parallel`` at a time, its output in
@@ -25,12 +24,14 @@ A search file (conf/sweep/<name>.yaml) has fixed ``overrides`` and a ``search`` 
   no reason of its own.) SIGINT or SIGTERM to the driver does the same at once: the trials get the
   signal (or had it already), their trials are re-queued, the manifest is written and one line says
   how to resume (exit 130/143).
+
+The study's bookkeeping (the space, opening it, telling it each ending, re-queuing) is
+:mod:`lra.tools.sweep.study`; this module reads the search file and runs the trials.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import logging
 import os
@@ -39,26 +40,25 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import optuna
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from lra import REPO_ROOT
 from lra.devices import MEMORY_LIMIT_ENV
 from lra.files import write_json
 from lra.hydra_glue import Composer
-from lra.tools.sweep.base import FINISHED, MANIFEST_VERSION, MARKER, STOP_GRACE_S, Interrupted, interruptible, signal_of
+from lra.tools.sweep.base import MARKER, STOP_GRACE_S, Interrupted, interruptible, signal_of
 from lra.tools.sweep.driver import fmt_counts
-from lra.tools.sweep.grid import LAUNCH_ONLY, Grid, canonical, override_parser, quote, sweep_key, with_run_tag
+from lra.tools.sweep.grid import LAUNCH_ONLY, Grid, canonical, quote, sweep_key, with_run_tag
 from lra.tools.sweep.jobs import now_iso, read_json, run_status
 from lra.tools.sweep.manifest import read_manifest, rel_path, sweep_lock
 from lra.tools.sweep.progress import Progress
-from lra.tools.sweep.pruning import OBJECTIVE, OptunaPruning, check_storage, make_pruner, pruned_info, storage_for
+from lra.tools.sweep.pruning import OptunaPruning, check_storage, make_pruner, storage_for
 from lra.tools.sweep.share import (
     ShareError,
     check_sharing,
@@ -70,56 +70,23 @@ from lra.tools.sweep.share import (
     not_reported,
     visible_gpus,
 )
+from lra.tools.sweep.study import (
+    DEFAULT_PRUNER,
+    Search,
+    counted,
+    finish,
+    open_study,
+    param_overrides,
+    parse_space,
+    recover,
+    settle,
+    write_manifest,
+)
 
 log = logging.getLogger("lra.search")
 
 
 SEARCH_KEYS = ("n_trials", "params", "sampler", "pruner", "storage")
-DEFAULT_PRUNER = {"name": "median", "n_startup_trials": 3, "n_warmup_steps": 0}
-SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
-
-
-# ----------------------------------------------------------------------------- the space
-def parse_space(params: dict) -> dict[str, optuna.distributions.BaseDistribution]:
-    """Hydra's sweep syntax -> Optuna distributions (the key, ``++`` included, names the parameter)."""
-    space = {}
-    for key, spec in (params or {}).items():
-        try:
-            ov = override_parser().parse_override(f"{key}={spec}")
-        except Exception as e:  # Hydra's grammar error, told in one line
-            raise SystemExit(
-                f"lra.tools.sweep: search.params.{key}={spec!r} does not parse ({str(e).splitlines()[0]}); "
-                "use choice(a,b), range(lo,hi,step=s), interval(lo,hi) or tag(log, interval(lo,hi))"
-            )
-        sweep = ov.value()
-        kind = type(sweep).__name__
-        if kind == "ChoiceSweep":
-            space[key] = CategoricalDistribution(list(sweep.list))
-        elif kind == "RangeSweep":
-            values = list(ov.sweep_iterator())
-            if not values:
-                raise SystemExit(f"lra.tools.sweep: search.params.{key}={spec!r} is an empty range")
-            if all(isinstance(v, int) for v in values):
-                space[key] = IntDistribution(values[0], values[-1], step=int(sweep.step or 1))
-            else:
-                space[key] = CategoricalDistribution(values)
-        elif kind == "IntervalSweep":
-            space[key] = FloatDistribution(float(sweep.start), float(sweep.end), log="log" in sweep.tags)
-        else:
-            raise SystemExit(
-                f"lra.tools.sweep: search.params.{key}={spec!r} is one value, not a range to search; "
-                "put fixed values in `overrides`"
-            )
-    if not space:
-        raise SystemExit(
-            "lra.tools.sweep: the search has no params; add search.params (e.g. train.lr: "
-            "tag(log, interval(1e-5, 3e-3)))"
-        )
-    return space
-
-
-def param_overrides(params: dict) -> list[str]:
-    return [f"{k}={v}" for k, v in params.items()]
 
 
 # ----------------------------------------------------------------------------- running trials
@@ -139,128 +106,6 @@ class Active:
     proc: object  # Popen-like: poll(), send_signal(), wait(), pid
     t_start: float
     slot: int = 0  # 0 <= slot < parallel: which GPU(s) it holds
-
-
-@dataclass
-class Search:
-    """One study and the plumbing around it (what :func:`drive` needs, built by :func:`prepare`)."""
-
-    name: str
-    storage: str
-    folder: Path
-    root: Path
-    space: dict
-    fixed: list[str]
-    target: int
-    parallel: int
-    job_dir: Callable[[list[str]], Path]  # overrides -> the run folder lra.train will use
-    hydra_ovs: list[str] = field(default_factory=list)
-    sampler: dict = field(default_factory=dict)
-    pruner: dict = field(default_factory=lambda: dict(DEFAULT_PRUNER))
-    tag: str = ""
-    jobs_per_gpu: int | None = None  # k trials share each GPU of ``gpus`` (lra.tools.sweep's jobs_per_gpu)
-    gpus: list[str] = field(default_factory=list)
-    hw: dict = field(default_factory=dict)  # the trials' hardware profile (their share is computed from it)
-    legacy_name: str | None = None  # the study's name before keys (continued when its fixed overrides match)
-    key: str = ""  # lra.tools.sweep.sweep_key of ``definition``: in the study's and manifest's names
-    started: list[int] = field(default_factory=list)  # trials this driver launched (the invocation's count)
-    definition: dict = field(default_factory=dict)
-    command: str = ""  # the lra.tools.sweep command line (the resume line)
-    grid: str = ""  # the search file (conf/sweep/<grid>.yaml), for the trials' records
-
-    @property
-    def manifest(self) -> Path:
-        return self.folder / (f"manifest-{self.tag}.json" if self.tag else "manifest.json")
-
-
-def adopt_legacy(s: Search, storage) -> None:
-    """A study an earlier version named without the key (``<grid>-<preset>-<task>-<attn>``) is this
-    search's when no keyed one exists and it was run with the same fixed overrides: go on with it."""
-    if not s.legacy_name:
-        return
-    names = set(optuna.get_all_study_names(storage))
-    if s.name in names or s.legacy_name not in names:
-        return
-    old = optuna.load_study(study_name=s.legacy_name, storage=storage)
-    if old.user_attrs.get("fixed_overrides") == list(s.fixed):
-        log.info("continuing study %s (named before studies had a key)", s.legacy_name)
-        s.name = s.legacy_name
-
-
-def open_study(s: Search) -> optuna.Study:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        check_storage(s.storage)
-        storage = storage_for(s.storage)
-        adopt_legacy(s, storage)
-        study = optuna.create_study(study_name=s.name, storage=storage, direction="maximize", load_if_exists=True)
-        n = len(study.trials)
-        spec = dict(s.sampler or {})
-        name = str(spec.pop("name", "tpe"))
-        if name not in SAMPLERS:
-            raise SystemExit(f"lra.tools.sweep: search.sampler.name={name!r}: allowed {', '.join(SAMPLERS)}")
-        if spec.get("seed") is not None:  # a continued study must not replay the first invocation's draws
-            spec["seed"] = int(spec["seed"]) + n
-        study.sampler = SAMPLERS[name](**spec)
-        study.pruner = make_pruner(s.pruner)
-        study.set_user_attr("pruner", dict(s.pruner or {"name": "none"}))  # the trial process rebuilds it
-        study.set_user_attr("fixed_overrides", list(s.fixed))
-    return study
-
-
-def recover(study: optuna.Study) -> list[int]:
-    """Trials left RUNNING by a killed driver (the sweep lock says no driver is live): FAIL, marked
-    ``interrupted``, and their parameters enqueued again (the same run folder: lra.train resumes it)."""
-    storage = study._storage  # the study's own storage object (public API on it)
-    sid = storage.get_study_id_from_name(study.study_name)
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        requeue(study, t, storage.get_trial_id_from_study_id_trial_number(sid, t.number))
-        out.append(t.number)
-    return out
-
-
-def requeue(study: optuna.Study, trial, tid: int, status: str | None = None) -> None:
-    """An interrupted trial: FAIL, marked ``interrupted`` (it does not count), its parameters enqueued again."""
-    storage = study._storage
-    storage.set_trial_user_attr(tid, "interrupted", True)
-    if status:
-        storage.set_trial_user_attr(tid, "status", status)
-    study.tell(trial.number, state=TrialState.FAIL)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        study.enqueue_trial(dict(trial.params), user_attrs={"requeued_from": trial.number})
-
-
-def counted(study: optuna.Study) -> list:
-    """The trials that make up ``n_trials``: all but interrupted ones (re-queued) and the queue itself."""
-    return [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if not t.user_attrs.get("interrupted") and t.state != TrialState.WAITING
-    ]
-
-
-def finish(study: optuna.Study, number: int, run_dir: Path, returncode: int | None) -> TrialState:
-    """Tell the study how trial ``number`` ended, from what its run left in ``run_dir``."""
-    status, rec = run_status(run_dir)
-    pruned = pruned_info(run_dir)
-    storage = study._storage
-    tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
-    storage.set_trial_user_attr(tid, "status", status)
-    storage.set_trial_user_attr(tid, "returncode", returncode)
-    if pruned is not None and status in FINISHED:
-        storage.set_trial_user_attr(tid, "pruned_at_step", pruned.get("step"))
-        study.tell(number, state=TrialState.PRUNED)
-        return TrialState.PRUNED
-    value = rec.get(OBJECTIVE)
-    if status in FINISHED and value is not None:
-        study.tell(number, float(value))
-        return TrialState.COMPLETE
-    reason = rec.get("reason") or f"lra.train exited {returncode}, status {status!r}"
-    storage.set_trial_user_attr(tid, "reason", str(reason)[:500])
-    study.tell(number, state=TrialState.FAIL)
-    return TrialState.FAIL
 
 
 def trial_command(s: Search, number: int, params: dict, run_dir: Path, extra: list[str] = ()) -> list[str]:
@@ -423,38 +268,13 @@ def stop_trials(
             a.proc.wait(timeout=wait_s)
 
 
-def settle(study: optuna.Study, stopped: dict[int, tuple[Path, int | None]], deferred: list[int]) -> None:
-    """After an interruption, the trials the study still has RUNNING: one whose run finished anyway is
-    told as usual (:func:`finish`); the others (stopped, or asked while their folder was busy) are
-    re-queued as :func:`recover` would at the next start, with the status their folder shows."""
-    storage = study._storage
-    sid = storage.get_study_id_from_name(study.study_name)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number in stopped:
-            run_dir, returncode = stopped[t.number]
-            status = run_status(run_dir)[0]
-            if status in FINISHED:
-                finish(study, t.number, run_dir, returncode)
-            else:
-                requeue(study, t, storage.get_trial_id_from_study_id_trial_number(sid, t.number), status)
-        elif t.number in deferred:
-            requeue(study, t, storage.get_trial_id_from_study_id_trial_number(sid, t.number))
-
-
-def _gpu_slot(k: int, parallel: int, visible: list[str] | None = None) -> dict:
-    """Parallel trials on a multi-GPU box: trial slot k gets its own share of the visible GPUs."""
-    visible = visible_gpus() if visible is None else visible
-    if parallel > 1 and len(visible) >= parallel:
-        per = len(visible) // parallel
-        return {"CUDA_VISIBLE_DEVICES": ",".join(visible[k * per : (k + 1) * per])}
-    return {}
-
-
 def trial_placement(s: Search, slot: int) -> tuple[dict, list[str]]:
-    """(environment, extra overrides) of the trial in ``slot``: its own GPUs, or with jobs_per_gpu=k GPU
-    slot // k and 1/k of its memory, exactly as a grid job (lra.tools.sweep.job_share)."""
+    """(environment, extra overrides) of the trial in ``slot``: its own share of the visible GPUs (when there
+    are enough), or with jobs_per_gpu=k GPU slot // k and 1/k of its memory, as a grid job (share.job_share)."""
     if not s.jobs_per_gpu:
-        return _gpu_slot(slot, s.parallel), []
+        visible, n = visible_gpus(), s.parallel
+        per = len(visible) // n if n > 1 else 0
+        return ({"CUDA_VISIBLE_DEVICES": ",".join(visible[slot * per : (slot + 1) * per])} if per else {}), []
     gpu = gpu_of_slot(slot, s.jobs_per_gpu, s.gpus)
     share = job_share(s.hw, s.jobs_per_gpu, gpu, total_of=device_total_gib)
     if share is None:
@@ -465,56 +285,6 @@ def trial_placement(s: Search, slot: int) -> tuple[dict, list[str]]:
     )
 
 
-# ----------------------------------------------------------------------------- manifest
-def trial_rows(study: optuna.Study, s: Search) -> list[dict]:
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        params = t.params or dict(t.system_attrs.get("fixed_params") or {})  # a queued trial: what it will run
-        run_dir = None
-        with contextlib.suppress(Exception):
-            run_dir = rel_path(s.job_dir(s.fixed + param_overrides(params)), s.root)
-        rows.append(
-            {
-                "number": t.number,
-                "state": t.state.name,
-                "value": t.value,
-                "params": params,
-                "run_dir": run_dir,
-                **{k: v for k, v in t.user_attrs.items()},
-                "last_step": max(t.intermediate_values) if t.intermediate_values else None,
-            }
-        )
-    return rows
-
-
-def write_manifest(study: optuna.Study, s: Search, invocation: dict) -> dict:
-    best = None
-    with contextlib.suppress(ValueError):
-        best = {"number": study.best_trial.number, "value": study.best_value, "params": study.best_params}
-    old = read_manifest(s.manifest)
-    body = {
-        "schema_version": MANIFEST_VERSION,
-        "created": old.get("created", now_iso()),
-        "updated": now_iso(),
-        "kind": "search",
-        "study": s.name,
-        "storage": s.storage,
-        "runs_root": str(s.root),
-        "n_trials_target": s.target,
-        "fixed_overrides": s.fixed,
-        "space": {k: repr(v) for k, v in s.space.items()},
-        "pruner": s.pruner,
-        "key": s.key,
-        "definition": s.definition,
-        "command": s.command,
-        "invocations": old.get("invocations", []) + ([invocation] if invocation else []),
-        "best": best,
-        "trials": trial_rows(study, s),
-    }
-    write_json(s.manifest, body)
-    return body
-
-
 # ----------------------------------------------------------------------------- entry
 def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) -> Search:
     spec = dict(grid.search or {})
@@ -522,7 +292,7 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
     if unknown:
         raise SystemExit(
             f"lra.tools.sweep: conf/sweep/{grid.name}.yaml search has unknown keys {sorted(unknown)}; "
-            f"allowed: {', '.join(SEARCH_KEYS)} (the Hydra sweeper plugin is gone: no `sweeper`)"
+            f"allowed: {', '.join(SEARCH_KEYS)}"
         )
     if grid.axes:
         raise SystemExit(
@@ -601,7 +371,6 @@ def prepare(grid: Grid, opts: dict, hydra_ovs: list[str], composer: Composer) ->
         sampler=sampler,
         pruner=pruner,
         tag=f"{task}-{attn}-{key}",
-        legacy_name=f"{grid.name}-{preset}-{task}-{attn}",
         key=key,
         definition=defn,
         command=grid.command,
@@ -637,7 +406,7 @@ def _fmt_trial_share(s: Search) -> str:
 
 
 def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
-    t0 = time.time()
+    t0, started = time.time(), now_iso()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     with interruptible(), Composer() as composer:
@@ -676,7 +445,7 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
                     study,
                     s,
                     {
-                        "started": _dt_iso(t0),
+                        "started": started,
                         "wall_s": round(time.time() - t0, 1),
                         "launched": len(s.started),
                         "command": s.command,
@@ -708,15 +477,13 @@ def run_search(grid: Grid, opts: dict, hydra_ovs: list[str]) -> int:
 
 
 def _print_plan(s: Search, grid: Grid) -> None:
-    """dry_run=true: the study (the one an earlier version named, when it is taken over), nothing written."""
+    """dry_run=true: the study and its trials so far, nothing written."""
     n = 0
     db = s.storage[len("sqlite:///") :] if s.storage.startswith("sqlite:///") else None
     if db is None or Path(db).exists():  # reading a missing SQLite file would create it
         check_storage(s.storage)
-        storage = storage_for(s.storage)
-        adopt_legacy(s, storage)
         with contextlib.suppress(KeyError):
-            n = len(counted(optuna.load_study(study_name=s.name, storage=storage)))
+            n = len(counted(optuna.load_study(study_name=s.name, storage=storage_for(s.storage))))
     print(
         f"search {grid.name}: study {s.name} in {s.storage}; {n} trials so far, target {s.target}, "
         f"{s.parallel} at a time"
@@ -725,7 +492,3 @@ def _print_plan(s: Search, grid: Grid) -> None:
         + ", ".join(f"{k}: {v!r}" for k, v in s.space.items())
         + f"; pruner {s.pruner}; manifest {s.manifest}"
     )
-
-
-def _dt_iso(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")

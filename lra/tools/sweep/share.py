@@ -228,9 +228,6 @@ def hw_of(cfg: DictConfig) -> dict:
     }
 
 
-GIB = 2**30
-
-
 def share_gib(total_gib: float, k: int) -> float:
     """``hardware.total_gib`` of one of k runs on a card of ``total_gib``: T / k, rounded down to 1 KiB-ish."""
     return math.floor(float(total_gib) / int(k) * 1e6) / 1e6
