@@ -356,8 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_overrides("Hydra overrides: task=, attn=, hardware=, preset=, attn.options.<name>=<value>, ...")
     args, unknown = p.parse_known_intermixed_args(argv)
-    if unknown:
-        p.error(f"unknown argument {unknown[0]!r}")
+    if unknown:  # --table was this command's until the table became a measurement
+        p.error(
+            "--table is now python -m lra.tools.bench fit"
+            if unknown[0] == "--table"
+            else f"unknown argument {unknown[0]!r}"
+        )
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     try:
         spec = load(list(args.overrides))

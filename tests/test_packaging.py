@@ -155,12 +155,13 @@ def test_wheel_holds_every_module_config_and_console_script(wheel):
 
 
 def test_installed_package_finds_its_conf_and_imports_without_extras(installed, tmp_path):
-    """Every lra module imports with no extra installed (but the two that exist only for Optuna
+    """Every lra module imports with no extra installed (but the three that exist only for Optuna
     searches, the `sweep` extra); CONF_DIR is the wheel's, REPO_ROOT the cwd."""
     code = (
         "import importlib, pkgutil, lra, lra.train;"
         "[importlib.import_module(m.name) for m in pkgutil.walk_packages(lra.__path__, 'lra.')"
-        " if not m.name.endswith('__main__') and m.name not in ('lra.tools.sweep.search', 'lra.tools.sweep.pruning')];"
+        " if not m.name.endswith('__main__')"
+        " and m.name not in ('lra.tools.sweep.search', 'lra.tools.sweep.study', 'lra.tools.sweep.pruning')];"
         "print(lra.IN_CHECKOUT, lra.CONF_DIR, lra.REPO_ROOT, lra.__file__, sep='\\n')"
     )
     proc = subprocess.run(
