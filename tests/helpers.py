@@ -13,7 +13,17 @@ import pytest
 
 # the quick preset's ListOps on 256 generated examples: the data of every test run (one cache entry for all)
 DATA = ["preset=quick", "task.generator.n_train=256", "task.generator.n_val=64", "task.generator.n_test=64"]
-# a run of it small enough for a unit test: 12 steps
+# 64 of its examples, of up to 60 tokens padded to 64: runs whose steps cross epochs and checkpoints in seconds
+SHORT = [
+    "preset=quick",
+    "task.generator.n_train=64",
+    "task.generator.n_val=16",
+    "task.generator.n_test=16",
+    "task.max_length=60",
+    "task.generator.max_length=60",
+    "task.seq_len=64",
+]
+# a run of DATA small enough for a unit test: 12 steps
 TINY = [
     *DATA,
     "train.max_steps=12",

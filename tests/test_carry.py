@@ -120,9 +120,11 @@ def _train(folder: Path, runs: str, stop_at: int | None = None) -> dict:
     root = folder / runs
     stop = [] if stop_at is None else [kill_at(stop_at, signal.SIGTERM)]
     try:
-        return train_here(folder, *RUN, f"runs_root={root}", callbacks=stop, run_dir=root / REL)
+        rec = train_here(folder, *RUN, f"runs_root={root}", callbacks=stop, run_dir=root / REL)
     except Interrupted:
-        return json.loads((root / REL / "result.json").read_text())
+        rec = json.loads((root / REL / "result.json").read_text())
+    assert rec["config"]["runs_root"] == str(root)  # the test's own root wins over train_here's default
+    return rec
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 from lra import devices
 from lra.data import cache, data_record, load_task, provenance
 from lra.data import listops as lo
+from tests.helpers import SHORT, Killed, kill_at, train_here
 from tests.test_listops import SMALL, _write_official
 
 NODE = {
@@ -246,53 +247,19 @@ def test_a_gpu_shared_with_other_runs_is_loaded():
 # ------------------------------------------------------------------------------ a real run
 
 
-class _Stop(Exception):
-    pass
-
-
-class _StopAt(L.Callback):
-    """Stops the run once optimizer step ``step`` is done, as a kill would (its last.ckpt stays)."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise _Stop()
-
-
-def _run(tmp_path, name, monkeypatch, stop_at=None, stopper=None):
-    from lra import train
-    from lra.config import load
-
-    stopper = stopper or (_StopAt(stop_at) if stop_at is not None else None)
-    monkeypatch.delenv("LRA_DATA", raising=False)  # it would win over data_root= below (lra.files.data_root)
-    monkeypatch.setattr("lra.loop.user_callbacks", lambda spec: [] if stopper is None else [stopper])
-    spec = load(
-        [
-            "preset=quick",
-            "task.generator.n_train=64",
-            "task.generator.n_val=16",
-            "task.generator.n_test=16",
-            "task.max_length=60",
-            "task.generator.max_length=60",
-            "task.seq_len=64",
-            "train.batch_size=16",
-            "train.max_steps=6",
-            "train.eval_every=3",
-            "train.ckpt_every_steps=2",
-            "num_threads=1",
-            "trainer.progress=false",
-            f"data_root={tmp_path / 'data'}",
-            f"runs_root={tmp_path / 'runs'}",
-            f"fit.cache_dir={tmp_path / 'fit'}",
-        ],
+def _run(tmp_path, name, monkeypatch, *callbacks):
+    """The short run (tests/helpers.py SHORT) of 6 steps in ``runs/<name>``: its record, or None when stopped."""
+    monkeypatch.delenv("LRA_DATA", raising=False)  # it would win over data_root= (lra.files.data_root)
+    overrides = ["train.batch_size=16", "train.max_steps=6", "train.eval_every=3", "train.ckpt_every_steps=2"]
+    return train_here(
+        tmp_path,
+        *SHORT,
+        *overrides,
+        "num_threads=1",
+        "trainer.progress=false",
+        callbacks=callbacks,
         run_dir=tmp_path / "runs" / name,
     )
-    try:
-        return train.run(spec)
-    except _Stop:
-        return None
 
 
 def _record(tmp_path, name):
@@ -318,7 +285,7 @@ def test_a_run_records_its_data_and_machine_and_resumes_only_on_its_data(tmp_pat
     if os.path.exists("/proc/stat"):
         assert 0.0 <= m["cpu_others"] <= 1.0 and 0 < m["window_s"] < 600
 
-    assert _run(tmp_path, "resumed", monkeypatch, stop_at=3) is None  # stopped; last.ckpt: step 3's evaluation
+    assert _run(tmp_path, "resumed", monkeypatch, kill_at(3)) is None  # stopped; last.ckpt: step 3's evaluation
     assert _record(tmp_path, "resumed")["machine"]["window_s"] is not None  # a stopped run says its load too
     release = tmp_path / "data" / "listops-quick"
     _write_official(release, {"train": _rows(32)})
@@ -336,13 +303,16 @@ def test_a_run_records_its_data_and_machine_and_resumes_only_on_its_data(tmp_pat
     assert after["data"] == data and after["machine"]["stretches"] == 2
 
 
-class _KilledAt(_StopAt):
+class _KilledAt(L.Callback):
     """Reads result.json at optimizer step ``step`` (what a SIGKILL there would leave), then stops the run."""
+
+    def __init__(self, step):
+        self.step = step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step:
             self.left = json.loads(Path(trainer.default_root_dir, "result.json").read_text())
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+            raise Killed(self.step)
 
 
 def test_killed_failed_and_interrupted_records_say_the_steps_time_and_commits_that_ran(tmp_path, monkeypatch):
@@ -354,7 +324,7 @@ def test_killed_failed_and_interrupted_records_say_the_steps_time_and_commits_th
     commits = iter(["aaaa", "bbbb"])
     monkeypatch.setattr("lra.record.git_commit", lambda: next(commits))
     killed = _KilledAt(5)  # train.ckpt_every_steps=2, eval_every=3: checkpoints at steps 2, 3 and 4
-    assert _run(tmp_path, "r", monkeypatch, stopper=killed) is None
+    assert _run(tmp_path, "r", monkeypatch, killed) is None
     left = killed.left
     assert left["status"] == "running" and left["steps"] == 4 and left["train_time_s"] > 0
     assert left["best_val_acc"] is not None and left["steps_to_best"] == 3 and left["steps_at_stop"] is None

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import TINY, kill_at, record, run_train, start_train, train_here
+from tests.helpers import SHORT, TINY, kill_at, record, run_train, start_train, train_here
 
 # Long enough to be killed mid-training; micro-batch 16 x accumulation 2 exercises accumulation
 # boundaries; patience exercises the early-stopping state; a checkpoint every 3 optimizer steps
@@ -138,13 +138,8 @@ def test_sigterm_then_sigkill_then_restart_matches_uninterrupted(tmp_path):
 # so 14 steps cross 3 epoch boundaries. Evaluation every 3 steps; a resume checkpoint at each evaluation
 # and at every 2nd step.
 EPOCHS = [
-    *[o for o in TINY if not o.startswith(("train.max_steps", "train.eval_every", "task.generator.n_"))],
-    "task.generator.n_train=64",
-    "task.generator.n_val=16",
-    "task.generator.n_test=16",
-    "task.max_length=60",
-    "task.generator.max_length=60",
-    "task.seq_len=64",
+    *SHORT,
+    "num_threads=1",
     "train.batch_size=16",
     "hardware.micro_batch=8",
     "train.max_steps=14",
