@@ -25,6 +25,7 @@ import attention
 from lra import CONF_DIR, REPO_ROOT
 from lra.checks import ConfigError
 from lra.quirks import preset_code
+from lra.tasks import ListOpsGenerator, ListOpsSpec
 
 
 def folder_name(text: str) -> str:
@@ -145,7 +146,10 @@ SEMANTICS = ("clean", "paper")
 DEFAULT_PRESET = "skeinformer_paper"  # conf/config.yaml's defaults list
 
 
-GENERATOR_KEYS = ("n_train", "n_val", "n_test", "min_length", "max_depth")  # ListOps' task.generator.*
+# ListOps' task.generator.* keys that are not also the task's own (max_length is both: the task's is what it keeps)
+GENERATOR_KEYS = {f.name for f in dataclasses.fields(ListOpsGenerator)} - {
+    f.name for f in dataclasses.fields(ListOpsSpec)
+}
 
 
 def protocol_key(key: str) -> str:

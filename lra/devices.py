@@ -209,7 +209,8 @@ def machine_loaded(m: dict | None) -> bool | None:
     return bool(cpu or (m.get("gpu_share") or 1.0) < 1.0 or gpu_others > LOADED_GPU_GIB or cards)
 
 
-def _loadavg() -> float | None:
+def loadavg() -> float | None:
+    """The machine's one-minute load average, rounded (None where the platform has none): the one reading."""
     try:
         return round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):
@@ -277,7 +278,7 @@ class LoadMeter:
         share = memory_share(self.device, env)
         cuda = self.device.type == "cuda"
         self.start = {
-            "loadavg_start": _loadavg(),
+            "loadavg_start": loadavg(),
             "loadavg_end": None,
             "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(),
@@ -299,7 +300,7 @@ class LoadMeter:
 
     def end(self) -> dict:
         """The fields at the end of training (any end: finished, failed, interrupted)."""
-        m = {**self.start, "loadavg_end": _loadavg(), "gpu_others_gib_end": _gpu_others_gib(self.device)}
+        m = {**self.start, "loadavg_end": loadavg(), "gpu_others_gib_end": _gpu_others_gib(self.device)}
         t1 = _cpu_seconds()
         if self.t0 is not None and t1 is not None and t1[0] > self.t0[0]:
             wall, others = t1[0] - self.t0[0], (t1[1] - self.t0[1]) - (t1[2] - self.t0[2])

@@ -127,7 +127,7 @@ def test_reference_mode_bad_input_is_one_line_before_any_work(argv, said, checko
 def _load(monkeypatch, others_s: float, cores: int = 2):
     """Load averages 0.10 then 1.10, and ``others_s`` CPU seconds of other processes in a 10 s window."""
     averages, stats = iter([0.1, 1.1]), iter([(0.0, 100.0, 0.0), (10.0, 109.0 + others_s, 9.0)])
-    monkeypatch.setattr(devices, "_loadavg", lambda: next(averages))
+    monkeypatch.setattr(devices, "loadavg", lambda: next(averages))
     monkeypatch.setattr(devices, "_cpu_seconds", lambda: next(stats))
     monkeypatch.setattr(devices.os, "cpu_count", lambda: cores)
 

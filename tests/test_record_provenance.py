@@ -195,7 +195,7 @@ def test_cpu_others_is_the_machine_load_less_the_runs_own(monkeypatch):
     average inflated by the run's own data preparation taken over the measured share."""
     samples = iter([(100.0, 500.0, 40.0), (110.0, 515.0, 50.0)])  # 15 busy CPU-s in 10 s, 10 of them ours
     monkeypatch.setattr(devices, "_cpu_seconds", lambda: next(samples))
-    monkeypatch.setattr(devices, "_loadavg", lambda: 1.9)
+    monkeypatch.setattr(devices, "loadavg", lambda: 1.9)
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
     meter = devices.LoadMeter("cpu", loader_workers=0)
     assert meter.fields["loaded"] is True  # before training only the load average is known: 1.9 on 2 cores
@@ -211,7 +211,7 @@ def test_a_resumed_run_keeps_the_load_of_its_earlier_stretches(monkeypatch):
     them: a first stretch timed under load would pass for an idle run."""
     samples = iter([(0.0, 0.0, 0.0), (10.0, 15.0, 10.0)])  # this stretch: 10 s, others 0.25
     monkeypatch.setattr(devices, "_cpu_seconds", lambda: next(samples))
-    monkeypatch.setattr(devices, "_loadavg", lambda: 0.2)
+    monkeypatch.setattr(devices, "loadavg", lambda: 0.2)
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
     earlier = {"loadavg_start": 3.5, "cpu_others": 0.9, "window_s": 30.0, "gpu_share": None, "stretches": 1}
     m = devices.LoadMeter("cpu", earlier=earlier).end()
@@ -222,7 +222,7 @@ def test_a_resumed_run_keeps_the_load_of_its_earlier_stretches(monkeypatch):
 def test_a_run_carried_to_another_card_is_no_cards_timing(monkeypatch):
     """Bug caught: a run resumed on an H200 after 5,200 steps on an H100 recorded device "NVIDIA H200" and one
     time per 1k steps summed over both cards, shown in Table 2 as the H200's."""
-    monkeypatch.setattr(devices, "_loadavg", lambda: 0.0)
+    monkeypatch.setattr(devices, "loadavg", lambda: 0.0)
     earlier = {"cpu_others": 0.0, "window_s": 30.0, "stretches": 1, "devices": ["NVIDIA H100 80GB HBM3"]}
     here = devices.LoadMeter("cpu").fields["devices"]
     m = devices.LoadMeter("cpu", earlier=earlier).end()

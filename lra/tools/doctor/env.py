@@ -9,8 +9,7 @@ import platform
 import torch
 from packaging.requirements import Requirement
 
-from lra.devices import GIB, default_threads, device_name
-from lra.devices import _loadavg as load_average  # the one reading of the load, as the runs' records take it
+from lra.devices import GIB, default_threads, device_name, loadavg
 from lra.files import git_commit
 
 # installed apart from an extra (pip install --no-deps: docs/dependencies.md), yet what the extra is for
@@ -65,7 +64,7 @@ def environment(device: str) -> dict:
         "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / GIB, 1) if cuda else None,
         "cpu_cores": default_threads(),
         "threads": torch.get_num_threads(),
-        "load": load_average(),
+        "load": loadavg(),
         "extras": {name: all(_version(d) for d in dists) for name, dists in extras().items()},
     }
     if cuda:
