@@ -113,13 +113,11 @@ def test_wandb_and_tensorboard_beside_metrics_csv(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_into_the_same_wandb_run(tmp_path, monkeypatch):
+def test_killed_run_resumes_into_the_same_wandb_run(tmp_path):
     """SIGKILL after a checkpoint, same command again: the W&B run id is the same, its history table
     holds the evaluations from before the kill, TensorBoard and metrics.csv hold each evaluation once (~40 s)."""
     pytest.importorskip("tensorboard")
-    monkeypatch.setattr("tests.test_resume.RESUME", [*RESUME, SIDE_BY_SIDE])
-    monkeypatch.setattr("tests.test_resume.run_env", lambda tmp, runs: _env(tmp, runs))
-    step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, min_step=9)
+    step, rc, out = _start_and_kill(tmp_path, "runs", signal.SIGKILL, 9, SIDE_BY_SIDE, env=_env(tmp_path))
     assert rc == -signal.SIGKILL, out[-2000:]
     run_dir = _run_dir(tmp_path)
     first_id = (run_dir / "wandb" / "run-id").read_text().strip()

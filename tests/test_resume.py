@@ -59,11 +59,12 @@ def _reference(tmp_path, proc):
     return rec
 
 
-def _start_and_kill(tmp_path, runs, sig, min_step):
-    """Start the run, wait for a resume checkpoint at optimizer step >= min_step, send ``sig``."""
+def _start_and_kill(tmp_path, runs, sig, min_step, *extra, env=None):
+    """Start the run (RESUME, then ``extra`` overrides; ``env`` replaces :func:`run_env`'s), wait for a resume
+    checkpoint at optimizer step >= min_step, send ``sig``."""
     import torch
 
-    proc = start_train(tmp_path, *RESUME, runs=runs)
+    proc = start_train(tmp_path, *RESUME, *extra, runs=runs, **({"env": env} if env else {}))
     deadline = time.time() + 300
     step = None
     try:
