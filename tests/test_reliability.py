@@ -27,6 +27,12 @@ def _roots(tmp_path):
         ["train.lr=1e-3"],
         ["train.lr=0.001"],
         ["trainer.progress=true"],
+        # how a run executes or logs, not what it computes (lra.tags.UNTAGGED): the same folder, so a resume finds it
+        ["train.compile=true"],
+        ["train.ckpt_every_steps=7"],
+        ["trainer.num_workers=2", "trainer.log_every_n_steps=3"],
+        ["hardware.micro_batch=8"],
+        ["logger=[csv,tensorboard]"],
     ],
 )
 def test_equal_configurations_share_one_folder_whatever_their_spelling(spelling):

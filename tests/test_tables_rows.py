@@ -6,6 +6,8 @@ Every test writes its own records (tests/test_collect.py::make_record) and names
 import csv
 import json
 import math
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -359,7 +361,8 @@ def configured(root, attn, seed, changed: dict, relay: bool = False, **fields):
     characters: lra.compose.folder_name), its record's config holds every resolved value."""
     from lra.compose import folder_name
 
-    tag = folder_name(",".join(f"{k}={v}" for k, v in sorted(changed.items())))
+    named = sorted((k, v) for k, v in changed.items() if not k.startswith("protocol."))  # the relay named no folder
+    tag = folder_name(",".join(f"{k}={v}" for k, v in named))
     flat = {
         **QUICK,
         **(RELAY if relay else {}),
@@ -422,14 +425,29 @@ def test_a_protocol_value_every_run_overrode_is_said_though_no_two_runs_differ(t
     assert "train.max_steps=4" in md and "train.warmup=2" in md and "train.lr" not in md
 
 
-def test_the_collectors_copy_of_what_no_tag_names_is_lra_namings():
-    """The collector cannot import lra.naming (it imports torch): its copy of the keys that are no setting must
-    not drift from the one lra.train names run folders by."""
-    from lra.naming import UNTAGGED
-    from lra.tools.collect.rows import NOT_SETTINGS
+def test_an_older_records_relay_node_names_no_row(tmp_path):
+    """A record from before one key per value holds each protocol value twice, as protocol.* and as train.*: a run
+    that overrode one (then spelled protocol.lr=0.002) differs from the others in both keys, and its row names the
+    value once, by the key a run spells today."""
+    for seed in range(2):
+        configured(tmp_path, "softmax", seed, {}, True)
+        configured(tmp_path, "performer", seed, {}, True, test_acc=0.31)
+        configured(tmp_path, "performer", seed, {"train.lr": 0.002, "protocol.lr": 0.002}, True, test_acc=0.32)
+    res = collect(tmp_path, tmp_path / "out", formats=("csv",), plots=False, html=False)
+    t1 = res.tables[("quick", "skeinformer_table1")]
+    assert [r.name for r in t1.rows] == ["Standard", "Performer", "Performer [lr=0.002]"]
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv", keep_default_na=False)
+    assert sorted(set(runs["overrides"])) == ["", "train.lr=0.002"]
 
-    # and the relay node `protocol` that records from before one key per value hold (results/ has them)
-    assert sorted(NOT_SETTINGS) == sorted([*UNTAGGED, "protocol"])
+
+def test_the_collector_imports_neither_torch_nor_hydra():
+    """A results folder is collected on a laptop without the training stack loaded: the collector reads the run
+    tag's keys and spelling from lra.tags, not lra.naming (which imports torch and Hydra)."""
+    code = (
+        "import sys, lra.tools.collect, lra.tools.collect.plots; print(sorted({'torch', 'hydra'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_a_labels_file_renames_rows_without_retraining(tmp_path, capsys):

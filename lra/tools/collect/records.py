@@ -50,7 +50,8 @@ import numpy as np
 import pandas as pd
 
 from lra.record import CORE, SCHEMA_VERSION, Record  # the newest run-record schema this reader knows
-from lra.tools.collect.rows import overrides, spelled
+from lra.tags import flat, spelled
+from lra.tools.collect.rows import overrides
 
 # Finished runs (= lra.train.FINISHED). "stuck" (training ran, but stayed at chance level) is a real
 # outcome the papers count too (YOSO Table 3: Performer 18.80 on ListOps): it enters the means and is
@@ -351,11 +352,9 @@ def normalise(record: Record, rel: str) -> tuple[dict, list[Issue]]:
     return out, issues
 
 
-def _flat(node, prefix: str = "") -> dict:
-    """A resolved config as {dotted key: value as its run tag spells it} (lra.naming: text as it is, else JSON)."""
-    if isinstance(node, dict) and node:
-        return {k: v for key, sub in node.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: spelled(node)}
+def _flat(node) -> dict:
+    """A resolved config as {dotted key: value as its run tag spells it} (lra.tags)."""
+    return {k: spelled(v) for k, v in flat(node).items()}
 
 
 def _text(x) -> str:

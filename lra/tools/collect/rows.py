@@ -31,6 +31,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from lra import CONF_DIR
+from lra.tags import UNTAGGED, spelled
 from lra.tools.display import paper_names
 
 BASELINE = "softmax"  # the attention every other row is compared with (Standard / Self-Attention / softmax)
@@ -38,13 +39,9 @@ _ITEM = re.compile(r",(?=[+~]?[A-Za-z_][\w.@/-]*=)")  # a comma that starts the 
 _HASHED = re.compile(r"-[0-9a-f]{9}$")  # a folder tag cut, or made safe, and given a hash (lra.compose.folder_name)
 # overrides that belong to the attention (its options and variants): set aside when finding the baseline
 ATTN_KEYS = ("attn", "attn_options", "attn_checkpointing")
-# Resolved keys that say where or how a run ran, not what it computed: lra.naming.UNTAGGED, copied since that
-# module imports torch (tests/test_tables_rows.py checks that the two agree)
-NOT_SETTINGS = tuple(
-    "preset semantics seed name task.name attn.name attn.label attn.target attn.base_options protocol attn_options "
-    "quirks runs_root data_root run_tag force num_threads fit hardware logger trainer.progress trainer.num_workers "
-    "trainer.log_every_n_steps train.compile train.ckpt_every_steps".split()
-)
+# Resolved keys that say where or how a run ran, not what it computed: those no run tag names, and the relay node
+# `protocol` that records from before one key per value hold (results/ has them)
+NOT_SETTINGS = (*UNTAGGED, "protocol")
 
 
 @dataclass(frozen=True)
@@ -104,11 +101,6 @@ def short_tag(tag: str) -> str:
 
 def _setting(key: str) -> bool:
     return not any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
-
-
-def spelled(value) -> str:
-    """A config value as a run tag spells it (lra.naming): text as it is, else compact JSON."""
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=None)

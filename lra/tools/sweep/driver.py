@@ -86,7 +86,7 @@ def plan(grid: Grid, hydra_ovs: list[str], composer: Composer) -> tuple[DictConf
             raise SystemExit(
                 f"lra.tools.sweep: two jobs of grid {grid.name} name one run folder, {j.run_dir}: "
                 f"[{' '.join(seen[j.run_dir].overrides)}] and [{' '.join(j.overrides)}] are one "
-                f"configuration, or differ only in how a run executes (lra.naming.UNTAGGED); remove "
+                f"configuration, or differ only in how a run executes (lra.tags.UNTAGGED); remove "
                 f"one of the grid's values"
             )
         seen[j.run_dir] = j
