@@ -158,8 +158,8 @@ def _external(cfg: DictConfig) -> None:
     """Import ``attn.target`` and put its registry name in place of ``external``; the label (the record's
     ``attn``, the table row) becomes that name too unless ``attn.label=`` was given, so one class is one row
     whatever route loaded it (attention.load_external names it). The run folder is named before the import
-    (a sweep names its jobs' folders without importing the class) by the same snake_case spelling
-    (lra.conf_nodes ``lra.attr``), so folder and record agree unless the class is registered under another name."""
+    (a sweep names its jobs' folders without importing the class) by the same snake_case spelling (lra.compose's
+    resolver ``lra.attr``), so folder and record agree unless the class is registered under another name."""
     if OmegaConf.is_missing(cfg.attn, "target"):
         raise ConfigError(
             "attn.target is missing: attn=external needs the backend's class, "

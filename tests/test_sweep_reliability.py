@@ -511,7 +511,7 @@ def test_interrupted_search_tells_a_trial_that_finished_anyway_and_requeues_the_
 @pytest.mark.parametrize("module", ["lra.tools.sweep", "lra.tools.share_bench"])
 def test_every_sweep_command_answers_help_without_side_effects(module, tmp_path, monkeypatch, capsys):
     """`python -m <module> --help`: usage, options and examples, exit 0, nothing run or written (share_bench
-    used to pass --help into four sweeps; lra.search printed nothing); an unknown flag: one line, exit 2."""
+    used to pass --help into four sweeps; a search printed nothing); an unknown flag: one line, exit 2."""
     monkeypatch.setenv("LRA_RUNS", str(tmp_path / "runs"))
     monkeypatch.chdir(tmp_path)
 

@@ -108,9 +108,9 @@ def refuse_old_spellings(grid) -> None:
 
 
 def command(args: list[str], run) -> int:
-    """``python -m lra.tools.sweep`` / ``lra.search`` once the flags are checked: the grid of ``grid=``, the command
-    line folded in, ``run(grid, opts, hydra_ovs)``. A refusal is one line on stderr and exit code 2 (75:
-    the sweep is in use); an interruption before any job started is one line and 130/143."""
+    """``python -m lra.tools.sweep`` (a grid, or a search: lra.tools.sweep.search) once the flags are checked: the
+    grid of ``grid=``, the command line folded in, ``run(grid, opts, hydra_ovs)``. A refusal is one line on stderr
+    and exit code 2 (75: the sweep is in use); an interruption before any job started is one line and 130/143."""
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # optuna's SQLite storage is chatty
     name = [a for a in args if a.startswith("grid=")][-1].split("=", 1)[1]

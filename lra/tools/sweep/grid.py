@@ -201,7 +201,7 @@ def apply_cli(grid: Grid, args: list[str]) -> tuple[dict, list[str]]:
         if ov.is_hydra_override() or k.lstrip("+~").startswith("hydra/"):
             hydra_ovs.append(arg)
         elif ov.is_sweep_override():
-            if grid.search is not None:  # a search-space entry (choice, range, interval): lra.search reads it
+            if grid.search is not None:  # a search-space entry (choice, range, interval): sweep/search.py reads it
                 grid.search.setdefault("params", {})[k] = arg.split("=", 1)[1]
                 grid.overrides.pop(k, None)
                 continue
