@@ -190,7 +190,8 @@ def renamed_overrides(overrides: list[str] | tuple[str, ...]) -> None:
 def compose(overrides: list[str] | tuple[str, ...] = (), job: str | None = None) -> DictConfig:
     """The config ``python -m lra.train <overrides>`` sees. ``job``: also its ``hydra`` node, as ``@hydra.main``
     composes it for ``python -m lra.<job>`` (``lra.train`` runs this one config; :mod:`lra.hydra_glue`).
-    An old spelling (``experiment=``, ``semantics=``) raises :class:`ConfigError` (:func:`renamed_overrides`)."""
+    An old spelling (``experiment=``, ``semantics=``, ``protocol.*=``) raises :class:`ConfigError`
+    (:func:`renamed_overrides`)."""
     renamed_overrides(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job or "app"):

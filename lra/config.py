@@ -43,7 +43,7 @@ from lra.compose import (  # noqa: F401  (re-exported: ``from lra.config import 
     renamed_overrides,
     without_hydra,
 )
-from lra.devices import device_count, loader_workers, trains_on_cuda
+from lra.devices import GIB, device_count, loader_workers, trains_on_cuda
 from lra.execution import EXECUTIONS, fast, fast_profile
 from lra.files import data_root
 from lra.quirks import code_quirks, paper_chunks, preset_code, quirks_on  # noqa: F401  (re-exported)
@@ -127,7 +127,7 @@ def _hardware(cfg: DictConfig, hw: DictConfig | None = None) -> HardwareSpec:
     total = hw.get("total_gib")
     if total is not None:
         _num("hardware.total_gib", total, 0.0, open_lo=True)
-        total = int(float(total) * 2**30)
+        total = int(float(total) * GIB)
     elif hw.get("name") == "auto" and torch.cuda.is_available():
         total = int(torch.cuda.get_device_properties(0).total_memory)
     accelerator, on_cuda = str(tr.accelerator), trains_on_cuda(str(tr.accelerator))

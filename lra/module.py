@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from lra.config import ModelSpec, TrainSpec
+from lra.devices import GIB
 from lra.model import build_model, loss_and_correct
 
 log = logging.getLogger("lra.module")
@@ -257,7 +258,7 @@ class LitLRA(L.LightningModule):
             out["throughput/samples_per_s"] = rate
             out["throughput/tokens_per_s"] = rate * self.spec.seq_len * (2 if self.spec.dual else 1)
         if self.device.type == "cuda":
-            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
         return out
 
     # exact full-split metrics ----------------------------------------------------------------

@@ -20,6 +20,7 @@ from lra.checks import choice as _choice
 from lra.checks import integer as _int
 from lra.checks import number as _num
 from lra.compose import SEMANTICS
+from lra.devices import GIB
 from lra.execution import EXECUTIONS
 from lra.tasks import TaskSpec, task_spec
 
@@ -229,7 +230,7 @@ class HardwareSpec:
         """Largest estimated peak that fits: (total - CUDA context) / (1 + allocator margin)."""
         if self.total_bytes is None:
             return None
-        return int((self.total_bytes - self.cuda_context_gib * 2**30) / (1.0 + self.allocator_margin))
+        return int((self.total_bytes - self.cuda_context_gib * GIB) / (1.0 + self.allocator_margin))
 
     @property
     def planned_precision(self) -> str:

@@ -108,7 +108,9 @@ def spec_here(tmp_path: Path, *overrides: str, run_dir: Path | None = None):
     them), as lra.train loads it, the run in ``run_dir`` (default ``tmp_path/runs/run``)."""
     from lra.config import load
 
-    return load([*roots(tmp_path), *overrides], run_dir=run_dir or tmp_path / "runs" / "run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("LRA_DATA", raising=False)  # it would win over data_root= (lra.files.data_root)
+        return load([*roots(tmp_path), *overrides], run_dir=run_dir or tmp_path / "runs" / "run")
 
 
 def train_here(where, *overrides: str, callbacks=(), run_dir: Path | None = None):

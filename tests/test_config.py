@@ -17,6 +17,7 @@ import lra.config
 import lra.tasks
 from lra import CONF_DIR
 from lra.config import ConfigError, DataSpec, attn_configs, compose, load
+from lra.tags import flat
 from lra.tasks import TASK_SPECS, ImageSpec, ListOpsSpec, PathfinderSpec, RetrievalSpec, TextSpec, task_spec
 
 NAMES = attention.available()
@@ -327,13 +328,6 @@ def test_quirks_is_the_one_semantics_knob():
     assert load(["preset=quick", "quirks=skyformer"]).semantics == "paper"
 
 
-def _flat(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in node.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml")))
 def test_a_preset_is_named_by_its_file_and_reads_its_protocol_file(preset):
     for task in ("listops", "text", "retrieval", "image", "pathfinder"):
@@ -341,7 +335,7 @@ def test_a_preset_is_named_by_its_file_and_reads_its_protocol_file(preset):
         assert cfg.preset == preset  # the run folder's and record's preset: the file's name
         own = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "protocol" / preset / f"{task}.yaml"))
         assert set(own) <= {"train", "task", "attn_options"}  # the run's own keys, one per value
-        for key, value in _flat(own).items():  # each as the file writes it (a map merges into the task's own)
+        for key, value in flat(own).items():  # each as the file writes it (a map merges into the task's own)
             assert OmegaConf.select(cfg, key) == value, (task, key)
 
 

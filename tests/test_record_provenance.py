@@ -247,9 +247,8 @@ def test_a_gpu_shared_with_other_runs_is_loaded():
 # ------------------------------------------------------------------------------ a real run
 
 
-def _run(tmp_path, name, monkeypatch, *callbacks):
+def _run(tmp_path, name, *callbacks):
     """The short run (tests/helpers.py SHORT) of 6 steps in ``runs/<name>``: its record, or None when stopped."""
-    monkeypatch.delenv("LRA_DATA", raising=False)  # it would win over data_root= (lra.files.data_root)
     overrides = ["train.batch_size=16", "train.max_steps=6", "train.eval_every=3", "train.ckpt_every_steps=2"]
     return train_here(
         tmp_path,
@@ -266,14 +265,14 @@ def _record(tmp_path, name):
     return json.loads((tmp_path / "runs" / name / "result.json").read_text())
 
 
-def test_a_run_records_its_data_and_machine_and_resumes_only_on_its_data(tmp_path, monkeypatch):
+def test_a_run_records_its_data_and_machine_and_resumes_only_on_its_data(tmp_path):
     """Bugs caught: ``data`` or ``machine`` missing from result.json (set after the last write, or only on the
     returned dict); a run resumed after other data appeared where the reader looks first (a release folder)
     continuing silently, or failing without saying that the data changed; a resumed run whose data id is not
     the one it started with."""
     from lra.train import RunError
 
-    assert _run(tmp_path, "ref", monkeypatch)["status"] == "completed"
+    assert _run(tmp_path, "ref")["status"] == "completed"
     rec = _record(tmp_path, "ref")
     data, m = rec["data"], rec["machine"]
     assert data["kind"] == "generated" and data["sizes"] == rec["split_sizes"] == {"train": 64, "val": 16, "test": 16}
@@ -285,19 +284,19 @@ def test_a_run_records_its_data_and_machine_and_resumes_only_on_its_data(tmp_pat
     if os.path.exists("/proc/stat"):
         assert 0.0 <= m["cpu_others"] <= 1.0 and 0 < m["window_s"] < 600
 
-    assert _run(tmp_path, "resumed", monkeypatch, kill_at(3)) is None  # stopped; last.ckpt: step 3's evaluation
+    assert _run(tmp_path, "resumed", kill_at(3)) is None  # stopped; last.ckpt: step 3's evaluation
     assert _record(tmp_path, "resumed")["machine"]["window_s"] is not None  # a stopped run says its load too
     release = tmp_path / "data" / "listops-quick"
     _write_official(release, {"train": _rows(32)})
     with pytest.raises(RunError, match="was trained on other data") as e:
-        _run(tmp_path, "resumed", monkeypatch)
+        _run(tmp_path, "resumed")
     failed = _record(tmp_path, "resumed")  # this attempt's record: the data it read, and why it stopped
     assert failed["status"] == "failed" and failed["data"]["kind"] == "release"
     assert failed["data"]["id"] != data["id"] and data["id"] in str(e.value) and failed["data"]["id"] in str(e.value)
     assert failed["reason"].endswith(str(e.value))
 
     shutil.rmtree(release)  # the data it started with is back: it resumes, on that data
-    resumed = _run(tmp_path, "resumed", monkeypatch)
+    resumed = _run(tmp_path, "resumed")
     assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 3
     after = _record(tmp_path, "resumed")
     assert after["data"] == data and after["machine"]["stretches"] == 2
@@ -324,7 +323,7 @@ def test_killed_failed_and_interrupted_records_say_the_steps_time_and_commits_th
     commits = iter(["aaaa", "bbbb"])
     monkeypatch.setattr("lra.record.git_commit", lambda: next(commits))
     killed = _KilledAt(5)  # train.ckpt_every_steps=2, eval_every=3: checkpoints at steps 2, 3 and 4
-    assert _run(tmp_path, "r", monkeypatch, killed) is None
+    assert _run(tmp_path, "r", killed) is None
     left = killed.left
     assert left["status"] == "running" and left["steps"] == 4 and left["train_time_s"] > 0
     assert left["best_val_acc"] is not None and left["steps_to_best"] == 3 and left["steps_at_stop"] is None
@@ -336,7 +335,7 @@ def test_killed_failed_and_interrupted_records_say_the_steps_time_and_commits_th
 
     monkeypatch.setattr("lra.train.plan", ctrl_c)  # the resumed run is interrupted before it trains
     with pytest.raises(SystemExit):
-        _run(tmp_path, "r", monkeypatch)
+        _run(tmp_path, "r")
     rec = _record(tmp_path, "r")
     assert rec["status"] == "interrupted" and rec["steps"] == 5 and rec["train_time_s"] == stopped["train_time_s"]
     assert rec["commits"] == ["aaaa", "bbbb"] and rec["git_commit"] == "bbbb"
@@ -351,7 +350,8 @@ def test_a_record_is_written_only_with_every_field_the_collector_and_the_protoco
     need += " micro_batch accum_steps effective_batch hardware config git_commit reason steps_at_stop"
     need += " steps_to_best peak_mem_estimate_bytes tokens_per_s attn_options"
     need = need.split()
-    assert write_record(tmp_path, Record(**dict.fromkeys(need, 1))).exists()
+    before = write_record(tmp_path, Record(**dict.fromkeys(need, 1))).read_text()
     for k in need:
         with pytest.raises(ValueError, match=rf"lacks \['{k}'\]"):
             write_record(tmp_path, Record(**{f: 1 for f in need if f != k}))
+    assert (tmp_path / "result.json").read_text() == before  # a refused record leaves the one there as it was

@@ -255,19 +255,6 @@ def test_a_misspelt_record_field_is_an_error_however_it_is_set():
     assert rec.to_json() == {"test_acc": 0.5}
 
 
-def test_a_record_lacking_a_required_field_is_not_written(tmp_path):
-    from lra.record import REQUIRED, Record, write_record
-
-    full = Record(**{k: 1 for k in REQUIRED})
-    write_record(tmp_path, full)
-    before = (tmp_path / "result.json").read_text()
-    for k in REQUIRED:
-        rec = Record(**{f: 1 for f in REQUIRED if f != k})
-        with pytest.raises(ValueError, match=k):
-            write_record(tmp_path, rec)
-    assert (tmp_path / "result.json").read_text() == before
-
-
 def test_within_one_options_table_the_labelled_variant_refines_its_backend():
     base = [*T, "attn=softmax_nodrop"]
     table = "+attn_options"

@@ -40,8 +40,7 @@ def _expected(lr: float, warmup: int, steps: int) -> list[tuple[float, float]]:
 
 
 def test_lr_beta1_and_throughput_reach_metrics_csv(tmp_path, quick_run):
-    proc = quick_run(*RUN, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    quick_run(*RUN)
     (path,) = (tmp_path / "runs").rglob("metrics.csv")
     rows = [r for r in csv.DictReader(path.open()) if r.get("train/loss")]
     assert len(rows) == 6  # steps 2, 4, ..., 12 of log_every_n_steps=2

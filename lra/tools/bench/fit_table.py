@@ -16,8 +16,9 @@ from lra.config import ConfigError, attn_configs, load
 from lra.devices import GIB
 from lra.files import write_json, write_text
 from lra.fit import FitError, plan
+from lra.tools.display import SKEIN_TASKS
 
-TABLE_TASKS = ("text", "listops", "retrieval", "pathfinder", "image")  # the papers' column order
+TABLE_TASKS = tuple(t for t, _ in SKEIN_TASKS)  # the papers' column order
 FUSED = [("softmax_fused", ["attn=softmax", "attn.options.impl=fused"])]  # a row no attention config names
 
 

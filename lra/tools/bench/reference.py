@@ -5,7 +5,8 @@ attention module of ours and its public counterpart (forward + backward) on the 
 (the last quarter of each sample is padding) and incoming gradient: batch 2, 2 heads, head dim 32, float32,
 in one process, interleaved call by call (ours, theirs, then theirs, ours), so both sides see the same
 machine. The folders are checkouts the user fetched (docs/bench.md, "Against the papers' code"); nothing
-else in the harness needs them. Their code is imported and runs, as :mod:`lra.tools.fidelity` runs it.
+else in the harness needs them. Their code is imported and runs in the sandbox :mod:`lra.tools.fidelity` runs it in
+(:mod:`lra.tools.their_code`).
 
 Each pair is a row of the fidelity check (:data:`lra.tools.fidelity.ROWS`, the ListOps ones): ours built
 with the preset's options, theirs with their ListOps config and the row's ``attn_type``, both at
@@ -31,8 +32,9 @@ import attention
 from lra.config import load
 from lra.devices import device_name
 from lra.files import git_commit, write_csv, write_text
-from lra.tools.fidelity import REPOS, ROWS, performer_copy, public_code, their_config
+from lra.tools.fidelity import ROWS
 from lra.tools.meter.timing import Load
+from lra.tools.their_code import REPOS, performer_copy, public_code, their_config
 
 LENGTHS = (1024, 2048, 4096)
 SHAPE = {"batch": 2, "heads": 2, "head_dim": 32}

@@ -100,13 +100,9 @@ def step_peak(spec: RunSpec, micro: int, precision: str, device: str) -> int:
     """Peak bytes of one training iteration of one micro-batch (AdamW states present, as from the second
     iteration on), its parameters, states and inputs included: what ``lra.fit`` estimates."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = build_model(spec.model).to(device).train()
-        step = TrainStep(model, spec, 1, precision, device)
-        batch = make_batches(spec, micro, 1, device, 0)
-        for p in step.params:  # AdamW states exist from the second iteration on, as in the estimate
+        r = StepRunner(spec, micro, 1, precision, device, seed=0, pool=1)
+        for p in r.step.params:  # AdamW states exist from the second iteration on, as in the estimate
             p.grad = torch.zeros_like(p)
-        step.opt.step()
-        step.opt.zero_grad(set_to_none=True)
-        known = [*step.state_tensors(), *batch[0]]
-        return measure_peak(lambda: step(model, batch), known, device).bytes
+        r.step.opt.step()
+        r.step.opt.zero_grad(set_to_none=True)
+        return measure_peak(lambda: r(r.model, 0), r.known(), device).bytes
