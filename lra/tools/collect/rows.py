@@ -20,6 +20,7 @@ nothing else is ever averaged into it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -102,6 +103,7 @@ def _setting(key: str) -> bool:
     return not any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
 
 
+@functools.lru_cache(maxsize=None)
 def preset_train(preset: str, task: str) -> dict:
     """The ``train.*`` values the preset's protocol file sets for the task (conf/protocol/<preset>/<task>.yaml;
     {} for a preset this checkout lacks). A record before one key per value also held them as ``protocol.*``."""
@@ -124,8 +126,7 @@ def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
     ok = (runs["usable"] & runs["kept"]).tolist()
     quirks = [q for _, q in cfgs]
     cfgs = [c for c, _ in cfgs]
-    for (preset, task), g in runs.groupby(["preset", "task"], sort=False, dropna=False):
-        in_file = preset_train(str(preset), str(task))
+    for _, g in runs.groupby(["preset", "task"], sort=False, dropna=False):
         seen, plain = defaultdict(set), defaultdict(set)  # (attention or "", key) -> values
         for i in g.index:
             for k, v in cfgs[i].items() if ok[i] else ():
@@ -141,7 +142,7 @@ def overrides(runs: pd.DataFrame, cfgs: list) -> list[str]:
                 continue
             named = {k.lstrip("+~"): v for k, v in parse_tag(out[i])}
             relay = {f"train.{k[9:]}": v for k, v in cfg.items() if k.startswith("protocol.")}  # an older record's
-            protocol = relay or in_file
+            protocol = relay or preset_train(str(runs.at[i, "preset"]), str(runs.at[i, "task"]))
             # a key the tag names and the config lacks keeps the tag's value, unless the tag was cut (hashed)
             items = {} if _HASHED.search(out[i]) else {k: v for k, v in named.items() if k not in cfg}
             for k, v in cfg.items():
